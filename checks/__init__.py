@@ -1,0 +1,1 @@
+"""Rule catalogue (installed as graphdoctor.checks)."""

@@ -1,0 +1,1 @@
+"""graphdoctor: CUDA-graph capture debugging and correctness toolkit for Megatron-Core."""

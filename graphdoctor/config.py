@@ -1,0 +1,321 @@
+"""Run configuration: the run file (`transformer:`, `env:`, `run:`) and DiffConfig, validated on load.
+
+One file feeds both `graphdoctor diff --config` and `graphdoctor check --config`. Loading it imports no
+torch and no megatron: TransformerConfig field names are read from megatron's source only when asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphdoctor.errors import InputFileError, UsageError
+
+IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
+"""Graphed implementations graphdoctor knows, in the order they are reported."""
+
+REFERENCE_IMPL = "none"
+"""The eager reference implementation."""
+
+DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
+
+RUN_FILE_SECTIONS: tuple[str, ...] = ("transformer", "env", "run")
+
+MAX_RUN_FILE_BYTES = 1 << 20
+
+
+@dataclass(kw_only=True, slots=True)
+class DiffConfig:
+    """Everything one `graphdoctor diff` needs; the same object drives the CLI and the Python API."""
+
+    impls: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
+    """Graphed implementations to compare against eager (`none`)."""
+
+    num_layers: int = 4
+    """Transformer layers of the built-in GPT model."""
+
+    hidden_size: int = 256
+    """Hidden size of the built-in GPT model."""
+
+    num_attention_heads: int = 8
+    """Attention heads of the built-in GPT model."""
+
+    seq_length: int = 128
+    """Sequence length of every micro-batch."""
+
+    micro_batch_size: int = 2
+    """Sequences per micro-batch."""
+
+    num_microbatches: int = 1
+    """Micro-batches per training step (gradient accumulation)."""
+
+    vocab_size: int = 1024
+    """Vocabulary size of the built-in GPT model and of the synthetic batches."""
+
+    dtype: str = "fp32"
+    """Parameter and compute dtype: fp32, bf16 (Float16Module) or fp16 (Float16Module)."""
+
+    dropout: float = 0.1
+    """hidden_dropout and attention_dropout (Megatron's default is 0.1)."""
+
+    steps: int = 8
+    """Training steps per run; each step sees a different batch."""
+
+    seed: int = 1234
+    """Seed for model init, batches and the RNG tracker (the same on both sides)."""
+
+    cuda_graph_warmup_steps: int = 2
+    """TransformerConfig.cuda_graph_warmup_steps for the graphed runs."""
+
+    rtol: float = 0.0
+    """Relative tolerance; 0 with atol 0 means bitwise comparison."""
+
+    atol: float = 0.0
+    """Absolute tolerance; 0 with rtol 0 means bitwise comparison."""
+
+    strict_rng: bool = False
+    """Treat `rng-divergence` as a failure (exit code 1)."""
+
+    timeout_s: float = 300.0
+    """Wall-clock limit for each child run; a run that exceeds it gets the verdict `timeout`."""
+
+    layer_spec: str | None = None
+    """`pkg.mod:fn` returning the transformer layer ModuleSpec; default Megatron's local GPT spec."""
+
+    model_provider: str | None = None
+    """`pkg.mod:fn(config, vocab_size=, max_sequence_length=, ...)` returning the model."""
+
+    forward_step: str | None = None
+    """`pkg.mod:fn(data_iterator, model) -> (output, loss_func)`, Megatron's forward_step."""
+
+    memory: bool = True
+    """Record allocator history and snapshots around warmup, capture and replay."""
+
+    transformer: dict[str, Any] = field(default_factory=dict)
+    """Extra TransformerConfig fields from the run file's `transformer:` mapping."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables set in every child run (the run file's `env:` mapping)."""
+
+    def __post_init__(self) -> None:
+        _check_impls(self.impls)
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                     "micro_batch_size", "num_microbatches", "vocab_size", "steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"{name}: got {value!r}, expected an integer >= 1")
+        if self.hidden_size % self.num_attention_heads:
+            raise UsageError(
+                f"hidden_size: got {self.hidden_size}, expected a multiple of "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.dtype not in DTYPES:
+            raise UsageError(f"dtype: got {self.dtype!r}, expected one of {', '.join(DTYPES)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UsageError(f"dropout: got {self.dropout!r}, expected 0 <= dropout < 1")
+        if self.cuda_graph_warmup_steps < 1:
+            raise UsageError(
+                f"cuda_graph_warmup_steps: got {self.cuda_graph_warmup_steps}, expected >= 1"
+            )
+        if self.steps < self.cuda_graph_warmup_steps + 2:
+            raise UsageError(
+                f"steps: got {self.steps}, expected >= cuda_graph_warmup_steps + 2 "
+                f"({self.cuda_graph_warmup_steps + 2}) so that graphs replay at least twice"
+            )
+        for name in ("rtol", "atol"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name}: got {getattr(self, name)!r}, expected >= 0")
+        if self.timeout_s <= 0:
+            raise UsageError(f"timeout_s: got {self.timeout_s!r}, expected > 0")
+        for name in ("layer_spec", "model_provider", "forward_step"):
+            value = getattr(self, name)
+            if value is not None:
+                check_entry_point(name, value)
+
+    @property
+    def bitwise(self) -> bool:
+        """True when differences are judged bitwise (no tolerance)."""
+        return self.rtol == 0.0 and self.atol == 0.0
+
+    def replace(self, **changes: Any) -> DiffConfig:
+        """Return a copy with `changes` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data view for JSON reports and child specs."""
+        data = dataclasses.asdict(self)
+        data["impls"] = list(self.impls)
+        return data
+
+
+def _check_impls(impls: tuple[str, ...]) -> None:
+    if not impls:
+        raise UsageError("impls: got an empty list, expected at least one of " + ", ".join(IMPLS))
+    for impl in impls:
+        if impl not in IMPLS:
+            raise UsageError(f"impl: got {impl!r}, expected one of {', '.join(IMPLS)}")
+    if len(set(impls)) != len(impls):
+        raise UsageError(f"impls: got duplicates in {list(impls)!r}")
+
+
+def check_entry_point(name: str, value: str) -> None:
+    """Validate the `pkg.mod:fn` form (no import happens here).
+
+    Raises:
+        UsageError: when `value` is not of the form `pkg.mod:fn`.
+    """
+    module, sep, attr = value.partition(":")
+    if not sep or not module or not attr or not all(p.isidentifier() for p in module.split(".")) \
+            or not all(p.isidentifier() for p in attr.split(".")):
+        raise UsageError(f"{name}: got {value!r}, expected the form pkg.module:function")
+
+
+@dataclass(frozen=True, slots=True)
+class RunFile:
+    """The parsed run file: three optional mappings."""
+
+    path: str
+    """Where it was read from (for messages)."""
+
+    transformer: dict[str, Any]
+    """TransformerConfig field name -> value."""
+
+    env: dict[str, str]
+    """Environment variable -> value."""
+
+    run: dict[str, Any]
+    """graphdoctor run field (a DiffConfig field) -> value."""
+
+
+def load_run_file(path: str | os.PathLike[str]) -> RunFile:
+    """Read and validate a run file (YAML; JSON is valid YAML too).
+
+    Args:
+        path: the file.
+
+    Returns:
+        The parsed RunFile; keys are checked for shape, `run:` keys against DiffConfig fields.
+
+    Raises:
+        InputFileError: unreadable file, bad YAML, or a section of the wrong type.
+        UsageError: an unknown `run:` key or top-level section.
+    """
+    import yaml
+
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_RUN_FILE_BYTES:
+            raise InputFileError(f"{p}: {size} bytes, expected a run file under 1 MiB")
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputFileError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise InputFileError(f"{p}: not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise InputFileError(f"{p}: not valid YAML{where}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputFileError(f"{p}: expected a mapping with transformer:/env:/run:, got {type(data).__name__}")
+    unknown = sorted(set(map(str, data)) - set(RUN_FILE_SECTIONS))
+    if unknown:
+        raise UsageError(
+            f"{p}: unknown section {unknown[0]!r}, expected one of {', '.join(RUN_FILE_SECTIONS)}"
+        )
+    sections: dict[str, dict[str, Any]] = {}
+    for name in RUN_FILE_SECTIONS:
+        value = data.get(name) or {}
+        if not isinstance(value, dict):
+            raise InputFileError(f"{p}: section {name!r} must be a mapping, got {type(value).__name__}")
+        for key in value:
+            if not isinstance(key, str):
+                raise InputFileError(f"{p}: {name}: key {key!r} must be a string")
+        sections[name] = dict(value)
+    env = {}
+    for key, value in sections["env"].items():
+        if isinstance(value, (dict, list)):
+            raise InputFileError(f"{p}: env.{key} must be a scalar, got {type(value).__name__}")
+        env[key] = "" if value is None else str(value)
+    run_fields = {f.name for f in dataclasses.fields(DiffConfig)} - {"transformer", "env"}
+    for key in sections["run"]:
+        if key not in run_fields:
+            raise UsageError(f"{p}: run.{key} is not a graphdoctor run field (see `graphdoctor diff --help`)")
+    return RunFile(path=str(p), transformer=sections["transformer"], env=env, run=sections["run"])
+
+
+def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
+    """Build a DiffConfig: defaults, then the run file's `run:`, then explicit overrides (flags).
+
+    Raises:
+        UsageError: a value of the wrong type or range (the message names the field).
+    """
+    values: dict[str, Any] = {}
+    if run_file is not None:
+        values.update(run_file.run)
+        values["transformer"] = dict(run_file.transformer)
+        values["env"] = dict(run_file.env)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if "impls" in values:
+        impls = values["impls"]
+        if isinstance(impls, str):
+            impls = [s.strip() for s in impls.split(",") if s.strip()]
+        if not isinstance(impls, (list, tuple)):
+            raise UsageError(f"impls: got {impls!r}, expected a list of implementation names")
+        values["impls"] = tuple(impls)
+    # Common transformer fields may arrive through transformer: as well; the dedicated fields win
+    # only when given explicitly, so mirror them here.
+    transformer = values.get("transformer", {})
+    for name in ("num_layers", "hidden_size", "num_attention_heads"):
+        if name in transformer and name not in overrides:
+            values.setdefault(name, transformer[name])
+    for tname in ("hidden_dropout", "attention_dropout"):
+        if tname in transformer and "dropout" not in values:
+            values["dropout"] = transformer[tname]
+    field_types = {f.name: f.type for f in dataclasses.fields(DiffConfig)}
+    for key, value in values.items():
+        _check_type(key, value, str(field_types.get(key, "")))
+    try:
+        return DiffConfig(**values)
+    except TypeError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _check_type(key: str, value: Any, annotation: str) -> None:
+    expected: tuple[type, ...]
+    if annotation == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        what = "an integer"
+    elif annotation == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        what = "a number"
+    elif annotation == "bool":
+        ok = isinstance(value, bool)
+        what = "true or false"
+    elif annotation.startswith("str"):
+        expected = (str, type(None)) if "None" in annotation else (str,)
+        ok = isinstance(value, expected)
+        what = "a string"
+    else:
+        return
+    if not ok:
+        raise UsageError(f"{key}: got {value!r} ({type(value).__name__}), expected {what}")
+
+
+__all__ = [
+    "DTYPES",
+    "IMPLS",
+    "REFERENCE_IMPL",
+    "DiffConfig",
+    "RunFile",
+    "check_entry_point",
+    "diff_config_from",
+    "load_run_file",
+]
