@@ -158,7 +158,7 @@ def _check_impls(impls: tuple[str, ...]) -> None:
         if impl not in IMPLS:
             raise UsageError(f"impl: got {impl!r}, expected one of {', '.join(IMPLS)}")
     if len(set(impls)) != len(impls):
-        raise UsageError(f"impls: got duplicates in {list(impls)!r}")
+        raise UsageError(f"impls: got duplicates in {list(impls)!r}, expected each implementation once")
 
 
 def check_entry_point(name: str, value: str) -> None:

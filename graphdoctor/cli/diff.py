@@ -1,10 +1,82 @@
-"""`graphdoctor diff` (placeholder until the harness lands)."""
+"""`graphdoctor diff`: parse flags and the run file -> graphdoctor.diff.diff -> text and JSON report."""
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import click
+
+from graphdoctor.options import DIFF_OPTIONS, click_options
+
+
+def _transformer_fields() -> set[str]:
+    import dataclasses
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    return {f.name for f in dataclasses.fields(TransformerConfig)}
+
+
+def build_config(config_path: str | None, values: dict[str, Any]) -> Any:
+    """DiffConfig from the run file (if any) and flag values; validates transformer: keys.
+
+    Raises:
+        UsageError: an unknown transformer field or a bad value.
+        InputFileError: an unreadable or malformed run file.
+    """
+    from graphdoctor.config import diff_config_from, load_run_file
+    from graphdoctor.errors import UsageError
+
+    run_file = load_run_file(config_path) if config_path else None
+    config = diff_config_from(run_file, **values)
+    if config.transformer:
+        known = _transformer_fields()
+        for key in config.transformer:
+            if key not in known:
+                raise UsageError(f"{config_path}: transformer.{key} is not a TransformerConfig field "
+                                 f"of the installed megatron-core")
+    return config
 
 
 @click.command("diff")
-def diff_command() -> None:
-    """Run a Megatron-Core model eager and graphed side by side and give a verdict."""
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              metavar="RUN.yaml",
+              help="Run file with transformer:, env: and run: mappings. Default: none.")
+@click_options(DIFF_OPTIONS)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Write the full JSON report (schema in docs/diff.md). Default: none.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Keep child specs, events and logs here. Default: a temporary directory.")
+@click.option("-v", "--verbose", is_flag=True, default=False,
+              help="Show traceback tails of failures. Default: off.")
+def diff_command(config_path: str | None, json_path: str | None, workdir: str | None,
+                 verbose: bool, **values: Any) -> None:
+    """Train a real Megatron-Core GPT model eager and graphed side by side on the GPU and give a
+    verdict per implementation (match, rng-divergence, numeric-divergence, capture-failed,
+    crashed, timeout, unavailable).
+
+    Exit code 0 when every implementation passes (rng-divergence passes unless --strict-rng),
+    1 otherwise, 2 for usage, config or environment errors (no GPU).
+    """
+    config = build_config(config_path, values)
+    from graphdoctor.diff import diff
+    from graphdoctor.report.diff import render_text, write_json
+
+    def progress(line: str) -> None:
+        click.echo(f"graphdoctor: {line}", err=True)
+
+    report = diff(config, workdir=workdir, progress=progress)
+    if json_path:
+        write_json(report, json_path)
+    click.echo(render_text(report, verbose=verbose))
+    if json_path:
+        click.echo(f"report written to {json_path}")
+    sys.exit(report.exit_code())
+
+
+COMMANDS = [diff_command]
+
+__all__ = ["COMMANDS", "build_config", "diff_command"]

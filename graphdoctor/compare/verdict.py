@@ -1,0 +1,233 @@
+"""(reference RunRecord, graphed RunRecord[, control pair]) -> ImplResult with a Verdict.
+
+Pure Python over recorded statistics: first divergent step and tensor, maximum differences, steady-state
+step times, and the verdict rules of `graphdoctor diff` (documented in docs/diff.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphdoctor.types import Diagnosis, RunRecord, StepRecord, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where a graphed run first leaves the reference, and by how much overall."""
+
+    step: int
+    """First step whose loss, main_grads or parameters differ."""
+
+    what: str
+    """loss | grads | params: the first quantity of that step that differs (in that order)."""
+
+    tensor: str | None
+    """First differing tensor (parameter name) of that step, None for a loss-only difference."""
+
+    max_abs: float
+    """Largest absolute difference over every step and quantity."""
+
+    max_rel: float
+    """Largest relative difference over every step and quantity."""
+
+    loss_max_abs: float
+    """Largest absolute loss difference over every step."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"step": self.step, "what": self.what, "tensor": self.tensor,
+                "max_abs": self.max_abs, "max_rel": self.max_rel,
+                "loss_max_abs": self.loss_max_abs}
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Steady-state step time (median CUDA-event time over replay steps; capture excluded)."""
+
+    eager_ms: float | None
+    graphed_ms: float | None
+    num_steps: int
+
+    @property
+    def speedup(self) -> float | None:
+        """eager / graphed, when both are known."""
+        if not self.eager_ms or not self.graphed_ms:
+            return None
+        return self.eager_ms / self.graphed_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"eager_ms": self.eager_ms, "graphed_ms": self.graphed_ms,
+                "num_steps": self.num_steps, "speedup": self.speedup}
+
+
+@dataclass(frozen=True, slots=True)
+class ImplResult:
+    """One row of the diff report."""
+
+    impl: str
+    verdict: Verdict
+    divergence: Divergence | None = None
+    timing: Timing | None = None
+    diagnosis: Diagnosis | None = None
+    control: dict[str, Any] | None = None
+    """The dropout-free control pair: {"verdict": match|..., "divergence": {...}} when it ran."""
+    notes: tuple[str, ...] = ()
+    memory: dict[str, Any] | None = None
+    launches: dict[str, Any] | None = None
+    runs: tuple[RunRecord, ...] = field(default=(), repr=False)
+    """The child records behind this row (graphed run, then control run)."""
+
+    def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
+        """JSON view (schema in docs/diff.md)."""
+        data: dict[str, Any] = {
+            "impl": self.impl,
+            "verdict": self.verdict.value,
+            "passed": self.verdict.passed,
+            "first_divergence": self.divergence.to_dict() if self.divergence else None,
+            "timing": self.timing.to_dict() if self.timing else None,
+            "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
+            "control": self.control,
+            "notes": list(self.notes),
+            "memory": self.memory,
+            "launches": self.launches,
+        }
+        if include_steps:
+            data["runs"] = [r.to_dict() for r in self.runs]
+        return data
+
+
+def _loss_differs(a: float, b: float, rtol: float, atol: float) -> bool:
+    if rtol == 0.0 and atol == 0.0:
+        return a != b and not (a != a and b != b)  # NaN == NaN for our purpose
+    return abs(a - b) > atol + rtol * abs(b)
+
+
+def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0.0,
+                    atol: float = 0.0) -> Divergence | None:
+    """First step where `graphed` leaves `reference`, with overall maxima; None when they agree."""
+    ref_steps = {s.step: s for s in reference.steps}
+    first: tuple[int, str, str | None] | None = None
+    max_abs = max_rel = loss_max = 0.0
+    for rec in graphed.steps:
+        ref = ref_steps.get(rec.step)
+        if ref is None:
+            continue
+        loss_abs = abs(rec.loss - ref.loss)
+        loss_max = max(loss_max, loss_abs)
+        max_abs = max(max_abs, loss_abs)
+        if ref.loss:
+            max_rel = max(max_rel, loss_abs / abs(ref.loss))
+        candidates: list[tuple[str, str | None]] = []
+        if _loss_differs(rec.loss, ref.loss, rtol, atol):
+            candidates.append(("loss", None))
+        for what in ("grads", "params"):
+            diff = getattr(rec, what)
+            if diff is None:
+                continue
+            max_abs = max(max_abs, diff.max_abs)
+            max_rel = max(max_rel, diff.max_rel)
+            if not diff.equal:
+                candidates.append((what, diff.first_tensor))
+        if candidates and first is None:
+            tensor = next((t for _, t in candidates if t is not None), None)
+            first = (rec.step, candidates[0][0], tensor)
+    if first is None:
+        return None
+    return Divergence(step=first[0], what=first[1], tensor=first[2], max_abs=max_abs,
+                      max_rel=max_rel, loss_max_abs=loss_max)
+
+
+def steady_timing(reference: RunRecord, graphed: RunRecord, warmup_steps: int) -> Timing:
+    """Median step time over steps after capture (> warmup_steps), eager vs graphed."""
+
+    def median(steps: tuple[StepRecord, ...]) -> float | None:
+        times = [s.step_time_ms for s in steps if s.step > warmup_steps and s.phase in
+                 ("eager", "replay")]
+        return statistics.median(times) if times else None
+
+    eager, graphed_ms = median(reference.steps), median(graphed.steps)
+    num = sum(1 for s in graphed.steps if s.step > warmup_steps and s.phase == "replay")
+    return Timing(eager_ms=eager, graphed_ms=graphed_ms, num_steps=num)
+
+
+def verdict_for_failure(record: RunRecord) -> Verdict:
+    """Verdict of a run that did not finish."""
+    if record.status == "unavailable":
+        return Verdict.UNAVAILABLE
+    if record.status == "timeout":
+        return Verdict.TIMEOUT
+    if record.status == "error":
+        phase = record.diagnosis.phase if record.diagnosis else None
+        return Verdict.CAPTURE_FAILED if phase in ("warmup", "capture", "setup") else Verdict.CRASHED
+    return Verdict.CRASHED
+
+
+def judge(
+    reference: RunRecord,
+    graphed: RunRecord,
+    *,
+    warmup_steps: int,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    control_reference: RunRecord | None = None,
+    control_graphed: RunRecord | None = None,
+) -> ImplResult:
+    """The verdict of one implementation.
+
+    Args:
+        reference: eager run at the configured dropout.
+        graphed: graphed run at the configured dropout.
+        warmup_steps: cuda_graph_warmup_steps (steady state starts after it).
+        rtol: relative tolerance (0 with atol 0: bitwise).
+        atol: absolute tolerance.
+        control_reference: eager run with dropout 0 (only when dropout > 0 and graphed differs).
+        control_graphed: graphed run with dropout 0.
+
+    Returns:
+        The ImplResult: match / rng-divergence / numeric-divergence / capture-failed / crashed /
+        timeout / unavailable / reference-failed.
+    """
+    runs = tuple(r for r in (graphed, control_graphed) if r is not None)
+    if reference.status != "ok":
+        return ImplResult(impl=graphed.impl, verdict=Verdict.REFERENCE_FAILED,
+                          diagnosis=reference.diagnosis, runs=runs,
+                          notes=("the eager reference failed; see its diagnosis",))
+    common = {"impl": graphed.impl, "memory": graphed.memory, "launches": graphed.launches,
+              "runs": runs}
+    if graphed.status != "ok":
+        return ImplResult(verdict=verdict_for_failure(graphed), diagnosis=graphed.diagnosis,
+                          **common)  # type: ignore[arg-type]
+    timing = steady_timing(reference, graphed, warmup_steps)
+    divergence = find_divergence(reference, graphed, rtol=rtol, atol=atol)
+    if divergence is None:
+        return ImplResult(verdict=Verdict.MATCH, timing=timing, **common)  # type: ignore[arg-type]
+    if graphed.dropout == 0.0:
+        return ImplResult(verdict=Verdict.NUMERIC_DIVERGENCE, divergence=divergence,
+                          timing=timing, **common)  # type: ignore[arg-type]
+    control, verdict, notes = _control(control_reference, control_graphed, warmup_steps, rtol, atol)
+    return ImplResult(verdict=verdict, divergence=divergence, timing=timing, control=control,
+                      notes=notes, **common)  # type: ignore[arg-type]
+
+
+def _control(control_reference: RunRecord | None, control_graphed: RunRecord | None,
+             warmup_steps: int, rtol: float, atol: float
+             ) -> tuple[dict[str, Any] | None, Verdict, tuple[str, ...]]:
+    if control_reference is None or control_graphed is None:
+        return None, Verdict.NUMERIC_DIVERGENCE, ("no dropout-free control pair ran",)
+    inner = judge(control_reference, control_graphed, warmup_steps=warmup_steps, rtol=rtol,
+                  atol=atol)
+    control = {"dropout": 0.0, "verdict": inner.verdict.value,
+               "first_divergence": inner.divergence.to_dict() if inner.divergence else None,
+               "diagnosis": inner.diagnosis.to_dict() if inner.diagnosis else None}
+    if inner.verdict == Verdict.MATCH:
+        return control, Verdict.RNG_DIVERGENCE, (
+            "differs only with dropout on: the dropout-free control pair matches, so the "
+            "dropout masks (the random stream) differ from eager",)
+    return control, Verdict.NUMERIC_DIVERGENCE, ("the dropout-free control pair differs too",)
+
+
+__all__ = ["Divergence", "ImplResult", "Timing", "find_divergence", "judge", "steady_timing",
+           "verdict_for_failure"]

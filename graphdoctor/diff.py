@@ -1,0 +1,218 @@
+"""`diff`: run a Megatron-Core model eager and graphed side by side and judge each implementation.
+
+The Python API behind `graphdoctor diff` (and the pytest plugin): `diff(config) -> DiffReport`. Every
+child runs isolated with a timeout; the eager reference saves per-step tensors that each graphed child
+compares against on its GPU. With dropout on, a dropout-free control pair tells RNG from numerics.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphdoctor.compare.verdict import ImplResult, judge
+from graphdoctor.config import DiffConfig
+from graphdoctor.errors import NoGPUError
+from graphdoctor.harness.runner import run_child
+from graphdoctor.harness.spec import ChildSpec, placement_for_child
+from graphdoctor.types import Diagnosis, RunRecord, Verdict
+
+SCHEMA_VERSION = 1
+"""Version of the JSON report (docs/diff.md); bumped on any incompatible change."""
+
+IMPL_NOTES = {
+    "local": "Megatron's local implementation runs its warmups without restoring the RNG state "
+             "(Transformer Engine restores it), so graphed dropout masks are shifted against eager",
+}
+
+TE_INSTALL_HINT = ("install Transformer Engine (pip install 'graphdoctor[transformer-engine]'); "
+                   "graphdoctor drives the transformer_engine implementation only where "
+                   "transformer_engine.pytorch imports")
+
+
+@dataclass(frozen=True, slots=True)
+class DiffReport:
+    """Result of one `diff`: one ImplResult per implementation, plus the eager reference."""
+
+    config: DiffConfig
+    results: tuple[ImplResult, ...]
+    reference: RunRecord
+    control_reference: RunRecord | None = None
+    wall_s: float = 0.0
+    """Wall time of the whole diff."""
+    child_wall_s: float = 0.0
+    """Sum of the children's wall times."""
+    env: dict[str, Any] = field(default_factory=dict)
+
+    def exit_code(self) -> int:
+        """0 when every implementation passed (rng-divergence passes unless strict_rng), else 1."""
+        for result in self.results:
+            if result.verdict == Verdict.UNAVAILABLE:
+                continue
+            if not result.verdict.passed:
+                return 1
+            if result.verdict == Verdict.RNG_DIVERGENCE and self.config.strict_rng:
+                return 1
+        return 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The versioned JSON report (schema in docs/diff.md)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": "graphdoctor diff",
+            "config": self.config.to_dict(),
+            "env": dict(self.env),
+            "exit_code": self.exit_code(),
+            "wall_s": self.wall_s,
+            "child_wall_s": self.child_wall_s,
+            "reference": self.reference.to_dict(),
+            "control_reference": self.control_reference.to_dict() if self.control_reference else None,
+            "impls": [r.to_dict() for r in self.results],
+        }
+
+
+def _require_gpu() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoGPUError(
+            "graphdoctor diff needs a CUDA GPU and none is visible; without a GPU use "
+            "`graphdoctor check`, `graphdoctor rules`, `graphdoctor triage SNAPSHOT` or "
+            "`graphdoctor count --trace FILE`")
+
+
+def _te_available() -> tuple[bool, str]:
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False, "transformer_engine is not installed"
+    from graphdoctor.harness.build import have_transformer_engine
+
+    return have_transformer_engine()
+
+
+class _Session:
+    """One diff's working directory, child counter and reference directories."""
+
+    def __init__(self, config: DiffConfig, workdir: Path,
+                 progress: Callable[[str], None] | None) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.progress = progress or (lambda _msg: None)
+        self.num_children = 0
+        self.child_wall_s = 0.0
+
+    def run(self, impl: str, dropout: float, role: str, ref_dir: Path) -> RunRecord:
+        place = placement_for_child(self.num_children)
+        self.num_children += 1
+        tag = f"{impl}-{role}-d{dropout}"
+        spec = ChildSpec(impl=impl, dropout=dropout, config=self.config.to_dict(),
+                         events_path=str(self.workdir / f"events-{tag}.jsonl"),
+                         reference_dir=str(ref_dir), role=role, placement=place,
+                         artifacts_dir=str(self.workdir))
+        self.progress(f"running {impl} (dropout {dropout}, {role})")
+        record = run_child(spec, self.workdir, timeout_s=self.config.timeout_s)
+        self.child_wall_s += record.wall_s
+        self.progress(f"  {impl}: {record.status} in {record.wall_s:.1f} s")
+        return record
+
+
+def _unavailable(impl: str, why: str) -> ImplResult:
+    diag = Diagnosis(error_type="unavailable", message=why, fix=TE_INSTALL_HINT)
+    return ImplResult(impl=impl, verdict=Verdict.UNAVAILABLE, diagnosis=diag)
+
+
+def diff(config: DiffConfig, *, workdir: str | Path | None = None,
+         progress: Callable[[str], None] | None = None) -> DiffReport:
+    """Run eager and every requested graphed implementation; judge each.
+
+    Args:
+        config: the run.
+        workdir: where children write specs, events and logs (default: a temporary directory,
+            removed afterwards).
+        progress: called with one line per child start and end (the CLI prints them to stderr).
+
+    Returns:
+        The DiffReport (render it with graphdoctor.report).
+
+    Raises:
+        NoGPUError: no CUDA GPU is visible.
+    """
+    _require_gpu()
+    started = time.perf_counter()
+    own_dir = workdir is None
+    base = Path(tempfile.mkdtemp(prefix="graphdoctor-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        session = _Session(config, base, progress)
+        results, reference, control_ref = _run_all(session)
+    finally:
+        if own_dir:
+            shutil.rmtree(base, ignore_errors=True)
+    return DiffReport(config=config, results=tuple(results), reference=reference,
+                      control_reference=control_ref, wall_s=time.perf_counter() - started,
+                      child_wall_s=session.child_wall_s, env=dict(reference.env))
+
+
+def _ref_dir(session: _Session, name: str) -> Path:
+    shm = Path("/dev/shm")
+    root = shm if shm.is_dir() and shutil.disk_usage(shm).free > (2 << 30) else session.workdir
+    path = Path(tempfile.mkdtemp(prefix=f"graphdoctor-{name}-", dir=root))
+    return path
+
+
+def _run_all(session: _Session) -> tuple[list[ImplResult], RunRecord, RunRecord | None]:
+    cfg = session.config
+    ref_dir = _ref_dir(session, "ref")
+    ctl_dir: Path | None = None
+    try:
+        reference = session.run("none", cfg.dropout, "reference", ref_dir)
+        control_ref: RunRecord | None = None
+        results: list[ImplResult] = []
+        for impl in cfg.impls:
+            if impl == "transformer_engine":
+                ok, why = _te_available()
+                if not ok:
+                    results.append(_unavailable(impl, why))
+                    continue
+                results.append(_unavailable(
+                    impl, "driving transformer_engine graphs is not supported by this graphdoctor "
+                          "version yet"))
+                continue
+            if reference.status != "ok":
+                results.append(judge(reference, reference, warmup_steps=cfg.cuda_graph_warmup_steps))
+                continue
+            graphed = session.run(impl, cfg.dropout, "graphed", ref_dir)
+            result = judge(reference, graphed, warmup_steps=cfg.cuda_graph_warmup_steps,
+                           rtol=cfg.rtol, atol=cfg.atol)
+            if result.divergence is not None and cfg.dropout > 0:
+                if control_ref is None:
+                    ctl_dir = _ref_dir(session, "control")
+                    control_ref = session.run("none", 0.0, "reference", ctl_dir)
+                assert ctl_dir is not None
+                control = session.run(impl, 0.0, "graphed", ctl_dir)
+                result = judge(reference, graphed, warmup_steps=cfg.cuda_graph_warmup_steps,
+                               rtol=cfg.rtol, atol=cfg.atol, control_reference=control_ref,
+                               control_graphed=control)
+                if result.verdict == Verdict.RNG_DIVERGENCE and impl in IMPL_NOTES:
+                    result = _add_note(result, IMPL_NOTES[impl])
+            results.append(result)
+        return results, reference, control_ref
+    finally:
+        shutil.rmtree(ref_dir, ignore_errors=True)
+        if ctl_dir is not None:
+            shutil.rmtree(ctl_dir, ignore_errors=True)
+
+
+def _add_note(result: ImplResult, note: str) -> ImplResult:
+    import dataclasses
+
+    return dataclasses.replace(result, notes=(*result.notes, note))
+
+
+__all__ = ["SCHEMA_VERSION", "DiffReport", "diff"]

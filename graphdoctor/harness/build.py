@@ -1,0 +1,274 @@
+"""Build a real Megatron-Core training setup the way Megatron-LM's trainer does, for one child run.
+
+Order matters and follows megatron-core 0.19.2: process group, initialize_model_parallel, graph-safe RNG
+seeded before the model, GPTModel (local spec by default), Float16Module for bf16/fp16, Megatron DDP
+(on the shared capture stream for full_iteration), get_megatron_optimizer, the schedule (wrapped by
+FullCudaGraphWrapper for full_iteration). This module is imported only inside child processes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from graphdoctor.errors import MissingDependencyError, UsageError
+from graphdoctor.harness.spec import ChildSpec
+
+@dataclass(slots=True)
+class Setup:
+    """A built model, its optimizer and the step function, ready to train."""
+
+    model: torch.nn.Module
+    """The DDP-wrapped model chunk."""
+
+    optimizer: Any
+    """Megatron optimizer."""
+
+    config: Any
+    """The TransformerConfig."""
+
+    forward_backward: Callable[..., Any]
+    """forward_backward_no_pipelining, wrapped for full_iteration."""
+
+    forward_step: Callable[..., Any]
+    """Megatron forward_step(data_iterator, model) -> (output, loss_func)."""
+
+    te_helper: Any = None
+    """TECudaGraphHelper for transformer_engine (None otherwise)."""
+
+
+def resolve_entry_point(value: str) -> Callable[..., Any]:
+    """Import `pkg.mod:fn` (the current directory is importable, as for `python -m`).
+
+    Raises:
+        UsageError: the module or attribute cannot be imported.
+    """
+    module_name, _, attr = value.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r} for {value!r}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{module_name!r} has no attribute {attr!r} (from {value!r})")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{value!r} is not callable")
+    return obj
+
+
+def init_distributed(spec: ChildSpec) -> None:
+    """Process group (NCCL) and model-parallel groups, from the child's placement."""
+    from megatron.core import parallel_state
+
+    place = spec.placement
+    torch.cuda.set_device(place.local_rank)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(
+            backend="nccl",
+            init_method=f"tcp://{place.master_addr}:{place.master_port}",
+            rank=place.rank,
+            world_size=place.world_size,
+            device_id=torch.device("cuda", place.local_rank),
+        )
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=place.tensor_model_parallel_size,
+        pipeline_model_parallel_size=place.pipeline_model_parallel_size,
+    )
+
+
+def seed_everything(seed: int, impl: str) -> None:
+    """Seed Python, CPU and CUDA RNGs and Megatron's tracker before the model is built."""
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(
+        seed,
+        te_rng_tracker=(impl == "transformer_engine"),
+        use_cudagraphable_rng=(impl != "none"),
+        force_reset_rng=True,
+    )
+
+
+def _dtype_flags(dtype: str) -> dict[str, Any]:
+    if dtype == "bf16":
+        return {"bf16": True, "params_dtype": torch.bfloat16}
+    if dtype == "fp16":
+        return {"fp16": True, "params_dtype": torch.float16}
+    return {"params_dtype": torch.float32}
+
+
+def transformer_config(spec: ChildSpec) -> Any:
+    """TransformerConfig for this child: run fields, then the run file's `transformer:` mapping."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = spec.config
+    fields: dict[str, Any] = {
+        "num_layers": cfg["num_layers"],
+        "hidden_size": cfg["hidden_size"],
+        "num_attention_heads": cfg["num_attention_heads"],
+        "use_cpu_initialization": True,
+        "hidden_dropout": spec.dropout,
+        "attention_dropout": spec.dropout,
+        "cuda_graph_impl": spec.impl,
+        "cuda_graph_modules": [],
+        "cuda_graph_warmup_steps": cfg["cuda_graph_warmup_steps"],
+        **_dtype_flags(cfg["dtype"]),
+    }
+    for key, value in cfg.get("transformer", {}).items():
+        if key in ("hidden_dropout", "attention_dropout", "cuda_graph_impl"):
+            continue  # owned by the run (dropout/control pairs, impl per child)
+        fields[key] = value
+    if spec.impl == "full_iteration":
+        fields["cuda_graph_modules"] = []
+    return TransformerConfig(**fields)
+
+
+def build_model(spec: ChildSpec, config: Any) -> torch.nn.Module:
+    """GPTModel (or the user's model provider), on the GPU, Float16Module-wrapped for bf16/fp16."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    cfg = spec.config
+    if cfg.get("layer_spec"):
+        layer_spec = resolve_entry_point(cfg["layer_spec"])()
+    else:
+        layer_spec = get_gpt_layer_local_spec()
+    if cfg.get("model_provider"):
+        provider = resolve_entry_point(cfg["model_provider"])
+        model = provider(config, vocab_size=cfg["vocab_size"], max_sequence_length=cfg["seq_length"],
+                         transformer_layer_spec=layer_spec, pre_process=True, post_process=True)
+    else:
+        model = GPTModel(config=config, transformer_layer_spec=layer_spec,
+                         vocab_size=cfg["vocab_size"], max_sequence_length=cfg["seq_length"])
+    model = model.cuda(torch.cuda.current_device())
+    if cfg["dtype"] in ("bf16", "fp16"):
+        model = Float16Module(config, model)
+    return model
+
+
+def wrap_ddp(spec: ChildSpec, config: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """Megatron DDP; for full_iteration built on the shared capture stream, as Megatron-LM does."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.full_cuda_graph import get_shared_capture_stream
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False)
+    if spec.impl != "full_iteration":
+        return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    # Without this, torch 2.11 (no set_override_stale_capture_stream) fails capture with
+    # cudaErrorStreamCaptureImplicit: DDP's AccumulateGrad nodes would live on another stream.
+    stream = get_shared_capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    torch.cuda.current_stream().wait_stream(stream)
+    return ddp
+
+
+def build_optimizer(spec: ChildSpec, config: Any, model: torch.nn.Module) -> Any:
+    """get_megatron_optimizer (Adam) and the config hooks Megatron's trainer sets."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    dtype = spec.config["dtype"]
+    opt_config = OptimizerConfig(
+        optimizer="adam", lr=1e-3, weight_decay=0.01, clip_grad=1.0,
+        bf16=dtype == "bf16", fp16=dtype == "fp16",
+        params_dtype=_dtype_flags(dtype)["params_dtype"], use_distributed_optimizer=False,
+    )
+    optimizer = get_megatron_optimizer(opt_config, [model])
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    return optimizer
+
+
+def synthetic_batch(cfg: dict[str, Any], step: int, microbatch: int) -> dict[str, torch.Tensor]:
+    """The deterministic batch of (step, microbatch): the same on every side and every process."""
+    gen = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step * 1009 + microbatch)
+    b, s = cfg["micro_batch_size"], cfg["seq_length"]
+    data = torch.randint(0, cfg["vocab_size"], (b, s + 1), generator=gen)
+    device = torch.device("cuda", torch.cuda.current_device())
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).view(1, 1, s, s)
+    return {
+        "tokens": data[:, :-1].contiguous().to(device),
+        "labels": data[:, 1:].contiguous().to(device),
+        "loss_mask": torch.ones(b, s, dtype=torch.float32).to(device),
+        "position_ids": torch.arange(s).unsqueeze(0).expand(b, s).contiguous().to(device),
+        "attention_mask": causal.to(device),
+    }
+
+
+def step_batches(cfg: dict[str, Any], step: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Iterator over the micro-batches of one step."""
+    return iter([synthetic_batch(cfg, step, m) for m in range(cfg["num_microbatches"])])
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any, Any, Any]:
+    """Megatron's GPT loss: token sum, token count, and the reported [sum, count] (tensors only)."""
+    losses = output_tensor.float()
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses.view(-1) * mask)
+    num_tokens = mask.sum().clone().detach().to(torch.int)
+    report = torch.cat([loss.clone().detach().view(1), num_tokens.float().view(1)])
+    return loss, num_tokens, {"lm loss": report}
+
+
+def default_forward_step(data_iterator: Iterator[dict[str, torch.Tensor]],
+                         model: torch.nn.Module) -> tuple[torch.Tensor, Callable[..., Any]]:
+    """Megatron's forward_step for GPT on graphdoctor's synthetic batches."""
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"],
+                   labels=batch["labels"])
+    return output, partial(loss_func, batch["loss_mask"])
+
+
+def have_transformer_engine() -> tuple[bool, str]:
+    """(available, why not) without letting an import error escape."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:  # TE raises OSError/RuntimeError for missing .so files, not only ImportError
+        return False, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return True, ""
+
+
+def build_setup(spec: ChildSpec) -> Setup:
+    """Everything up to the first step, in Megatron-LM's order."""
+    from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if spec.impl == "transformer_engine":
+        ok, why = have_transformer_engine()
+        if not ok:
+            raise MissingDependencyError(f"transformer_engine is not importable ({why})")
+    init_distributed(spec)
+    seed_everything(spec.config["seed"], spec.impl)
+    config = transformer_config(spec)
+    model = build_model(spec, config)
+    model = wrap_ddp(spec, config, model)
+    optimizer = build_optimizer(spec, config, model)
+    forward_backward = get_forward_backward_func()
+    if spec.impl == "full_iteration":
+        forward_backward = FullCudaGraphWrapper(
+            forward_backward, cuda_graph_warmup_steps=config.cuda_graph_warmup_steps)
+    forward_step = default_forward_step
+    if spec.config.get("forward_step"):
+        forward_step = resolve_entry_point(spec.config["forward_step"])
+    return Setup(model=model, optimizer=optimizer, config=config,
+                 forward_backward=forward_backward, forward_step=forward_step)
+
+
+__all__ = ["Setup", "build_setup", "default_forward_step",
+           "have_transformer_engine", "resolve_entry_point", "step_batches", "synthetic_batch"]

@@ -1,0 +1,182 @@
+"""The training loop of one child run: Megatron steps, phase per step, CUDA-event timing, and the
+per-step save (reference) or comparison (graphed) of main_grads and parameters, reduced on the GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
+from graphdoctor.harness.build import Setup, step_batches
+from graphdoctor.harness.spec import ChildSpec
+from graphdoctor.types import StepRecord, TensorDiff
+
+
+class StepObserver(Protocol):
+    """Something that watches phases (memory recorder, launch profiler)."""
+
+    def begin_step(self, step: int, phase: str) -> None:
+        """Called before a step's forward_backward."""
+
+    def end_step(self, step: int, phase: str) -> None:
+        """Called after a step's optimizer step (and its CUDA-event timing)."""
+
+
+def phase_of(impl: str, step: int, warmup_steps: int) -> str:
+    """What a step is for an implementation in megatron-core 0.19.2.
+
+    local: step 0 runs eagerly, records, and captures at the end of its forward_backward; later steps
+    replay. full_iteration: `warmup_steps` eager steps, then capture (and replay) at that call.
+    transformer_engine: graphs are created before step `warmup_steps`.
+    """
+    if impl == "none":
+        return "eager"
+    if impl == "local":
+        return "capture" if step == 0 else "replay"
+    if step < warmup_steps:
+        return "warmup"
+    return "capture" if step == warmup_steps else "replay"
+
+
+def _strip(name: str) -> str:
+    while name.startswith("module."):
+        name = name[len("module."):]
+    return name
+
+
+@dataclass(slots=True)
+class TensorFamilies:
+    """The model's parameters and their main_grads, in a fixed order with a reusable segment index."""
+
+    params: list[tuple[str, torch.nn.Parameter]]
+    layout: FlatLayout
+    index: SegmentIndex
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> TensorFamilies:
+        params = [(_strip(n), p) for n, p in model.named_parameters() if p.requires_grad]
+        layout = FlatLayout(tuple(n for n, _ in params), tuple(p.numel() for _, p in params))
+        device = params[0][1].device
+        return cls(params=params, layout=layout, index=SegmentIndex(layout, device))
+
+    def grads(self) -> torch.Tensor:
+        return flatten([(n, _main_grad(p)) for n, p in self.params])[1]
+
+    def values(self) -> torch.Tensor:
+        by_dtype = {p.dtype for _, p in self.params}
+        if len(by_dtype) == 1:
+            return flatten([(n, p) for n, p in self.params])[1]
+        return flatten([(n, p.float()) for n, p in self.params])[1]
+
+
+def _main_grad(param: torch.nn.Parameter) -> torch.Tensor:
+    grad = getattr(param, "main_grad", None)
+    if grad is None:
+        grad = param.grad if param.grad is not None else torch.zeros_like(param)
+    return grad
+
+
+@dataclass(slots=True)
+class ReferenceIO:
+    """Saves (reference role) or loads and compares (graphed role) per-step tensors."""
+
+    spec: ChildSpec
+    families: TensorFamilies
+    compare_s: float = 0.0
+
+    def _path(self, step: int) -> Path:
+        rank = self.spec.placement.rank
+        return Path(self.spec.reference_dir) / f"step{step:05d}.rank{rank}.pt"
+
+    def process(self, step: int, stage: str) -> TensorDiff | None:
+        """Save or compare one family ('grads' or 'params') at `step`."""
+        if self.spec.role == "plain":
+            return None
+        start = time.perf_counter()
+        flat = self.families.grads() if stage == "grads" else self.families.values()
+        path = self._path(step).with_suffix(f".{stage}.pt")
+        result = None
+        if self.spec.role == "reference":
+            torch.save({"names": self.families.layout.names, "flat": flat.cpu()}, path)
+        else:
+            ref = torch.load(path, map_location=flat.device, weights_only=True)
+            if tuple(ref["names"]) != self.families.layout.names:
+                raise RuntimeError(f"graphed run has different {stage} than the reference")
+            cfg = self.spec.config
+            result = compare_flat(flat, ref["flat"], self.families.index,
+                                  rtol=cfg["rtol"], atol=cfg["atol"])
+        self.compare_s += time.perf_counter() - start
+        return result
+
+
+@dataclass(slots=True)
+class LoopState:
+    """Where the loop is, for error reports."""
+
+    step: int = -1
+    phase: str = "setup"
+    records: list[StepRecord] = field(default_factory=list)
+
+
+def _reported_loss(losses: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    reports = torch.stack([d["lm loss"].float() for d in losses])
+    return reports[:, 0].sum() / reports[:, 1].sum().clamp_min(1)
+
+
+def run_steps(
+    spec: ChildSpec,
+    setup: Setup,
+    state: LoopState,
+    emit: Callable[[dict[str, Any]], None],
+    observers: tuple[StepObserver, ...] = (),
+) -> float:
+    """Train `steps` steps; emit one event per step. Returns the compare/save seconds spent."""
+    cfg = spec.config
+    families = TensorFamilies.of(setup.model)
+    io = ReferenceIO(spec=spec, families=families)
+    start_ev = torch.cuda.Event(enable_timing=True)
+    end_ev = torch.cuda.Event(enable_timing=True)
+    for step in range(cfg["steps"]):
+        state.step, state.phase = step, phase_of(spec.impl, step, cfg["cuda_graph_warmup_steps"])
+        for obs in observers:
+            obs.begin_step(step, state.phase)
+        if setup.te_helper is not None and step == cfg["cuda_graph_warmup_steps"]:
+            setup.te_helper.create_cudagraphs()
+        setup.model.zero_grad_buffer()
+        setup.optimizer.zero_grad()
+        data = step_batches(cfg, step)
+        start_ev.record()
+        losses = setup.forward_backward(
+            forward_step_func=setup.forward_step, data_iterator=data, model=[setup.model],
+            num_microbatches=cfg["num_microbatches"], seq_length=cfg["seq_length"],
+            micro_batch_size=cfg["micro_batch_size"], forward_only=False)
+        loss = _reported_loss(losses).clone()
+        end_fb = torch.cuda.Event(enable_timing=True)
+        end_fb.record()
+        grads = io.process(step, "grads")
+        resume = torch.cuda.Event(enable_timing=True)
+        resume.record()
+        _, grad_norm, _ = setup.optimizer.step()
+        end_ev.record()
+        end_ev.synchronize()
+        for obs in observers:
+            obs.end_step(step, state.phase)
+        step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
+        params = io.process(step, "params")
+        record = StepRecord(step=step, phase=state.phase, loss=float(loss.item()),
+                            step_time_ms=step_ms,
+                            grad_norm=None if grad_norm is None else float(grad_norm),
+                            grads=grads, params=params)
+        state.records.append(record)
+        emit({"event": "step", **record.to_dict()})
+    state.phase = "done"
+    return io.compare_s
+
+
+__all__ = ["LoopState", "StepObserver", "phase_of", "run_steps"]

@@ -1,0 +1,122 @@
+"""One option table for `graphdoctor diff` and the pytest plugin (`--gd-` prefix).
+
+Each row names a DiffConfig field; click options and pytest `addoption` calls are both rendered from
+it, so the two surfaces cannot drift apart (a test compares them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from graphdoctor.config import IMPLS, DiffConfig
+
+_DEFAULTS = {f.name: f.default for f in fields(DiffConfig) if not callable(f.default)}
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One user-facing option."""
+
+    name: str
+    """Flag name without dashes or prefix, e.g. `num-layers`."""
+
+    field: str | None
+    """DiffConfig field it sets (None for options that are not config, e.g. json)."""
+
+    type: type
+    """int, float, str or bool (bool options are on/off flag pairs)."""
+
+    help: str
+    """Help text; the default is appended."""
+
+    metavar: str = ""
+    """Placeholder shown in --help."""
+
+    @property
+    def default(self) -> Any:
+        """Default from DiffConfig (None: unset, the run file or DiffConfig decides)."""
+        if self.field is None:
+            return None
+        value = _DEFAULTS.get(self.field)
+        if self.field == "impls":
+            return ",".join(value)  # type: ignore[arg-type]
+        return value
+
+    @property
+    def help_text(self) -> str:
+        """Help ending in 'Default: ...'."""
+        default = self.default
+        shown = "off" if default is False else ("on" if default is True else
+                                                 ("none" if default is None else default))
+        return f"{self.help} Default: {shown}."
+
+
+DIFF_OPTIONS: tuple[Option, ...] = (
+    Option("impl", "impls", str, f"Comma-separated graphed implementations ({', '.join(IMPLS)}).",
+           "LIST"),
+    Option("num-layers", "num_layers", int, "Transformer layers.", "N"),
+    Option("hidden-size", "hidden_size", int, "Hidden size.", "N"),
+    Option("num-attention-heads", "num_attention_heads", int, "Attention heads.", "N"),
+    Option("seq-length", "seq_length", int, "Sequence length.", "N"),
+    Option("micro-batch-size", "micro_batch_size", int, "Sequences per micro-batch.", "N"),
+    Option("num-microbatches", "num_microbatches", int, "Micro-batches per step.", "N"),
+    Option("vocab-size", "vocab_size", int, "Vocabulary size.", "N"),
+    Option("dtype", "dtype", str, "fp32, bf16 or fp16.", "DTYPE"),
+    Option("dropout", "dropout", float,
+           "hidden and attention dropout; > 0 adds a dropout-free control pair.", "P"),
+    Option("steps", "steps", int, "Training steps per run.", "N"),
+    Option("seed", "seed", int, "Seed for init, batches and RNG.", "N"),
+    Option("cuda-graph-warmup-steps", "cuda_graph_warmup_steps", int,
+           "Megatron cuda_graph_warmup_steps.", "N"),
+    Option("rtol", "rtol", float, "Relative tolerance (0 and atol 0: bitwise).", "X"),
+    Option("atol", "atol", float, "Absolute tolerance (0 and rtol 0: bitwise).", "X"),
+    Option("strict-rng", "strict_rng", bool, "Count rng-divergence as a failure.", ""),
+    Option("timeout", "timeout_s", float, "Seconds allowed for each child run.", "SECONDS"),
+    Option("layer-spec", "layer_spec", str,
+           "pkg.mod:fn returning the transformer layer ModuleSpec (local GPT spec if unset).",
+           "PKG.MOD:FN"),
+    Option("model-provider", "model_provider", str,
+           "pkg.mod:fn(config, vocab_size=, max_sequence_length=, ...) returning the model.",
+           "PKG.MOD:FN"),
+    Option("forward-step", "forward_step", str,
+           "pkg.mod:fn(data_iterator, model) -> (output, loss_func).", "PKG.MOD:FN"),
+    Option("memory", "memory", bool, "Record allocator history and snapshots in graphed runs.", ""),
+)
+
+
+def click_options(options: tuple[Option, ...], prefix: str = "") -> Callable[[Any], Any]:
+    """Decorator adding every option as a click option (bool -> --x/--no-x)."""
+    import click
+
+    def decorate(func: Any) -> Any:
+        for opt in reversed(options):
+            flag = f"--{prefix}{opt.name}"
+            if opt.type is bool:
+                decl = f"{flag}/--no-{prefix}{opt.name}"
+                func = click.option(decl, opt.field, default=None, help=opt.help_text)(func)
+            else:
+                func = click.option(flag, opt.field, type=opt.type, default=None,
+                                    metavar=opt.metavar, help=opt.help_text)(func)
+        return func
+
+    return decorate
+
+
+def add_pytest_options(group: Any, options: tuple[Option, ...] = DIFF_OPTIONS,
+                      prefix: str = "gd-") -> None:
+    """Add every option to a pytest option group with the `--gd-` prefix."""
+    for opt in options:
+        dest = f"gd_{opt.field}"
+        if opt.type is bool:
+            group.addoption(f"--{prefix}{opt.name}", dest=dest, action="store_const", const=True,
+                            default=None, help=opt.help_text)
+            group.addoption(f"--no-{prefix}{opt.name}", dest=dest, action="store_const",
+                            const=False, default=None, help=f"Turn --{prefix}{opt.name} off.")
+        else:
+            group.addoption(f"--{prefix}{opt.name}", dest=dest, type=opt.type, default=None,
+                            metavar=opt.metavar, help=opt.help_text)
+
+
+__all__ = ["DIFF_OPTIONS", "Option", "click_options", "add_pytest_options"]

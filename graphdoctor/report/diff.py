@@ -1,0 +1,145 @@
+"""Render a DiffReport: a ten-second terminal summary (tabulate) and the versioned JSON file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tabulate import tabulate
+
+if TYPE_CHECKING:
+    from graphdoctor.compare.verdict import ImplResult
+    from graphdoctor.diff import DiffReport
+
+_MARK = {"match": "ok", "rng-divergence": "ok*", "unavailable": "--"}
+
+
+def _num(value: float | None, fmt: str = "{:.3g}") -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value)
+
+
+def _first(result: ImplResult) -> str:
+    if result.divergence is not None:
+        d = result.divergence
+        if d.tensor is None:
+            return f"step {d.step} {d.what}"
+        return f"step {d.step} {d.what} ({d.tensor})" if d.what != "loss" else \
+            f"step {d.step} loss; grads from {d.tensor}"
+    if result.diagnosis is not None and result.verdict.value not in ("match",):
+        diag = result.diagnosis
+        where = diag.location or diag.module or ""
+        return f"{diag.cuda_error or diag.error_type} {where}".strip()
+    return "-"
+
+
+def summary_rows(report: DiffReport) -> list[list[str]]:
+    """One row per implementation (used by the text renderer and the pytest plugin)."""
+    rows = []
+    for result in report.results:
+        timing = result.timing
+        div = result.divergence
+        rows.append([
+            result.impl,
+            f"{result.verdict.value} {_MARK.get(result.verdict.value, 'FAIL')}",
+            _first(result),
+            _num(div.max_abs if div else (0.0 if result.verdict.value == "match" else None)),
+            _num(div.max_rel if div else (0.0 if result.verdict.value == "match" else None)),
+            _num(timing.eager_ms if timing else None, "{:.2f}"),
+            _num(timing.graphed_ms if timing else None, "{:.2f}"),
+            _num(timing.speedup if timing else None, "{:.2f}x"),
+        ])
+    return rows
+
+
+def render_text(report: DiffReport, *, verbose: bool = False) -> str:
+    """Terminal summary: header line, table, then one line per failure, control and note."""
+    cfg = report.config
+    env = report.env
+    policy = "bitwise" if cfg.bitwise else f"rtol={cfg.rtol:g} atol={cfg.atol:g}"
+    head = (f"graphdoctor diff: GPTModel {cfg.num_layers}x{cfg.hidden_size} ({cfg.num_attention_heads}"
+            f" heads), seq {cfg.seq_length}, mbs {cfg.micro_batch_size}x{cfg.num_microbatches}, "
+            f"{cfg.dtype}, dropout {cfg.dropout:g}, {cfg.steps} steps, warmup "
+            f"{cfg.cuda_graph_warmup_steps}, {policy}")
+    lines = [head]
+    if env:
+        lines.append(f"  {env.get('gpu', '?')} | torch {env.get('torch', '?')} | megatron-core "
+                     f"{env.get('megatron_core', '?')} | world size {env.get('world_size', 1)}")
+    table = tabulate(summary_rows(report), headers=[
+        "impl", "verdict", "first divergence", "max abs", "max rel", "eager ms", "graphed ms",
+        "speedup"], tablefmt="simple")
+    lines += ["", table, ""]
+    lines += _details(report, verbose=verbose)
+    lines.append(f"wall {report.wall_s:.1f} s (children {report.child_wall_s:.1f} s); "
+                 f"exit code {report.exit_code()}")
+    return "\n".join(lines)
+
+
+def _details(report: DiffReport, *, verbose: bool) -> list[str]:
+    out: list[str] = []
+    ref = report.reference
+    if ref.status != "ok" and ref.diagnosis is not None:
+        out.append(f"eager reference: {ref.status}: {ref.diagnosis.message}")
+    for result in report.results:
+        diag = result.diagnosis
+        if diag is not None and result.verdict.value not in ("match", "rng-divergence"):
+            out.append(f"{result.impl}: {diag.error_type}: {diag.message}")
+            if diag.cuda_error or diag.meaning:
+                out.append(f"  means: {diag.cuda_error + ': ' if diag.cuda_error else ''}"
+                           f"{diag.meaning or ''}")
+            if diag.location or diag.module:
+                out.append(f"  at: {diag.location or '?'}"
+                           f"{' in module ' + diag.module if diag.module else ''}"
+                           f"{' (step ' + str(diag.step) + ', ' + str(diag.phase) + ')' if diag.step is not None and diag.step >= 0 else ''}")
+            if diag.fix:
+                out.append(f"  fix: {diag.fix}{' [' + diag.rule + ']' if diag.rule else ''}")
+            if verbose:
+                out += [f"    {frame}" for frame in diag.traceback_tail]
+        if result.control is not None:
+            ctl = result.control
+            where = ""
+            if ctl.get("first_divergence"):
+                fd = ctl["first_divergence"]
+                where = f" (first at step {fd['step']} {fd['what']} {fd.get('tensor') or ''})"
+            out.append(f"{result.impl}: control pair at dropout 0: {ctl['verdict']}{where}")
+        for note in result.notes:
+            out.append(f"{result.impl}: note: {note}")
+        if result.memory and result.memory.get("summary"):
+            out.append(f"{result.impl}: memory: {result.memory['summary']}")
+        if result.launches and result.launches.get("summary"):
+            out.append(f"{result.impl}: launches: {result.launches['summary']}")
+    if out:
+        out.append("")
+    return out
+
+
+def write_json(report: DiffReport, path: str | os.PathLike[str]) -> Path:
+    """Write the versioned JSON report; returns the path."""
+    target = Path(path)
+    if target.parent and not target.parent.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = json_safe(report.to_dict())
+    target.write_text(json.dumps(data, indent=2, allow_nan=False, default=str) + "\n",
+                      encoding="utf-8")
+    return target
+
+
+def json_safe(value: Any) -> Any:
+    """Replace non-finite floats by the strings "nan", "inf", "-inf" (strict JSON has none)."""
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+__all__ = ["json_safe", "render_text", "summary_rows", "write_json"]

@@ -1,0 +1,259 @@
+"""Frozen data shared by every stage of `diff`: what a child run recorded and what the comparison found.
+
+Nothing here imports torch; every record round-trips through plain JSON (`to_dict` / `from_dict`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Verdict(enum.StrEnum):
+    """Outcome of one implementation against the eager reference (the JSON uses these values)."""
+
+    MATCH = "match"
+    """Losses, main_grads and parameters agree at every step (bitwise, or within --rtol/--atol)."""
+
+    RNG_DIVERGENCE = "rng-divergence"
+    """Differs only because dropout draws differ: the dropout-free control pair matches."""
+
+    NUMERIC_DIVERGENCE = "numeric-divergence"
+    """Differs with dropout off (or the control pair differs too)."""
+
+    CAPTURE_FAILED = "capture-failed"
+    """An error during warmup or capture."""
+
+    CRASHED = "crashed"
+    """The run died outside capture (replay, optimizer, child process killed by a signal)."""
+
+    TIMEOUT = "timeout"
+    """The child run exceeded its time limit and was killed."""
+
+    UNAVAILABLE = "unavailable"
+    """The implementation cannot run here (for example Transformer Engine is not installed)."""
+
+    REFERENCE_FAILED = "reference-failed"
+    """The eager reference itself failed, so nothing could be compared."""
+
+    @property
+    def passed(self) -> bool:
+        """True for verdicts that count as a pass without --strict-rng."""
+        return self in (Verdict.MATCH, Verdict.RNG_DIVERGENCE)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDiff:
+    """Comparison of one tensor family (grads or params) at one step, reduced on the GPU."""
+
+    num_tensors: int
+    """Tensors compared."""
+
+    num_unequal: int
+    """Tensors that are not bitwise equal (or outside tolerance when one is set)."""
+
+    max_abs: float
+    """Largest absolute difference over all tensors."""
+
+    max_rel: float
+    """Largest relative difference |a-b|/|b| over elements where the reference b is non-zero."""
+
+    first_tensor: str | None = None
+    """First tensor, in parameter order, that differs."""
+
+    first_tensor_max_abs: float = 0.0
+    """Largest absolute difference inside `first_tensor`."""
+
+    @property
+    def equal(self) -> bool:
+        """True when every tensor agreed."""
+        return self.num_unequal == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {
+            "num_tensors": self.num_tensors,
+            "num_unequal": self.num_unequal,
+            "max_abs": self.max_abs,
+            "max_rel": self.max_rel,
+            "first_tensor": self.first_tensor,
+            "first_tensor_max_abs": self.first_tensor_max_abs,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TensorDiff:
+        """Inverse of to_dict."""
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one training step of one child run recorded."""
+
+    step: int
+    """0-based step index."""
+
+    phase: str
+    """eager | record | warmup | capture | replay."""
+
+    loss: float
+    """Reported LM loss of the step (token-weighted over micro-batches)."""
+
+    step_time_ms: float
+    """CUDA-event time of forward_backward + optimizer step."""
+
+    grad_norm: float | None = None
+    """Gradient norm reported by the Megatron optimizer."""
+
+    grads: TensorDiff | None = None
+    """main_grad comparison against the reference (graphed runs only)."""
+
+    params: TensorDiff | None = None
+    """Parameter comparison after the optimizer step (graphed runs only)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {
+            "step": self.step,
+            "phase": self.phase,
+            "loss": self.loss,
+            "step_time_ms": self.step_time_ms,
+            "grad_norm": self.grad_norm,
+            "grads": self.grads.to_dict() if self.grads else None,
+            "params": self.params.to_dict() if self.params else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepRecord:
+        """Inverse of to_dict."""
+        data = dict(data)
+        for key in ("grads", "params"):
+            if data.get(key) is not None:
+                data[key] = TensorDiff.from_dict(data[key])
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Why a run failed, in a user's terms."""
+
+    error_type: str
+    """Python exception type (or `timeout`, `signal`)."""
+
+    message: str
+    """First line of the error message."""
+
+    cuda_error: str | None = None
+    """CUDA error name, e.g. cudaErrorStreamCaptureUnsupported."""
+
+    meaning: str | None = None
+    """What the error means."""
+
+    fix: str | None = None
+    """What to do about it, where known."""
+
+    rule: str | None = None
+    """Matching code in the checks catalogue, where one exists."""
+
+    module: str | None = None
+    """Qualified name of the innermost module on the failing stack."""
+
+    location: str | None = None
+    """`file:line` of the innermost user frame on the failing stack."""
+
+    step: int | None = None
+    """Step at which it failed."""
+
+    phase: str | None = None
+    """Phase at which it failed."""
+
+    traceback_tail: list[str] = field(default_factory=list)
+    """Last frames of the traceback, `file:line in function`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {
+            "error_type": self.error_type,
+            "message": self.message,
+            "cuda_error": self.cuda_error,
+            "meaning": self.meaning,
+            "fix": self.fix,
+            "rule": self.rule,
+            "module": self.module,
+            "location": self.location,
+            "step": self.step,
+            "phase": self.phase,
+            "traceback_tail": list(self.traceback_tail),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
+        """Inverse of to_dict."""
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """Everything a child run reports back to the parent."""
+
+    impl: str
+    """none | local | full_iteration | transformer_engine."""
+
+    dropout: float
+    """Dropout the run used."""
+
+    status: str
+    """ok | error | timeout | crashed | unavailable."""
+
+    steps: tuple[StepRecord, ...] = ()
+    """Recorded steps, in order (possibly fewer than asked when the run failed)."""
+
+    diagnosis: Diagnosis | None = None
+    """Set when status is not ok."""
+
+    wall_s: float = 0.0
+    """Wall-clock time of the child process, start to exit."""
+
+    train_s: float = 0.0
+    """Wall-clock time of the child's training loop alone (model built, steps run, no comparison)."""
+
+    compare_s: float = 0.0
+    """Wall-clock time the child spent saving or comparing reference tensors."""
+
+    memory: dict[str, Any] | None = None
+    """Memory section (graphdoctor.memory) when recorded."""
+
+    launches: dict[str, Any] | None = None
+    """Launch accounting section (graphdoctor.launches) when recorded."""
+
+    env: dict[str, Any] = field(default_factory=dict)
+    """Versions and device of the child (torch, megatron-core, GPU name, rank, world size)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {
+            "impl": self.impl,
+            "dropout": self.dropout,
+            "status": self.status,
+            "steps": [s.to_dict() for s in self.steps],
+            "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
+            "wall_s": self.wall_s,
+            "train_s": self.train_s,
+            "compare_s": self.compare_s,
+            "memory": self.memory,
+            "launches": self.launches,
+            "env": dict(self.env),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """Inverse of to_dict."""
+        data = dict(data)
+        data["steps"] = tuple(StepRecord.from_dict(s) for s in data.get("steps", ()))
+        if data.get("diagnosis") is not None:
+            data["diagnosis"] = Diagnosis.from_dict(data["diagnosis"])
+        return cls(**data)
+
+
+__all__ = ["Diagnosis", "RunRecord", "StepRecord", "TensorDiff", "Verdict"]

@@ -1,0 +1,53 @@
+"""`diff` end to end on a real GPU with real Megatron-Core models (no mocks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.diff import diff
+from graphdoctor.types import Verdict
+
+pytestmark = pytest.mark.gpu
+
+SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
+         "vocab_size": 512, "steps": 6, "cuda_graph_warmup_steps": 2, "timeout_s": 240.0}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def planted_line(module: str, code: str) -> int:
+    text = (REPO / "fixtures" / "planted" / f"{module}.py").read_text(encoding="utf-8")
+    return next(i for i, line in enumerate(text.splitlines(), 1) if f"# [{code}]" in line)
+
+
+def test_dropout_local_rng_divergence_full_iteration_match() -> None:
+    report = diff(DiffConfig(impls=("local", "full_iteration"), dropout=0.1, **SMALL))
+    by_impl = {r.impl: r for r in report.results}
+    local, full = by_impl["local"], by_impl["full_iteration"]
+    assert local.verdict == Verdict.RNG_DIVERGENCE, local
+    assert local.control is not None and local.control["verdict"] == "match"
+    assert local.divergence is not None and local.divergence.step >= 1
+    assert full.verdict == Verdict.MATCH, full
+    assert full.timing is not None and full.timing.speedup is not None
+    assert report.exit_code() == 0
+    assert report.reference.env["world_size"] == 1
+
+
+def test_item_in_mlp_is_capture_failed_with_user_line() -> None:
+    config = DiffConfig(impls=("local", "full_iteration"), dropout=0.0,
+                        layer_spec="fixtures.planted.item_mlp:layer_spec", **SMALL)
+    report = diff(config)
+    by_impl = {r.impl: r for r in report.results}
+    local = by_impl["local"]
+    assert local.verdict == Verdict.CAPTURE_FAILED, local
+    diag = local.diagnosis
+    assert diag is not None
+    assert diag.location is not None
+    assert diag.location.endswith(f"item_mlp.py:{planted_line('item_mlp', 'GD501')}"), diag
+    assert diag.module is not None and "mlp" in diag.module
+    assert diag.cuda_error == "cudaErrorStreamCaptureUnsupported"
+    # The other implementation still reports its own verdict.
+    assert by_impl["full_iteration"].verdict in (Verdict.CAPTURE_FAILED, Verdict.MATCH)
+    assert report.exit_code() == 1
