@@ -1,0 +1,322 @@
+"""In-run memory analysis for `graphdoctor diff`: graph pool cost, peaks vs eager, growth per replay.
+
+Runs inside the child process on the snapshot dicts taken before capture, after capture and after
+the replay steps; only MemoryReport.to_dict() travels back. Pure Python, no torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from graphdoctor.errors import UsageError
+from graphdoctor.memory.model import FrameCache, Snapshot, frames_from_raw, parse_snapshot
+from graphdoctor.memory.phases import phase_family
+from graphdoctor.memory.sites import SiteNamer, user_frames_first
+from graphdoctor.memory.summary import totals
+
+REPLAY_PHASE = "replay"
+"""Phase family whose allocations are checked; tag steps 'replay:<step>' to count steps per site."""
+
+DEFAULT_GROWTH_THRESHOLD_BYTES = 64 << 10
+"""Live bytes gained per replay step above which the verdict is 'growth'."""
+
+DEFAULT_MIN_UNFREED_STEPS = 2
+"""A site is a leak suspect when allocations from this many replay steps are still alive: the
+last step's outputs (a loss kept for logging) are legitimately alive once."""
+
+_MAX_FRAMES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class PoolBytes:
+    """Reserved and live bytes of one private (graph) pool."""
+
+    pool: tuple[int, int]
+    reserved_bytes: int
+    live_bytes: int
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready dict (pool as a 2-list)."""
+        return {"pool": list(self.pool), "reserved_bytes": self.reserved_bytes, "live_bytes": self.live_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class UnfreedSite:
+    """Allocations made during replay steps that are still alive after the last step, by site."""
+
+    site: str
+    num_allocations: int
+    live_bytes: int
+    num_steps: int
+    """Distinct replay tags ('replay:3', 'replay:4', ...) the allocations were made under."""
+    is_suspect: bool
+    frames: tuple[str, ...]
+    """Stack of the first allocation, user frames first, at most 8."""
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready dict."""
+        return {
+            "site": self.site,
+            "num_allocations": self.num_allocations,
+            "live_bytes": self.live_bytes,
+            "num_steps": self.num_steps,
+            "is_suspect": self.is_suspect,
+            "frames": list(self.frames),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    """Memory verdict of one graphed run ('ok' or 'growth') and the numbers behind it."""
+
+    verdict: str
+    num_replay_steps: int
+    graph_pool_reserved_bytes: int
+    graph_pools: tuple[PoolBytes, ...]
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    eager_peak_allocated_bytes: int | None
+    eager_peak_reserved_bytes: int | None
+    live_bytes_before_capture: int
+    live_bytes_after_capture: int
+    live_bytes_after_replays: int
+    reserved_bytes_after_replays: int
+    bytes_gained_per_replay_step: float
+    growth_threshold_bytes: int
+    unfreed_replay_sites: tuple[UnfreedSite, ...]
+    allocated_over_reserved: float
+    phase_tags_found: bool
+    notes: tuple[str, ...]
+
+    @property
+    def capture_cost_bytes(self) -> int:
+        """Live bytes that capture added (graph-owned outputs and intermediates)."""
+        return self.live_bytes_after_capture - self.live_bytes_before_capture
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict for the `memory` field of the diff report."""
+        def ratio(peak: int, eager: int | None) -> float | None:
+            return round(peak / eager, 4) if eager else None
+
+        return {
+            "verdict": self.verdict,
+            "summary": self.summary(),
+            "num_replay_steps": self.num_replay_steps,
+            "graph_pool_reserved_bytes": self.graph_pool_reserved_bytes,
+            "graph_pools": [p.to_dict() for p in self.graph_pools],
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "eager_peak_allocated_bytes": self.eager_peak_allocated_bytes,
+            "eager_peak_reserved_bytes": self.eager_peak_reserved_bytes,
+            "peak_allocated_over_eager": ratio(self.peak_allocated_bytes, self.eager_peak_allocated_bytes),
+            "peak_reserved_over_eager": ratio(self.peak_reserved_bytes, self.eager_peak_reserved_bytes),
+            "live_bytes_before_capture": self.live_bytes_before_capture,
+            "live_bytes_after_capture": self.live_bytes_after_capture,
+            "live_bytes_after_replays": self.live_bytes_after_replays,
+            "capture_cost_bytes": self.capture_cost_bytes,
+            "reserved_bytes_after_replays": self.reserved_bytes_after_replays,
+            "bytes_gained_per_replay_step": self.bytes_gained_per_replay_step,
+            "growth_threshold_bytes": self.growth_threshold_bytes,
+            "unfreed_replay_sites": [s.to_dict() for s in self.unfreed_replay_sites],
+            "allocated_over_reserved": round(self.allocated_over_reserved, 4),
+            "phase_tags_found": self.phase_tags_found,
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        """One line, e.g. `memory ok: graph pools 100.0 MiB, peak reserved 1.85x eager, +0 B/replay`."""
+        parts = [f"memory {self.verdict}: graph pools {_fmt(self.graph_pool_reserved_bytes)}"]
+        if self.eager_peak_reserved_bytes:
+            parts.append(f"peak reserved {self.peak_reserved_bytes / self.eager_peak_reserved_bytes:.2f}x eager")
+        else:
+            parts.append(f"peak reserved {_fmt(self.peak_reserved_bytes)}")
+        parts.append(f"{_fmt(round(self.bytes_gained_per_replay_step), signed=True)}/replay step")
+        suspects = [s for s in self.unfreed_replay_sites if s.is_suspect]
+        if suspects:
+            parts.append(f"{len(suspects)} site(s) keep replay allocations alive, top {suspects[0].site}")
+        return ", ".join(parts)
+
+
+def _fmt(num: int, *, signed: bool = False) -> str:
+    sign = "+" if signed and num >= 0 else ""
+    value = float(num)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    return f"{sign}{num} B"
+
+
+def _as_snapshot(snap: dict[str, Any] | Snapshot) -> Snapshot:
+    return snap if isinstance(snap, Snapshot) else parse_snapshot(snap)
+
+
+def graph_pools(snapshot: Snapshot) -> tuple[PoolBytes, ...]:
+    """Reserved and live bytes per private pool (segment_pool_id != (0, 0)), largest first."""
+    acc: dict[tuple[int, int], list[int]] = {}
+    for seg in snapshot.segments:
+        if seg.is_graph_pool:
+            row = acc.setdefault(seg.pool, [0, 0])
+            row[0] += seg.total_bytes
+            row[1] += sum(b.size_bytes for b in seg.blocks if b.is_live)
+    pools = [PoolBytes(pool, reserved, live) for pool, (reserved, live) in acc.items()]
+    return tuple(sorted(pools, key=lambda p: (-p.reserved_bytes, p.pool)))
+
+
+def unfreed_replay_allocations(
+    snapshot: Snapshot, *, all_frames: bool = False, min_steps: int = DEFAULT_MIN_UNFREED_STEPS
+) -> tuple[bool, tuple[UnfreedSite, ...]]:
+    """Allocations tagged with a 'replay*' phase that were never freed and are still live.
+
+    Args:
+        snapshot: The snapshot taken after the replay steps (its trace must cover them).
+        all_frames: Group by whole stacks rather than the first user frame.
+        min_steps: Distinct replay tags (or, with untagged steps, allocations) that make a suspect.
+
+    Returns:
+        (whether any replay tag was seen, sites largest first).
+    """
+    pending: dict[int, dict[str, Any]] = {}
+    seen_tag = False
+    for entry in snapshot.trace:
+        action = entry.get("action")
+        if action == "alloc":
+            if phase_family(entry.get("user_metadata") or "") == REPLAY_PHASE:
+                seen_tag = True
+                pending[entry.get("addr", 0)] = entry
+            else:
+                pending.pop(entry.get("addr", 0), None)
+        elif action in ("free_requested", "free_completed"):
+            pending.pop(entry.get("addr", 0), None)
+    live = {b.address: b.size_bytes for _, b in snapshot.live_blocks()}
+    namer, cache = SiteNamer(all_frames=all_frames), FrameCache()
+    groups: dict[str, list[Any]] = {}
+    for addr, entry in pending.items():
+        if live.get(addr) != entry.get("size"):
+            continue  # reused or freed outside the recorded window: not provably the same tensor
+        frames = frames_from_raw(entry.get("frames") or [], cache)
+        row = groups.setdefault(namer.site(frames), [0, 0, set(), frames])
+        row[0] += 1
+        row[1] += entry.get("size", 0)
+        row[2].add(entry.get("user_metadata"))
+    sites = []
+    for site, (num, size, tags, frames) in groups.items():
+        num_steps = len(tags)
+        indexed = any(":" in t for t in tags)
+        suspect = (num_steps if indexed else num) >= min_steps
+        shown = tuple(f.label() for f in user_frames_first(frames)[:_MAX_FRAMES])
+        sites.append(UnfreedSite(site, num, size, num_steps, suspect, shown))
+    sites.sort(key=lambda s: (not s.is_suspect, -s.live_bytes, s.site))
+    return seen_tag, tuple(sites)
+
+
+def analyze_run(
+    before_capture: dict[str, Any] | Snapshot,
+    after_capture: dict[str, Any] | Snapshot,
+    after_replays: dict[str, Any] | Snapshot,
+    *,
+    num_replay_steps: int,
+    eager_peak_allocated_bytes: int | None,
+    eager_peak_reserved_bytes: int | None,
+    peak_allocated_bytes: int,
+    peak_reserved_bytes: int,
+    growth_threshold_bytes: int = DEFAULT_GROWTH_THRESHOLD_BYTES,
+    min_unfreed_steps: int = DEFAULT_MIN_UNFREED_STEPS,
+    all_frames: bool = False,
+) -> MemoryReport:
+    """Analyze the three snapshots of one graphed run.
+
+    Args:
+        before_capture: Snapshot dict taken after warmup, just before capture.
+        after_capture: Snapshot dict taken right after capture (graph pool populated).
+        after_replays: Snapshot dict taken after the replay steps; its trace should cover them,
+            with allocations tagged 'replay' or 'replay:<step>' (recorder.set_phase).
+        num_replay_steps: Replay steps between after_capture and after_replays.
+        eager_peak_allocated_bytes: Peak allocated bytes of the eager reference run, if known.
+        eager_peak_reserved_bytes: Peak reserved bytes of the eager reference run, if known.
+        peak_allocated_bytes: Peak allocated bytes of the graphed run (torch.cuda.memory_stats).
+        peak_reserved_bytes: Peak reserved bytes of the graphed run.
+        growth_threshold_bytes: Bytes gained per replay step above which the verdict is 'growth'.
+        min_unfreed_steps: See unfreed_replay_allocations.
+        all_frames: Group unfreed allocations by whole stacks.
+
+    Returns:
+        The MemoryReport; verdict 'growth' when live bytes grow past the threshold per replay step
+        or a site keeps allocations from several replay steps alive, else 'ok'.
+
+    Raises:
+        UsageError: num_replay_steps < 1 or a negative threshold.
+        InputFileError: a snapshot dict is malformed.
+    """
+    if num_replay_steps < 1:
+        raise UsageError(f"num_replay_steps: got {num_replay_steps}, expected >= 1")
+    if growth_threshold_bytes < 0:
+        raise UsageError(f"growth_threshold_bytes: got {growth_threshold_bytes}, expected >= 0")
+    snaps = tuple(_as_snapshot(s) for s in (before_capture, after_capture, after_replays))
+    return _report(
+        *snaps,
+        num_replay_steps=num_replay_steps,
+        peaks=(peak_allocated_bytes, peak_reserved_bytes, eager_peak_allocated_bytes, eager_peak_reserved_bytes),
+        growth_threshold_bytes=growth_threshold_bytes,
+        min_unfreed_steps=min_unfreed_steps,
+        all_frames=all_frames,
+    )
+
+
+def _report(
+    before: Snapshot,
+    captured: Snapshot,
+    replayed: Snapshot,
+    *,
+    num_replay_steps: int,
+    peaks: tuple[int, int, int | None, int | None],
+    growth_threshold_bytes: int,
+    min_unfreed_steps: int,
+    all_frames: bool,
+) -> MemoryReport:
+    peak_allocated_bytes, peak_reserved_bytes, eager_peak_allocated_bytes, eager_peak_reserved_bytes = peaks
+    end = totals(replayed)
+    live_after_capture = totals(captured).live_bytes
+    gained = (end.live_bytes - live_after_capture) / num_replay_steps
+    tags_found, sites = unfreed_replay_allocations(replayed, all_frames=all_frames, min_steps=min_unfreed_steps)
+    notes = []
+    if not tags_found:
+        notes.append("no 'replay' phase tags in the trace: allocations during replay were not checked")
+    if not replayed.trace:
+        notes.append("after_replays snapshot has no trace: memory history was not recording")
+    growth = gained > growth_threshold_bytes or any(s.is_suspect for s in sites)
+    pools = graph_pools(replayed)
+    return MemoryReport(
+        verdict="growth" if growth else "ok",
+        num_replay_steps=num_replay_steps,
+        graph_pool_reserved_bytes=sum(p.reserved_bytes for p in pools),
+        graph_pools=pools,
+        peak_allocated_bytes=peak_allocated_bytes,
+        peak_reserved_bytes=peak_reserved_bytes,
+        eager_peak_allocated_bytes=eager_peak_allocated_bytes,
+        eager_peak_reserved_bytes=eager_peak_reserved_bytes,
+        live_bytes_before_capture=totals(before).live_bytes,
+        live_bytes_after_capture=live_after_capture,
+        live_bytes_after_replays=end.live_bytes,
+        reserved_bytes_after_replays=end.reserved_bytes,
+        bytes_gained_per_replay_step=gained,
+        growth_threshold_bytes=growth_threshold_bytes,
+        unfreed_replay_sites=sites,
+        allocated_over_reserved=end.allocated_over_reserved,
+        phase_tags_found=tags_found,
+        notes=tuple(notes),
+    )
+
+
+__all__ = [
+    "DEFAULT_GROWTH_THRESHOLD_BYTES",
+    "DEFAULT_MIN_UNFREED_STEPS",
+    "REPLAY_PHASE",
+    "MemoryReport",
+    "PoolBytes",
+    "UnfreedSite",
+    "analyze_run",
+    "graph_pools",
+    "unfreed_replay_allocations",
+]
