@@ -1,1 +1,36 @@
-"""graphdoctor.rules."""
+"""graphdoctor.rules: the rule model (Rule, Finding, Severity...), the registry and `check()`.
+
+`from graphdoctor.rules import Finding, Severity` is the stable import for probes and reports.
+"""
+
+from __future__ import annotations
+
+from graphdoctor.rules.base import DOC_SECTIONS, Hit, Rule
+from graphdoctor.rules.context import CheckContext
+from graphdoctor.rules.engine import SCHEMA_VERSION, CheckReport, build_context, check
+from graphdoctor.rules.facts import EnvironmentFacts, detect_facts
+from graphdoctor.rules.finding import Finding, FixAvailability, Severity, Status
+from graphdoctor.rules.megatron_args import MegatronArgs, parse_megatron_args
+from graphdoctor.rules.registry import REMOVED, all_rules, get_rule
+
+__all__ = [
+    "DOC_SECTIONS",
+    "REMOVED",
+    "SCHEMA_VERSION",
+    "CheckContext",
+    "CheckReport",
+    "EnvironmentFacts",
+    "Finding",
+    "FixAvailability",
+    "Hit",
+    "MegatronArgs",
+    "Rule",
+    "Severity",
+    "Status",
+    "all_rules",
+    "build_context",
+    "check",
+    "detect_facts",
+    "get_rule",
+    "parse_megatron_args",
+]

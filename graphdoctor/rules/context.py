@@ -1,0 +1,151 @@
+"""CheckContext: everything a static rule may look at, already merged, validated and normalised.
+
+Sources, lowest priority first: TransformerConfig defaults, Megatron-LM defaults (only when a launch
+line is given), the run file, the launch line. `value(name)` answers for any TransformerConfig field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+import warnings
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from graphdoctor.errors import UsageError
+from graphdoctor.rules.facts import EnvironmentFacts
+from graphdoctor.rules.graphconfig import GraphSettings, normalize
+from graphdoctor.rules.megatron_args import ARGS_DEFAULTS, TRANSFORMER_DEFAULTS_FROM_ARGS
+
+_NO_DEFAULT = object()
+
+
+@cache
+def transformer_fields() -> dict[str, tuple[Any, Any]]:
+    """TransformerConfig field name -> (annotation, default); imports megatron-core (CPU only)."""
+    with warnings.catch_warnings():
+        # megatron-core warns at import about optional packages (TE, apex); not the user's problem
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+    out: dict[str, tuple[Any, Any]] = {}
+    for f in dataclasses.fields(TransformerConfig):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = _NO_DEFAULT
+        out[f.name] = (f.type, default)
+    return out
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    """Loose isinstance against a dataclass annotation; unknown shapes (Literal, Callable...) pass."""
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if origin is list or annotation is list:
+        return isinstance(value, list)
+    return True
+
+
+def _expected(annotation: Any) -> str:
+    return str(annotation).replace("typing.", "")
+
+
+def validate_transformer(values: dict[str, Any], where: str) -> None:
+    """Check keys against dataclasses.fields(TransformerConfig) and simple types.
+
+    Raises:
+        UsageError: an unknown key or a value of the wrong type (names the key and `where`).
+    """
+    known = transformer_fields()
+    for key, value in values.items():
+        if key not in known:
+            raise UsageError(f"{where}: transformer.{key} is not a TransformerConfig field")
+        annotation, default = known[key]
+        if not (value is None and default is None) and not _matches(value, annotation):
+            raise UsageError(
+                f"{where}: transformer.{key}: got {value!r} ({type(value).__name__}), expected {_expected(annotation)}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckContext:
+    """The merged view the rules inspect."""
+
+    transformer: dict[str, Any]
+    """TransformerConfig fields given explicitly (run file and launch line)."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Megatron-LM-only settings given on the launch line (`args.*`)."""
+    run: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    facts: EnvironmentFacts = field(default_factory=EnvironmentFacts)
+    megatron_lm: bool = False
+    """A Megatron-LM launch line was given: its defaults and its validate_args rules apply."""
+    graph: GraphSettings = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "graph", normalize(self.value))
+
+    def value(self, name: str) -> Any:
+        """Effective value of a TransformerConfig field as given (before __post_init__ rewrites)."""
+        if name in self.transformer:
+            return self.transformer[name]
+        if self.megatron_lm and name in TRANSFORMER_DEFAULTS_FROM_ARGS:
+            return TRANSFORMER_DEFAULTS_FROM_ARGS[name]
+        default = transformer_fields()[name][1]
+        return None if default is _NO_DEFAULT else default
+
+    def arg(self, name: str) -> Any:
+        """A Megatron-LM setting (`args.*`): given value or Megatron-LM's default."""
+        return self.args.get(name, ARGS_DEFAULTS.get(name))
+
+    @property
+    def recompute_granularity(self) -> str | None:
+        """After the deprecated moe_layer_recompute rewrite (transformer_config.py:1836-1846)."""
+        if self.value("moe_layer_recompute") and self.value("recompute_granularity") != "full":
+            return "selective"
+        return self.value("recompute_granularity")
+
+    @property
+    def recompute_modules(self) -> list[str]:
+        """None -> ['core_attn'] (transformer_config.py:1758), plus 'moe' for moe_layer_recompute."""
+        modules = self.value("recompute_modules")
+        modules = ["core_attn"] if modules is None else list(modules)
+        if self.value("moe_layer_recompute") and "moe" not in modules:
+            modules.append("moe")
+        return modules
+
+    @property
+    def capacity_factor(self) -> float | None:
+        """A negative moe_expert_capacity_factor means None (transformer_config.py:1661)."""
+        factor = self.value("moe_expert_capacity_factor")
+        return None if factor is None or factor < 0 else factor
+
+    @property
+    def is_moe(self) -> bool:
+        """num_moe_experts > 1."""
+        experts = self.value("num_moe_experts")
+        return experts is not None and experts > 1
+
+    @property
+    def offload_modules(self) -> list[str]:
+        """offload_modules or []."""
+        return list(self.value("offload_modules") or [])
+
+
+__all__ = ["CheckContext", "transformer_fields", "validate_transformer"]

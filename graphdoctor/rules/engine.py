@@ -1,0 +1,184 @@
+"""`check()`: run every static rule over a run file and/or a Megatron-LM launch line -> CheckReport.
+
+This is the library entry point the CLI calls; it never prints. Runtime (probe) findings can be merged
+into a report with `CheckReport.merged(...)`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from graphdoctor.config import RUN_FILE_SECTIONS, RunFile, load_run_file
+from graphdoctor.errors import UsageError
+from graphdoctor.rules.context import CheckContext, validate_transformer
+from graphdoctor.rules.facts import EnvironmentFacts, detect_facts
+from graphdoctor.rules.finding import Finding, Severity
+from graphdoctor.rules.megatron_args import MegatronArgs, parse_megatron_args
+from graphdoctor.rules.registry import all_rules
+
+SCHEMA_VERSION = 1
+_SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """Result of `check()`: findings sorted by severity then code, and notes (ignored flags...)."""
+
+    findings: tuple[Finding, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def has_errors(self) -> bool:
+        """True when any finding is error-level (`graphdoctor check` then exits 1)."""
+        return any(f.severity is Severity.ERROR for f in self.findings)
+
+    def codes(self) -> list[str]:
+        """Codes of the findings, in report order."""
+        return [f.code for f in self.findings]
+
+    def merged(self, findings: Iterable[Finding], notes: Iterable[str] = ()) -> CheckReport:
+        """A new report with more findings (e.g. from runtime probes) and notes."""
+        return CheckReport(findings=_sorted([*self.findings, *findings]), notes=(*self.notes, *notes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document of `graphdoctor check --format json` (docs/checks.md)."""
+        counts = {s.value: sum(f.severity is s for f in self.findings) for s in Severity}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "has_errors": self.has_errors,
+            "counts": counts,
+            "findings": [f.to_dict() for f in self.findings],
+            "notes": list(self.notes),
+        }
+
+
+def _sorted(findings: Iterable[Finding]) -> tuple[Finding, ...]:
+    return tuple(sorted(findings, key=lambda f: (_SEVERITY_ORDER[f.severity], f.code, f.fields)))
+
+
+def _location_key(location: str) -> tuple[str, int]:
+    path, _, line = location.rpartition(":")
+    return (path, int(line)) if line.isdigit() else (location, 0)
+
+
+def _yaml_key_lines(path: str) -> dict[str, int]:
+    """`section.key` -> 1-based line of the key in a YAML run file (best effort)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            root = yaml.compose(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    lines: dict[str, int] = {}
+    if not isinstance(root, yaml.MappingNode):
+        return lines
+    for section_node, body in root.value:
+        if isinstance(body, yaml.MappingNode):
+            for key_node, _ in body.value:
+                lines[f"{section_node.value}.{key_node.value}"] = key_node.start_mark.line + 1
+    return lines
+
+
+def _run_file(source: RunFile | str | os.PathLike[str] | Mapping[str, Any] | None) -> tuple[RunFile, dict[str, str]]:
+    if source is None:
+        return RunFile(path="<none>", transformer={}, env={}, run={}), {}
+    if isinstance(source, RunFile):
+        run_file = source
+    elif isinstance(source, str | os.PathLike):
+        run_file = load_run_file(source)
+    elif isinstance(source, Mapping):
+        unknown = sorted(set(map(str, source)) - set(RUN_FILE_SECTIONS))
+        if unknown:
+            raise UsageError(f"run mapping: unknown section {unknown[0]!r}, expected one of {', '.join(RUN_FILE_SECTIONS)}")
+        run_file = RunFile(
+            path="<mapping>",
+            transformer=dict(source.get("transformer") or {}),
+            env={str(k): "" if v is None else str(v) for k, v in (source.get("env") or {}).items()},
+            run=dict(source.get("run") or {}),
+        )
+    else:
+        raise UsageError(f"check: got {type(source).__name__}, expected a run file path, RunFile or mapping")
+    where = {}
+    if run_file.path not in ("<none>", "<mapping>"):
+        where = {key: f"{run_file.path}:{line}" for key, line in _yaml_key_lines(run_file.path).items()}
+    return run_file, where
+
+
+def build_context(
+    run_file_or_mapping: RunFile | str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    megatron_args: str | MegatronArgs | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    facts: EnvironmentFacts | None = None,
+) -> tuple[CheckContext, dict[str, str], list[str]]:
+    """Merge and validate the inputs -> (context, `section.key` -> location, notes).
+
+    Raises:
+        UsageError / InputFileError: bad input (the message names the key or the file).
+    """
+    run_file, where = _run_file(run_file_or_mapping)
+    validate_transformer(run_file.transformer, run_file.path)
+    parsed = megatron_args if isinstance(megatron_args, MegatronArgs) or megatron_args is None \
+        else parse_megatron_args(megatron_args)
+    transformer = dict(run_file.transformer)
+    args: dict[str, Any] = {}
+    run = dict(run_file.run)
+    notes: list[str] = []
+    if parsed is not None:
+        validate_transformer(parsed.transformer, "--megatron-args")
+        transformer.update(parsed.transformer)
+        args.update(parsed.args)
+        run.update(parsed.run)
+        where.update(parsed.locations)
+        notes.extend(parsed.notes)
+    merged_env = {**run_file.env, **{str(k): str(v) for k, v in (env or {}).items()}}
+    if facts is None:
+        facts = detect_facts(run.get("gpu_arch"))
+    ctx = CheckContext(
+        transformer=transformer, args=args, run=run, env=merged_env, facts=facts, megatron_lm=parsed is not None
+    )
+    return ctx, where, notes
+
+
+def check(
+    run_file_or_mapping: RunFile | str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    megatron_args: str | MegatronArgs | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    facts: EnvironmentFacts | None = None,
+    select: Iterable[str] | None = None,
+) -> CheckReport:
+    """Run the static rule catalogue.
+
+    Args:
+        run_file_or_mapping: a run file path, a loaded RunFile, or a mapping with optional
+            `transformer:` / `env:` / `run:` sections; None for a launch line only.
+        megatron_args: a Megatron-LM launch line, `@path` to one, or an already parsed MegatronArgs.
+        env: environment variables of the training job; merged over the run file's `env:`
+            (the checking shell's own environment is never read).
+        facts: machine facts (TE/torch versions, GPU arch); detected on this machine when None.
+        select: only run these codes (default: every static rule).
+
+    Returns:
+        The CheckReport.
+
+    Raises:
+        UsageError / InputFileError: bad input; nothing is checked then.
+    """
+    ctx, where, notes = build_context(run_file_or_mapping, megatron_args, env, facts=facts)
+    wanted = {c.upper() for c in select} if select is not None else None
+    findings: list[Finding] = []
+    for rule in all_rules():
+        if rule.runtime or (wanted is not None and rule.code not in wanted):
+            continue
+        for hit in rule.detect(ctx):
+            locations = tuple(sorted(dict.fromkeys(where[f] for f in hit.fields if f in where), key=_location_key))
+            findings.append(rule.finding(fields=hit.fields, locations=locations, severity=hit.severity, **hit.params))
+    return CheckReport(findings=_sorted(findings), notes=tuple(notes))
+
+
+__all__ = ["SCHEMA_VERSION", "CheckReport", "build_context", "check"]

@@ -1,0 +1,127 @@
+"""What the checking machine knows about its software and GPU: TE and torch versions and features.
+
+Detected lazily by `detect_facts()` (never at import, never creating a CUDA context unless a GPU is
+visible and no `gpu_arch` was given); tests and fixtures pass an explicit EnvironmentFacts instead.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from graphdoctor.errors import UsageError
+
+_TE_DISTRIBUTIONS: tuple[str, ...] = ("transformer_engine", "transformer-engine", "transformer_engine_torch")
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentFacts:
+    """Facts about the machine running the check (which may not be the training machine)."""
+
+    te_version: str | None = None
+    """Installed Transformer Engine version; None when transformer_engine is not installed."""
+
+    torch_version: str = "0"
+    """Installed torch version."""
+
+    torch_has_stale_capture_override: bool = False
+    """torch.autograd.graph.set_override_stale_capture_stream exists (used by full_iteration + DDP)."""
+
+    torch_has_graph_safe_rng: bool = True
+    """CUDAGraph.register_generator_state and Generator.graphsafe_get_state exist."""
+
+    gpu_capability: tuple[int, int] | None = None
+    """(major, minor) compute capability of the training GPU; None when unknown."""
+
+    def te_at_least(self, version: str) -> bool:
+        """Megatron's is_te_min_version: a missing TE counts as version 0.0.0."""
+        return version_tuple(self.te_version or "0.0.0") >= version_tuple(version)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> EnvironmentFacts:
+        """Copy with fields replaced (`gpu_arch` is accepted as a spelling of gpu_capability).
+
+        Raises:
+            UsageError: an unknown fact name.
+        """
+        known = {f.name for f in fields(self)}
+        values = dict(overrides)
+        if "gpu_arch" in values:
+            values["gpu_capability"] = parse_gpu_arch(values.pop("gpu_arch"))
+        for key in values:
+            if key not in known:
+                raise UsageError(f"facts: got unknown fact {key!r}, expected one of {', '.join(sorted(known))}")
+        return replace(self, **values)
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """'2.10.0.dev0+abc' -> (2, 10, 0); non-numeric parts end the tuple."""
+    parts: list[int] = []
+    for piece in re.split(r"[.+]", text):
+        match = re.match(r"\d+", piece)
+        if not match:
+            break
+        parts.append(int(match.group()))
+        if match.group() != piece:
+            break
+    return tuple(parts) or (0,)
+
+
+def parse_gpu_arch(value: Any) -> tuple[int, int] | None:
+    """'sm_90', '9.0', '90', 90, [9, 0] or 'sm_100a' -> (major, minor); None/'unknown' -> None.
+
+    Raises:
+        UsageError: a value that is none of these forms.
+    """
+    if value is None or value == "unknown":
+        return None
+    if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return (int(value[0]), int(value[1]))
+    text = str(value).strip().lower().removeprefix("sm_").removeprefix("sm").rstrip("af")
+    match = re.fullmatch(r"(\d+)\.(\d)", text) or re.fullmatch(r"(\d+)(\d)", text)
+    if match is None:
+        raise UsageError(f"gpu_arch: got {value!r}, expected a compute capability like sm_90 or 9.0")
+    return (int(match.group(1)), int(match.group(2)))
+
+
+def _te_version() -> str | None:
+    if importlib.util.find_spec("transformer_engine") is None:
+        return None
+    for dist in _TE_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "0.0.0"
+
+
+def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
+    """Detect the facts of this machine.
+
+    Args:
+        gpu_arch: compute capability of the training GPU (`sm_90`, `9.0`, ...); when None it is
+            read from torch if a CUDA GPU is visible, else left unknown.
+
+    Returns:
+        The detected EnvironmentFacts.
+    """
+    import torch
+
+    capability = parse_gpu_arch(gpu_arch)
+    if capability is None and gpu_arch is None and torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        capability = tuple(torch.cuda.get_device_capability(0))  # type: ignore[assignment]
+    graph_safe = hasattr(torch.cuda.CUDAGraph, "register_generator_state") and hasattr(
+        torch.Generator, "graphsafe_get_state"
+    )
+    return EnvironmentFacts(
+        te_version=_te_version(),
+        torch_version=torch.__version__,
+        torch_has_stale_capture_override=hasattr(torch.autograd.graph, "set_override_stale_capture_stream"),
+        torch_has_graph_safe_rng=graph_safe,
+        gpu_capability=capability,
+    )
+
+
+__all__ = ["EnvironmentFacts", "detect_facts", "parse_gpu_arch", "version_tuple"]

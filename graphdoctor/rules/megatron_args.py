@@ -1,0 +1,206 @@
+"""Parse a Megatron-LM launch line into TransformerConfig fields, Megatron-LM-only settings and run facts.
+
+Only the CUDA-graph related flags (and the ones their rules depend on) are understood; every other
+flag is ignored and listed in the notes. Accepts a string or `@path` (one flag per line, `\\` and
+`#` comments allowed), and remembers where each flag was so findings can point at it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphdoctor.errors import InputFileError, UsageError
+
+# flag -> (section, key, kind); kind: true/false (store_true/store_false), int, float, str, list,
+# freq (moe_layer_freq int or pattern), list3 (nargs=3).
+FLAGS: dict[str, tuple[str, str, str]] = {
+    "--cuda-graph-impl": ("transformer", "cuda_graph_impl", "str"),
+    "--cuda-graph-modules": ("transformer", "cuda_graph_modules", "list"),
+    "--cuda-graph-scope": ("transformer", "cuda_graph_scope", "list"),
+    "--enable-cuda-graph": ("transformer", "enable_cuda_graph", "true"),
+    "--external-cuda-graph": ("transformer", "external_cuda_graph", "true"),
+    "--cuda-graph-warmup-steps": ("transformer", "cuda_graph_warmup_steps", "int"),
+    "--inference-cuda-graph-scope": ("transformer", "inference_cuda_graph_scope", "str"),
+    "--te-rng-tracker": ("args", "te_rng_tracker", "true"),
+    "--no-check-for-nan-in-loss-and-grad": ("args", "check_for_nan_in_loss_and_grad", "false"),
+    "--recompute-granularity": ("transformer", "recompute_granularity", "str"),
+    "--recompute-modules": ("transformer", "recompute_modules", "list"),
+    "--recompute-method": ("transformer", "recompute_method", "str"),
+    "--recompute-num-layers": ("transformer", "recompute_num_layers", "int"),
+    "--cpu-offloading": ("transformer", "cpu_offloading", "true"),
+    "--cpu-offloading-num-layers": ("transformer", "cpu_offloading_num_layers", "int"),
+    "--fine-grained-activation-offloading": ("transformer", "fine_grained_activation_offloading", "true"),
+    "--offload-modules": ("transformer", "offload_modules", "list"),
+    "--delay-wgrad-compute": ("transformer", "delay_wgrad_compute", "true"),
+    "--overlap-grad-reduce": ("args", "overlap_grad_reduce", "true"),
+    "--overlap-moe-expert-parallel-comm": ("transformer", "overlap_moe_expert_parallel_comm", "true"),
+    "--num-experts": ("transformer", "num_moe_experts", "int"),
+    "--moe-layer-freq": ("transformer", "moe_layer_freq", "freq"),
+    "--moe-router-topk": ("transformer", "moe_router_topk", "int"),
+    "--moe-router-load-balancing-type": ("transformer", "moe_router_load_balancing_type", "str"),
+    "--moe-router-padding-for-fp8": ("transformer", "moe_router_padding_for_fp8", "true"),
+    "--moe-expert-capacity-factor": ("transformer", "moe_expert_capacity_factor", "float"),
+    "--moe-pad-expert-input-to-capacity": ("transformer", "moe_pad_expert_input_to_capacity", "true"),
+    "--moe-token-dispatcher-type": ("transformer", "moe_token_dispatcher_type", "str"),
+    "--moe-flex-dispatcher-backend": ("transformer", "moe_flex_dispatcher_backend", "str"),
+    "--moe-input-jitter-eps": ("transformer", "moe_input_jitter_eps", "float"),
+    "--moe-shared-expert-intermediate-size": ("transformer", "moe_shared_expert_intermediate_size", "int"),
+    "--moe-shared-expert-overlap": ("transformer", "moe_shared_expert_overlap", "true"),
+    "--moe-grouped-gemm": ("transformer", "moe_grouped_gemm", "true"),
+    "--expert-model-parallel-size": ("transformer", "expert_model_parallel_size", "int"),
+    "--hidden-dropout": ("transformer", "hidden_dropout", "float"),
+    "--attention-dropout": ("transformer", "attention_dropout", "float"),
+    "--transformer-impl": ("transformer", "transformer_impl", "str"),
+    "--fp8-format": ("transformer", "fp8", "str"),
+    "--fp8-recipe": ("transformer", "fp8_recipe", "str"),
+    "--bf16": ("transformer", "bf16", "true"),
+    "--fp16": ("transformer", "fp16", "true"),
+    "--num-layers": ("transformer", "num_layers", "int"),
+    "--hidden-size": ("transformer", "hidden_size", "int"),
+    "--ffn-hidden-size": ("transformer", "ffn_hidden_size", "int"),
+    "--num-attention-heads": ("transformer", "num_attention_heads", "int"),
+    "--tensor-model-parallel-size": ("transformer", "tensor_model_parallel_size", "int"),
+    "--pipeline-model-parallel-size": ("transformer", "pipeline_model_parallel_size", "int"),
+    "--sequence-parallel": ("transformer", "sequence_parallel", "true"),
+    "--variable-seq-lengths": ("transformer", "variable_seq_lengths", "true"),
+    "--disable-bias-linear": ("transformer", "add_bias_linear", "false"),
+    "--add-qkv-bias": ("transformer", "add_qkv_bias", "true"),
+    "--no-gradient-accumulation-fusion": ("args", "gradient_accumulation_fusion", "false"),
+    "--eval-iters": ("args", "eval_iters", "int"),
+    "--eval-interval": ("args", "eval_interval", "int"),
+    "--skip-train": ("args", "skip_train", "true"),
+    "--rampup-batch-size": ("args", "rampup_batch_size", "list3"),
+    "--seq-length": ("run", "seq_length", "int"),
+    "--micro-batch-size": ("run", "micro_batch_size", "int"),
+}
+
+ARGS_DEFAULTS: dict[str, Any] = {
+    "check_for_nan_in_loss_and_grad": True,
+    "te_rng_tracker": False,
+    "overlap_grad_reduce": False,
+    "gradient_accumulation_fusion": True,
+    "eval_iters": 100,
+    "skip_train": False,
+}
+"""Megatron-LM defaults of the `args.*` settings (training/arguments.py)."""
+
+TRANSFORMER_DEFAULTS_FROM_ARGS: dict[str, Any] = {"cuda_graph_modules": []}
+"""TransformerConfig fields whose Megatron-LM default differs from the dataclass default."""
+
+
+@dataclass(slots=True)
+class MegatronArgs:
+    """The parsed launch line."""
+
+    transformer: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)
+    locations: dict[str, str] = field(default_factory=dict)
+    """`section.key` -> where it was given (`launch.txt:4` or `--flag`)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def _tokens(text_or_at: str) -> list[tuple[str, str | None]]:
+    """(token, location) pairs; location is `path:line` for @file input."""
+    if not text_or_at.startswith("@"):
+        try:
+            return [(t, None) for t in shlex.split(text_or_at, comments=True)]
+        except ValueError as exc:
+            raise UsageError(f"--megatron-args: cannot split the launch line ({exc})") from None
+    path = Path(text_or_at[1:])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    out: list[tuple[str, str | None]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        # a line continuation may be followed by a comment: `--flag \\  # note`
+        line = re.sub(r"\\\s*(?=(#.*)?$)", " ", line)
+        try:
+            out.extend((t, f"{path}:{number}") for t in shlex.split(line, comments=True))
+        except ValueError as exc:
+            raise InputFileError(f"{path}:{number}: cannot split ({exc})") from None
+    return out
+
+
+def parse_moe_layer_freq(text: str) -> int | list[int]:
+    """Megatron's moe_layer_freq: an int or a pattern such as `([0]+[1]*3)*2` (evaluated safely).
+
+    Raises:
+        UsageError: anything but ints, lists of ints, + and *.
+    """
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.List):
+            return [ev(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+            left, right = ev(node.left), ev(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise UsageError(f"--moe-layer-freq: got {text!r}, expected an int or a pattern like ([0]+[1]*3)*2")
+    try:
+        return ev(ast.parse(text, mode="eval").body)
+    except SyntaxError:
+        raise UsageError(f"--moe-layer-freq: got {text!r}, expected an int or a pattern like ([0]+[1]*3)*2") from None
+
+
+def _convert(flag: str, kind: str, values: list[str]) -> Any:
+    try:
+        if kind == "int":
+            return int(values[0])
+        if kind == "float":
+            return float(values[0])
+        if kind == "freq":
+            return parse_moe_layer_freq(values[0])
+    except ValueError:
+        raise UsageError(f"{flag}: got {values[0]!r}, expected {'an integer' if kind == 'int' else 'a number'}") from None
+    if kind in ("list", "list3"):
+        return list(values)
+    return values[0]
+
+
+def parse_megatron_args(text_or_at: str) -> MegatronArgs:
+    """Parse a launch line (or `@file`).
+
+    Raises:
+        UsageError: a known flag without its value or with a value of the wrong type.
+        InputFileError: an unreadable @file.
+    """
+    tokens = _tokens(text_or_at)
+    result = MegatronArgs()
+    i = 0
+    while i < len(tokens):
+        token, where = tokens[i]
+        i += 1
+        if not token.startswith("--"):
+            continue
+        flag, eq, inline = token.partition("=")
+        values = [inline] if eq else []
+        while not eq and i < len(tokens) and not tokens[i][0].startswith("--"):
+            values.append(tokens[i][0])
+            i += 1
+        spec = FLAGS.get(flag)
+        if spec is None:
+            result.notes.append(f"ignored flag {flag}")
+            continue
+        section, key, kind = spec
+        if kind in ("true", "false"):
+            value: Any = kind == "true"
+        elif not values:
+            raise UsageError(f"{flag}: expected a value")
+        else:
+            value = _convert(flag, kind, values if kind in ("list", "list3") else values[:1])
+        if key == "cpu_offloading_num_layers" and value > 0:
+            result.transformer["cpu_offloading"] = True
+        getattr(result, section)[key] = value
+        result.locations[f"{section}.{key}"] = where or flag
+    return result
+
+
+__all__ = ["ARGS_DEFAULTS", "FLAGS", "TRANSFORMER_DEFAULTS_FROM_ARGS", "MegatronArgs", "parse_megatron_args",
+           "parse_moe_layer_freq"]
