@@ -6,13 +6,16 @@ Usage (on a CUDA machine, from the repository root):
 It runs `graphdoctor diff` once (keeping its child specs), then re-runs every child it made as a
 plain training run (`role=plain`: same process start, model, steps; no reference tensors saved or
 compared, no orchestration), one after another, and prints both wall times and the overhead ratio.
-Target: diff wall <= 1.15 x the plain runs' wall.
+Target: diff wall <= 1.15 x the plain runs' wall. Set GD_BENCH_KEEP=DIR to keep the diff's text
+and JSON report.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,11 +28,16 @@ from graphdoctor.harness.spec import ChildSpec, free_port
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gd-bench-"))
     report = work / "report.json"
+    keep = os.environ.get("GD_BENCH_KEEP")
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "graphdoctor.cli", "diff", "--json", str(report),
-                    "--workdir", str(work / "diff"), *sys.argv[1:]], check=False,
-                   stdout=subprocess.DEVNULL)
+    proc = subprocess.run([sys.executable, "-m", "graphdoctor.cli", "diff", "--json", str(report),
+                           "--workdir", str(work / "diff"), *sys.argv[1:]], check=False,
+                          stdout=subprocess.PIPE, text=True)
     diff_wall = time.perf_counter() - start
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / "diff.txt").write_text(proc.stdout, encoding="utf-8")
+        shutil.copy(report, Path(keep) / "diff.json")
     plain_wall = 0.0
     specs = sorted((work / "diff").glob("spec-*.json"))
     for path in specs:

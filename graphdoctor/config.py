@@ -94,6 +94,18 @@ class DiffConfig:
     memory: bool = True
     """Record allocator history and snapshots around warmup, capture and replay."""
 
+    deterministic: bool = True
+    """torch.use_deterministic_algorithms(warn_only) and cuDNN determinism in every child."""
+
+    launches: bool = True
+    """Profile the last step of every run: launch accounting and a census of the graphs."""
+
+    trace_dir: str | None = None
+    """Keep the Chrome trace of every run's profiled step here (opens in Perfetto)."""
+
+    snapshot_dir: str | None = None
+    """Keep the memory snapshots of graphed runs here (gzip pickles for `graphdoctor triage`)."""
+
     transformer: dict[str, Any] = field(default_factory=dict)
     """Extra TransformerConfig fields from the run file's `transformer:` mapping."""
 

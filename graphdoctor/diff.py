@@ -7,6 +7,7 @@ compares against on its GPU. With dropout on, a dropout-free control pair tells 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -106,16 +107,21 @@ class _Session:
         self.progress = progress or (lambda _msg: None)
         self.num_children = 0
         self.child_wall_s = 0.0
+        self.eager_memory: dict[str, int] | None = None
 
-    def run(self, impl: str, dropout: float, role: str, ref_dir: Path) -> RunRecord:
+    def run(self, impl: str, dropout: float, role: str, ref_dir: Path, *,
+            hunt: bool = False) -> RunRecord:
         place = placement_for_child(self.num_children)
         self.num_children += 1
-        tag = f"{impl}-{role}-d{dropout}"
+        tag = f"{impl}-{role}-d{dropout}{'-hunt' if hunt else ''}"
         spec = ChildSpec(impl=impl, dropout=dropout, config=self.config.to_dict(),
                          events_path=str(self.workdir / f"events-{tag}.jsonl"),
                          reference_dir=str(ref_dir), role=role, placement=place,
-                         artifacts_dir=str(self.workdir))
-        self.progress(f"running {impl} (dropout {dropout}, {role})")
+                         artifacts_dir=self.config.trace_dir or str(self.workdir),
+                         hunt_culprit=hunt, eager_memory=self.eager_memory,
+                         keep_snapshots=self.config.snapshot_dir is not None)
+        what = "culprit hunt" if hunt else role
+        self.progress(f"running {impl} (dropout {dropout}, {what})")
         record = run_child(spec, self.workdir, timeout_s=self.config.timeout_s)
         self.child_wall_s += record.wall_s
         self.progress(f"  {impl}: {record.status} in {record.wall_s:.1f} s")
@@ -171,7 +177,13 @@ def _run_all(session: _Session) -> tuple[list[ImplResult], RunRecord, RunRecord 
     ref_dir = _ref_dir(session, "ref")
     ctl_dir: Path | None = None
     try:
+        for folder in (cfg.trace_dir, cfg.snapshot_dir):
+            if folder:
+                Path(folder).mkdir(parents=True, exist_ok=True)
         reference = session.run("none", cfg.dropout, "reference", ref_dir)
+        stats = (reference.memory or {}).get("stats")
+        if stats:
+            session.eager_memory = {k: int(v) for k, v in stats.items()}
         control_ref: RunRecord | None = None
         results: list[ImplResult] = []
         for impl in cfg.impls:
@@ -190,6 +202,9 @@ def _run_all(session: _Session) -> tuple[list[ImplResult], RunRecord, RunRecord 
             graphed = session.run(impl, cfg.dropout, "graphed", ref_dir)
             result = judge(reference, graphed, warmup_steps=cfg.cuda_graph_warmup_steps,
                            rtol=cfg.rtol, atol=cfg.atol)
+            if result.verdict == Verdict.CAPTURE_FAILED:
+                results.append(_hunt(session, result, impl, ref_dir))
+                continue
             if result.divergence is not None and cfg.dropout > 0:
                 if control_ref is None:
                     ctl_dir = _ref_dir(session, "control")
@@ -201,7 +216,11 @@ def _run_all(session: _Session) -> tuple[list[ImplResult], RunRecord, RunRecord 
                                control_graphed=control)
                 if result.verdict == Verdict.RNG_DIVERGENCE and impl in IMPL_NOTES:
                     result = _add_note(result, IMPL_NOTES[impl])
-            results.append(result)
+            if result.verdict == Verdict.NUMERIC_DIVERGENCE:
+                noise_dir = ref_dir if cfg.dropout == 0 or ctl_dir is None else ctl_dir
+                result = _eager_noise(session, result, 0.0 if noise_dir == ctl_dir else cfg.dropout,
+                                      noise_dir, reference if noise_dir == ref_dir else control_ref)
+            results.append(with_launch_table(result, reference, graphed))
         return results, reference, control_ref
     finally:
         shutil.rmtree(ref_dir, ignore_errors=True)
@@ -209,9 +228,63 @@ def _run_all(session: _Session) -> tuple[list[ImplResult], RunRecord, RunRecord 
             shutil.rmtree(ctl_dir, ignore_errors=True)
 
 
-def _add_note(result: ImplResult, note: str) -> ImplResult:
-    import dataclasses
+def _hunt(session: _Session, result: ImplResult, impl: str, ref_dir: Path) -> ImplResult:
+    """Re-run a failed capture with sync errors raised at their call site; keep what it finds."""
+    diag = result.diagnosis
+    if diag is None or (diag.location is not None and diag.cuda_error !=
+                        "cudaErrorStreamCaptureInvalidated"):
+        return result
+    hunt = session.run(impl, session.config.dropout, "graphed", ref_dir, hunt=True)
+    found = hunt.diagnosis
+    if hunt.status != "error" or found is None or found.location is None:
+        return _add_note(result, "culprit hunt (sync errors raised during capture) found no "
+                                 "synchronizing operation; run `graphdoctor check --probe`")
+    reported = f"{diag.cuda_error or diag.error_type}: {diag.message}"
+    if diag.traceback_tail:
+        reported += f" at {diag.traceback_tail[-1]}"
+    merged = dataclasses.replace(
+        found, cuda_error=found.cuda_error or "cudaErrorStreamCaptureUnsupported",
+        meaning=found.meaning, step=diag.step if diag.step is not None else found.step,
+        phase="capture", reported_as=reported)
+    if merged.cuda_error == "cudaErrorStreamCaptureUnsupported" and merged.rule is None:
+        merged = dataclasses.replace(merged, rule="GD501")
+    return dataclasses.replace(result, diagnosis=merged, runs=(*result.runs, hunt), notes=(
+        *result.notes, "the failing operation was located by re-running the capture with "
+                       "torch.cuda.set_sync_debug_mode('error')"))
 
+
+def _eager_noise(session: _Session, result: ImplResult, dropout: float, ref_dir: Path,
+                 reference: RunRecord | None) -> ImplResult:
+    """Run eager again against the same reference: is eager itself bitwise reproducible here?"""
+    if reference is None:
+        return result
+    again = session.run("none", dropout, "graphed", ref_dir)
+    if again.status != "ok":
+        return result
+    from graphdoctor.compare.verdict import find_divergence
+
+    noise = find_divergence(reference, again, rtol=session.config.rtol, atol=session.config.atol)
+    if noise is None:
+        return _add_note(result, "eager repeated against eager is bitwise reproducible here, so "
+                                 "the difference comes from the graphed run")
+    return dataclasses.replace(result, runs=(*result.runs, again), notes=(
+        *result.notes, f"eager is not reproducible run to run here (eager vs eager first differs "
+                       f"at step {noise.step} {noise.what}, max abs {noise.max_abs:.3g}); compare "
+                       f"with --atol at or above that noise floor"))
+
+
+def with_launch_table(result: ImplResult, reference: RunRecord, graphed: RunRecord) -> ImplResult:
+    """Put the eager step's and the graphed step's launch counts side by side in result.launches."""
+    eager = (reference.launches or {}).get("step")
+    mine = graphed.launches or {}
+    if eager is None and not mine:
+        return result
+    from graphdoctor.launches.compare import launch_section
+
+    return dataclasses.replace(result, launches=launch_section(eager, mine))
+
+
+def _add_note(result: ImplResult, note: str) -> ImplResult:
     return dataclasses.replace(result, notes=(*result.notes, note))
 
 

@@ -83,6 +83,13 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("forward-step", "forward_step", str,
            "pkg.mod:fn(data_iterator, model) -> (output, loss_func).", "PKG.MOD:FN"),
     Option("memory", "memory", bool, "Record allocator history and snapshots in graphed runs.", ""),
+    Option("launches", "launches", bool,
+           "Profile the last step: launch counts eager vs graphed and a graph census.", ""),
+    Option("trace", "trace_dir", str, "Write one Chrome trace per run (Perfetto) into DIR.", "DIR"),
+    Option("snapshots", "snapshot_dir", str,
+           "Write memory snapshots of graphed runs into DIR (for graphdoctor triage).", "DIR"),
+    Option("deterministic", "deterministic", bool,
+           "Deterministic algorithms (warn-only) and cuDNN determinism in every run.", ""),
 )
 
 

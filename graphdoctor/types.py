@@ -112,9 +112,13 @@ class StepRecord:
     params: TensorDiff | None = None
     """Parameter comparison after the optimizer step (graphed runs only)."""
 
+    profiled: bool = False
+    """Step ran under torch.profiler (excluded from steady-state timing)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
+            "profiled": self.profiled,
             "step": self.step,
             "phase": self.phase,
             "loss": self.loss,
@@ -171,6 +175,10 @@ class Diagnosis:
     traceback_tail: list[str] = field(default_factory=list)
     """Last frames of the traceback, `file:line in function`."""
 
+    reported_as: str | None = None
+    """What CUDA/torch reported at the point of failure when that is not the culprit (the 901
+    cascade at capture_end), e.g. `cudaErrorStreamCaptureInvalidated at torch/cuda/graphs.py:126`."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -185,6 +193,7 @@ class Diagnosis:
             "step": self.step,
             "phase": self.phase,
             "traceback_tail": list(self.traceback_tail),
+            "reported_as": self.reported_as,
         }
 
     @classmethod

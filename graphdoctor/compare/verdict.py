@@ -140,16 +140,25 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
                       max_rel=max_rel, loss_max_abs=loss_max)
 
 
+SETTLE_STEPS = 2
+"""Steps after capture left out of timing (first replays; allocator history is recorded there)."""
+
+
 def steady_timing(reference: RunRecord, graphed: RunRecord, warmup_steps: int) -> Timing:
-    """Median step time over steps after capture (> warmup_steps), eager vs graphed."""
+    """Median step time over the same step indices on both sides: after capture and SETTLE_STEPS
+    more (> warmup_steps + SETTLE_STEPS), profiled steps excluded."""
+    first = warmup_steps + 1 + SETTLE_STEPS
+
+    def timed(steps: tuple[StepRecord, ...]) -> list[float]:
+        return [s.step_time_ms for s in steps if s.step >= first and s.phase in
+                ("eager", "replay") and not s.profiled]
 
     def median(steps: tuple[StepRecord, ...]) -> float | None:
-        times = [s.step_time_ms for s in steps if s.step > warmup_steps and s.phase in
-                 ("eager", "replay")]
+        times = timed(steps)
         return statistics.median(times) if times else None
 
     eager, graphed_ms = median(reference.steps), median(graphed.steps)
-    num = sum(1 for s in graphed.steps if s.step > warmup_steps and s.phase == "replay")
+    num = len(timed(graphed.steps))
     return Timing(eager_ms=eager, graphed_ms=graphed_ms, num_steps=num)
 
 

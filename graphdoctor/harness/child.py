@@ -7,6 +7,7 @@ it happens, so a crash, CUDA error or hang still leaves the steps done so far fo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -84,16 +85,25 @@ def run(spec_path: str) -> int:
     started = time.perf_counter()
     try:
         from graphdoctor.harness.build import build_setup
+        from graphdoctor.harness.culprit import sync_errors_during_capture
         from graphdoctor.harness.observers import make_observers
 
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
+        if spec.config.get("deterministic", True):
+            # Atomics-based kernels (embedding backward, index_add) make eager differ from eager;
+            # graphdoctor must not blame graphs for that. Uninitialised memory stays unfilled so
+            # graphs are not given extra fill kernels.
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
         setup = build_setup(spec)
         names = {id(m): n.removeprefix("module.").removeprefix("module.")
                  for n, m in setup.model.named_modules()}
-        observers = make_observers(spec)
+        observers = make_observers(spec, setup.model)
         t0 = time.perf_counter()
-        compare_s = run_steps(spec, setup, state, emit, observers)
+        hunt = sync_errors_during_capture() if spec.hunt_culprit else contextlib.nullcontext()
+        with hunt:
+            compare_s = run_steps(spec, setup, state, emit, observers)
         train_s = time.perf_counter() - t0 - compare_s
         extra: dict[str, Any] = {}
         for obs in observers:
@@ -102,13 +112,17 @@ def run(spec_path: str) -> int:
               "setup_s": t0 - started, **extra})
         return EXIT_OK
     except BaseException as exc:  # noqa: BLE001 - every failure must become an event
-        _, _, tb = sys.exc_info()
         from graphdoctor.errors import MissingDependencyError
+        from graphdoctor.harness.culprit import root_exception
+
+        root = root_exception(exc)
+        tb = root.__traceback__
 
         emit({
             "event": "error",
-            "error_type": type(exc).__name__,
-            "message": str(exc)[:4000],
+            "error_type": type(root).__name__,
+            "message": str(root)[:4000],
+            "final_error": None if root is exc else f"{type(exc).__name__}: {exc}"[:1000],
             "frames": _frames(tb),
             "module": _module_on_stack(tb, names),
             "step": state.step,

@@ -1,11 +1,14 @@
-"""Step observers a child attaches to its training loop: memory recording and launch profiling.
+"""Step observers a child attaches to its training loop: phase ranges, memory, launches.
 
 Each observer sees begin_step/end_step with the step's phase and returns its report section from
-finish(); the section lands in the child's `end` event and then in the report's JSON.
+finish(); the section lands in the child's `end` event and then in the report's JSON. An observer
+that fails records its error in its section; it never ends the training run.
 """
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
 from typing import Any
 
 from graphdoctor.harness.spec import ChildSpec
@@ -25,9 +28,229 @@ class Observer:
         return {}
 
 
-def make_observers(spec: ChildSpec) -> tuple[Observer, ...]:
-    """Observers this child needs, from its spec."""
-    return ()
+def _error(exc: BaseException) -> dict[str, Any]:
+    last = traceback.extract_tb(exc.__traceback__)[-1:] or []
+    where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
+    return {"error": f"{type(exc).__name__}: {exc}"[:500] + where}
 
 
-__all__ = ["Observer", "make_observers"]
+class PhaseObserver(Observer):
+    """NVTX range (domain `graphdoctor`) mirrored as record_function, one per step and phase."""
+
+    def __init__(self, impl: str) -> None:
+        self.impl = impl
+        self._open: Any = None
+
+    def begin_step(self, step: int, phase: str) -> None:
+        from graphdoctor.launches.phases import phase as phase_range
+
+        self._open = phase_range(self.impl, phase, step)
+        self._open.__enter__()
+
+    def end_step(self, step: int, phase: str) -> None:
+        if self._open is not None:
+            self._open.__exit__(None, None, None)
+            self._open = None
+
+
+HISTORY_REPLAY_STEPS = 2
+"""Replay steps recorded with allocator history (enough to see a per-step leak at two steps); the
+history then stops so later, timed steps run without its per-allocation cost."""
+
+
+class MemoryObserver(Observer):
+    """Allocator history tagged `<phase>:<step>`; snapshots before capture, after capture and after
+    the first replays; allocated bytes after every replay step; analysed in the child so only the
+    figures travel back."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        from graphdoctor.memory import recorder
+
+        self.spec = spec
+        self.recorder = recorder
+        self.graphed = spec.impl != "none"
+        self.snapshots: dict[str, dict[str, Any]] = {}
+        self.num_replay_steps = 0
+        self.replay_live_bytes: list[int] = []
+        self.failure: dict[str, Any] | None = None
+        recorder.reset_peaks()
+        if self.graphed:
+            recorder.start_history()
+
+    def begin_step(self, step: int, phase: str) -> None:
+        if not self.graphed or self.failure:
+            return
+        try:
+            if phase == "capture" and "before_capture" not in self.snapshots:
+                self.snapshots["before_capture"] = self.recorder.take_snapshot()
+            self.recorder.set_phase(f"{phase}:{step}")
+        except Exception as exc:  # noqa: BLE001 - recorded in the report, run goes on
+            self.failure = _error(exc)
+
+    def end_step(self, step: int, phase: str) -> None:
+        if not self.graphed or self.failure:
+            return
+        try:
+            if phase == "capture":
+                self.snapshots["after_capture"] = self.recorder.take_snapshot()
+            elif phase == "replay":
+                import torch
+
+                self.num_replay_steps += 1
+                torch.cuda.synchronize()
+                self.replay_live_bytes.append(int(torch.cuda.memory_allocated()))
+                if self.num_replay_steps == HISTORY_REPLAY_STEPS:
+                    self.snapshots["after_replays"] = self.recorder.take_snapshot()
+                    self.recorder.stop_history()
+        except Exception as exc:  # noqa: BLE001 - recorded in the report, run goes on
+            self.failure = _error(exc)
+
+    def finish(self) -> dict[str, Any]:
+        stats = self.recorder.pool_bytes_from_stats()
+        section: dict[str, Any] = {"stats": stats}
+        if not self.graphed:
+            return {"memory": section}
+        try:
+            if self.failure:
+                return {"memory": {**section, **self.failure}}
+            after = self.snapshots.pop("after_replays", None)
+            if after is None:
+                after = self.recorder.take_snapshot()
+                self.recorder.stop_history()
+            section.update(self._analyze(after, stats))
+        except Exception as exc:  # noqa: BLE001 - recorded in the report
+            section.update(_error(exc))
+        return {"memory": section}
+
+    def _analyze(self, after: dict[str, Any], stats: dict[str, int]) -> dict[str, Any]:
+        from graphdoctor.memory.leaks import analyze_run
+
+        eager = self.spec.eager_memory or {}
+        report = analyze_run(
+            self.snapshots["before_capture"], self.snapshots["after_capture"], after,
+            num_replay_steps=max(1, min(self.num_replay_steps, HISTORY_REPLAY_STEPS)),
+            eager_peak_allocated_bytes=eager.get("peak_allocated_bytes"),
+            eager_peak_reserved_bytes=eager.get("peak_reserved_bytes"),
+            peak_allocated_bytes=stats["peak_allocated_bytes"],
+            peak_reserved_bytes=stats["peak_reserved_bytes"],
+            replay_live_bytes=self.replay_live_bytes)
+        section = report.to_dict()
+        snapshot_reserved = sum(int(s["total_size"]) for s in after.get("segments", []))
+        stats_reserved = stats["reserved_bytes"]
+        section["snapshot_reserved_bytes"] = snapshot_reserved
+        section["stats_reserved_bytes"] = stats_reserved
+        section["snapshot_vs_stats_pct"] = (
+            round(100.0 * abs(snapshot_reserved - stats_reserved) / stats_reserved, 4)
+            if stats_reserved else None)
+        if self.spec.keep_snapshots and self.spec.config.get("snapshot_dir"):
+            self._dump(after)
+        return section
+
+    def _dump(self, after: dict[str, Any]) -> None:
+        import gzip
+        import pickle
+
+        base = Path(self.spec.config["snapshot_dir"])
+        for name, snap in (*self.snapshots.items(), ("after_replays", after)):
+            path = base / f"snapshot-{self.spec.impl}-d{self.spec.dropout}-{name}.pickle.gz"
+            with gzip.open(path, "wb") as fh:
+                pickle.dump(snap, fh, protocol=4)
+
+
+class LaunchObserver(Observer):
+    """Profiles the last step with torch.profiler; accounts launches on the exported trace; takes a
+    census of the graphs Megatron holds (captured under keep_graphs)."""
+
+    def __init__(self, spec: ChildSpec, model: Any) -> None:
+        from graphdoctor.launches.kept import keep_graphs
+        from graphdoctor.launches.profile import prepare_profiler_for_graphs
+
+        self.spec = spec
+        self.model = model
+        # One extra step after the compared ones is profiled: the profile holds a pure training
+        # step, without graphdoctor's comparison work.
+        self.last_step = spec.config["steps"]
+        self.profiler: Any = None
+        self.failure: dict[str, Any] | None = None
+        self.trace_path = Path(spec.artifacts_dir or ".") / (
+            f"trace-{spec.impl}-{spec.role}-d{spec.dropout}.json.gz")
+        prepare_profiler_for_graphs()
+        self._keep = keep_graphs() if spec.impl != "none" else None
+        if self._keep is not None:
+            self._keep.__enter__()
+
+    def begin_step(self, step: int, phase: str) -> None:
+        if step != self.last_step or self.failure:
+            return
+        import torch
+
+        try:
+            torch.cuda.synchronize()
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            self.profiler = torch.profiler.profile(activities=acts)
+            self.profiler.__enter__()
+        except Exception as exc:  # noqa: BLE001 - recorded in the report, run goes on
+            self.failure = _error(exc)
+
+    def end_step(self, step: int, phase: str) -> None:
+        if step != self.last_step or self.profiler is None:
+            return
+        import torch
+
+        try:
+            torch.cuda.synchronize()
+            self.profiler.__exit__(None, None, None)
+            self.profiler.export_chrome_trace(str(self.trace_path))
+        except Exception as exc:  # noqa: BLE001 - recorded in the report, run goes on
+            self.failure = _error(exc)
+        finally:
+            self.profiler = None
+
+    def finish(self) -> dict[str, Any]:
+        if self._keep is not None:
+            self._keep.__exit__(None, None, None)
+        if self.failure:
+            return {"launches": dict(self.failure)}
+        section: dict[str, Any] = {"profiled_step": self.last_step, "trace": str(self.trace_path)}
+        try:
+            section.update(_account(self.trace_path, self.spec.impl))
+        except Exception as exc:  # noqa: BLE001 - recorded in the report
+            section.update(_error(exc))
+        if self.spec.impl != "none":
+            try:
+                section["census"] = _census(self.model)
+            except Exception as exc:  # noqa: BLE001 - recorded in the report
+                section["census"] = _error(exc)
+        return {"launches": section}
+
+
+def _account(path: Path, impl: str) -> dict[str, Any]:
+    from graphdoctor.launches.accounting import account_trace
+
+    accounting = account_trace(path)
+    steps = [p for p in accounting.phases if p.impl == impl]
+    count = steps[-1] if steps else accounting.total
+    return {"step": count.to_dict()}
+
+
+def _census(model: Any) -> dict[str, Any]:
+    from graphdoctor.launches.kept import census_megatron
+
+    graphs = census_megatron(model)
+    return {name: census.to_dict() for name, census in graphs.items()}
+
+
+def make_observers(spec: ChildSpec, model: Any) -> tuple[Observer, ...]:
+    """Observers this child needs, from its spec (plain runs get none)."""
+    if spec.role == "plain":
+        return ()
+    observers: list[Observer] = []
+    if spec.config.get("launches", True):
+        observers.append(LaunchObserver(spec, model))
+    observers.append(PhaseObserver(spec.impl))
+    if spec.config.get("memory", True):
+        observers.append(MemoryObserver(spec))
+    return tuple(observers)
+
+
+__all__ = ["LaunchObserver", "MemoryObserver", "Observer", "PhaseObserver", "make_observers"]

@@ -95,6 +95,15 @@ class ChildSpec:
     artifacts_dir: str | None = None
     """Where the child may write snapshots and traces (None: write none)."""
 
+    hunt_culprit: bool = False
+    """Run every capture under sync-debug "error" so the first unsafe op raises at its own line."""
+
+    eager_memory: dict[str, int] | None = None
+    """Peak figures of the eager reference (memory cost of graphs is measured against them)."""
+
+    keep_snapshots: bool = False
+    """Write the memory snapshots (gzip pickles) into artifacts_dir."""
+
     def to_json(self) -> str:
         """Serialise."""
         return json.dumps(asdict(self), sort_keys=True)

@@ -140,9 +140,11 @@ def run_steps(
     cfg = spec.config
     families = TensorFamilies.of(setup.model)
     io = ReferenceIO(spec=spec, families=families)
+    profile_last = bool(cfg.get("launches", True)) and spec.role != "plain"
     start_ev = torch.cuda.Event(enable_timing=True)
     end_ev = torch.cuda.Event(enable_timing=True)
-    for step in range(cfg["steps"]):
+    for step in range(cfg["steps"] + (1 if profile_last else 0)):
+        profiled = profile_last and step == cfg["steps"]
         state.step, state.phase = step, phase_of(spec.impl, step, cfg["cuda_graph_warmup_steps"])
         for obs in observers:
             obs.begin_step(step, state.phase)
@@ -159,20 +161,21 @@ def run_steps(
         loss = _reported_loss(losses).clone()
         end_fb = torch.cuda.Event(enable_timing=True)
         end_fb.record()
-        grads = io.process(step, "grads")
+        grads = None if profiled else io.process(step, "grads")
         resume = torch.cuda.Event(enable_timing=True)
         resume.record()
         _, grad_norm, _ = setup.optimizer.step()
         end_ev.record()
         end_ev.synchronize()
-        for obs in observers:
+        for obs in reversed(observers):
             obs.end_step(step, state.phase)
         step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
-        params = io.process(step, "params")
+        params = None if profiled else io.process(step, "params")
         record = StepRecord(step=step, phase=state.phase, loss=float(loss.item()),
                             step_time_ms=step_ms,
                             grad_norm=None if grad_norm is None else float(grad_norm),
-                            grads=grads, params=params)
+                            grads=grads, params=params,
+                            profiled=profiled)
         state.records.append(record)
         emit({"event": "step", **record.to_dict()})
     state.phase = "done"

@@ -179,11 +179,13 @@ def unfreed_replay_allocations(
     """
     pending: dict[int, dict[str, Any]] = {}
     seen_tag = False
+    last_tag: str | None = None
     for entry in snapshot.trace:
         action = entry.get("action")
         if action == "alloc":
             if phase_family(entry.get("user_metadata") or "") == REPLAY_PHASE:
                 seen_tag = True
+                last_tag = entry.get("user_metadata")
                 pending[entry.get("addr", 0)] = entry
             else:
                 pending.pop(entry.get("addr", 0), None)
@@ -204,7 +206,10 @@ def unfreed_replay_allocations(
     for site, (num, size, tags, frames) in groups.items():
         num_steps = len(tags)
         indexed = any(":" in t for t in tags)
-        suspect = (num_steps if indexed else num) >= min_steps
+        # The newest replay step's tensors are naturally still alive when the snapshot is taken;
+        # only steps before it can prove a leak.
+        settled = len(tags - {last_tag}) if indexed else num
+        suspect = settled >= min_steps
         shown = tuple(f.label() for f in user_frames_first(frames)[:_MAX_FRAMES])
         sites.append(UnfreedSite(site, num, size, num_steps, suspect, shown))
     sites.sort(key=lambda s: (not s.is_suspect, -s.live_bytes, s.site))
@@ -224,6 +229,7 @@ def analyze_run(
     growth_threshold_bytes: int = DEFAULT_GROWTH_THRESHOLD_BYTES,
     min_unfreed_steps: int = DEFAULT_MIN_UNFREED_STEPS,
     all_frames: bool = False,
+    replay_live_bytes: list[int] | None = None,
 ) -> MemoryReport:
     """Analyze the three snapshots of one graphed run.
 
@@ -240,6 +246,9 @@ def analyze_run(
         growth_threshold_bytes: Bytes gained per replay step above which the verdict is 'growth'.
         min_unfreed_steps: See unfreed_replay_allocations.
         all_frames: Group unfreed allocations by whole stacks.
+        replay_live_bytes: Allocated bytes at the end of each replay step (memory_allocated()).
+            With two or more, bytes gained per replay step is their slope from the first replay
+            on, so one-off costs of the first replay (lazy buffers) do not read as growth.
 
     Returns:
         The MemoryReport; verdict 'growth' when live bytes grow past the threshold per replay step
@@ -261,6 +270,7 @@ def analyze_run(
         growth_threshold_bytes=growth_threshold_bytes,
         min_unfreed_steps=min_unfreed_steps,
         all_frames=all_frames,
+        replay_live_bytes=replay_live_bytes,
     )
 
 
@@ -274,13 +284,18 @@ def _report(
     growth_threshold_bytes: int,
     min_unfreed_steps: int,
     all_frames: bool,
+    replay_live_bytes: list[int] | None = None,
 ) -> MemoryReport:
     peak_allocated_bytes, peak_reserved_bytes, eager_peak_allocated_bytes, eager_peak_reserved_bytes = peaks
     end = totals(replayed)
     live_after_capture = totals(captured).live_bytes
     gained = (end.live_bytes - live_after_capture) / num_replay_steps
-    tags_found, sites = unfreed_replay_allocations(replayed, all_frames=all_frames, min_steps=min_unfreed_steps)
     notes = []
+    if replay_live_bytes is not None and len(replay_live_bytes) >= 2:
+        gained = (replay_live_bytes[-1] - replay_live_bytes[0]) / (len(replay_live_bytes) - 1)
+        notes.append(f"bytes gained per replay step: slope of allocated bytes over "
+                     f"{len(replay_live_bytes)} replay steps")
+    tags_found, sites = unfreed_replay_allocations(replayed, all_frames=all_frames, min_steps=min_unfreed_steps)
     if not tags_found:
         notes.append("no 'replay' phase tags in the trace: allocations during replay were not checked")
     if not replayed.trace:

@@ -72,10 +72,39 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
         "impl", "verdict", "first divergence", "max abs", "max rel", "eager ms", "graphed ms",
         "speedup"], tablefmt="simple")
     lines += ["", table, ""]
+    launches = launch_table(report)
+    if launches:
+        lines += [launches, ""]
     lines += _details(report, verbose=verbose)
     lines.append(f"wall {report.wall_s:.1f} s (children {report.child_wall_s:.1f} s); "
                  f"exit code {report.exit_code()}")
     return "\n".join(lines)
+
+
+def launch_table(report: DiffReport) -> str:
+    """Eager-vs-graphed launch table of the profiled step: one column per implementation."""
+    from graphdoctor.launches.compare import TABLE_ROWS, table_rows
+
+    sections = [(r.impl, r.launches) for r in report.results if r.launches]
+    if not sections:
+        return ""
+    eager = next((s.get("eager") for _, s in sections if s.get("eager")), None)
+    columns = [table_rows(eager, s.get("graphed")) for _, s in sections]
+    rows = []
+    for i, (label, _) in enumerate(TABLE_ROWS):
+        row = [label, _cell(columns[0][i][1])]
+        row += [_cell(col[i][2]) for col in columns]
+        rows.append(row)
+    headers = ["launches (profiled step)", "eager", *[impl for impl, _ in sections]]
+    return tabulate(rows, headers=headers, tablefmt="simple")
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 1 else f"{value:.0f}"
+    return str(value)
 
 
 def _details(report: DiffReport, *, verbose: bool) -> list[str]:
@@ -142,4 +171,4 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-__all__ = ["json_safe", "render_text", "summary_rows", "write_json"]
+__all__ = ["json_safe", "launch_table", "render_text", "summary_rows", "write_json"]

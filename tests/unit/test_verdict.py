@@ -57,7 +57,9 @@ def test_full_iteration_matches_bitwise(dropout_report: dict[str, Any]) -> None:
     assert result.verdict == Verdict.MATCH
     assert [s.phase for s in graphed.steps[:4]] == ["warmup", "warmup", "capture", "replay"]
     timing = result.timing
-    assert timing is not None and timing.num_steps == 5
+    # steps 5, 6, 7: after capture (step 2) and two settle steps; step 8 is the profiled one
+    assert timing is not None and timing.num_steps == 3
+    assert graphed.steps[-1].profiled and graphed.steps[-1].grads is None
     assert timing.speedup is not None and timing.speedup > 1.0
 
 
@@ -114,10 +116,11 @@ def test_steady_timing_uses_replay_steps_only() -> None:
                       for i, (p, t) in enumerate(zip(phases, ms, strict=True)))
         return RunRecord(impl=impl, dropout=0.0, status="ok", steps=steps)
 
-    eager = run("none", ["eager"] * 6, [50, 40, 30, 10, 10, 12])
-    graphed = run("full_iteration", ["warmup", "warmup", "capture", "replay", "replay", "replay"],
-                  [50, 40, 900, 2, 4, 3])
+    eager = run("none", ["eager"] * 8, [50, 40, 30, 20, 20, 10, 10, 12])
+    graphed = run("full_iteration", ["warmup", "warmup", "capture"] + ["replay"] * 5,
+                  [50, 40, 900, 9, 9, 2, 4, 3])
     timing = steady_timing(eager, graphed, warmup_steps=2)
+    # capture at step 2, two settle steps (3, 4), timed steps 5..7
     assert timing.eager_ms == 10 and timing.graphed_ms == 3 and timing.num_steps == 3
     assert timing.speedup == pytest.approx(10 / 3)
 
