@@ -26,6 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DEFAULT_SOURCES = (
+    ROOT / "fixtures" / "data" / "launches" / "megatron" / "trace-local-graphed-d0.1.json.gz",
     ROOT / "fixtures" / "data" / "launches" / "h200" / "trace_toy.json.gz",
     ROOT / "fixtures" / "data" / "launches" / "synthetic_kineto_trace.json",
 )
