@@ -1,12 +1,15 @@
 """Runtime probes (`graphdoctor check --probe`): find operations that make a unit unsafe to capture.
 
 `probe(config)` builds the model in a child process, records every layer eagerly, captures each in
-isolation and returns a ProbeReport of GD501-GD510 findings with module, operator and file:line.
+isolation and returns a ProbeReport of GD501-GD510 findings with module, operator and file:line;
+`check_with_probes` merges them with the static rules into one CheckReport.
 """
 
 from __future__ import annotations
 
 from graphdoctor.probes.api import probe, report_from_payloads
+from graphdoctor.probes.combined import ProbedCheck, check_with_probes
 from graphdoctor.probes.types import CaptureResult, Observation, ProbeReport
 
-__all__ = ["CaptureResult", "Observation", "ProbeReport", "probe", "report_from_payloads"]
+__all__ = ["CaptureResult", "Observation", "ProbeReport", "ProbedCheck", "check_with_probes", "probe",
+           "report_from_payloads"]
