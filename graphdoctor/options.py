@@ -100,11 +100,12 @@ def click_options(options: tuple[Option, ...], prefix: str = "") -> Callable[[An
     def decorate(func: Any) -> Any:
         for opt in reversed(options):
             flag = f"--{prefix}{opt.name}"
+            dest = opt.field or opt.name.replace("-", "_")
             if opt.type is bool:
                 decl = f"{flag}/--no-{prefix}{opt.name}"
-                func = click.option(decl, opt.field, default=None, help=opt.help_text)(func)
+                func = click.option(decl, dest, default=None, help=opt.help_text)(func)
             else:
-                func = click.option(flag, opt.field, type=opt.type, default=None,
+                func = click.option(flag, dest, type=opt.type, default=None,
                                     metavar=opt.metavar, help=opt.help_text)(func)
         return func
 

@@ -59,7 +59,8 @@ def graphdoctor_diff(request: pytest.FixtureRequest) -> Callable[..., Any]:
 
     path = request.config.getoption("gd_config")
     run_file = load_run_file(path) if path else None
-    base = {**request.config.stash[OPTIONS_KEY], **_marker_fields(request)}
+    stored: dict[str, Any] = request.config.stash[OPTIONS_KEY]
+    base = {**stored, **_marker_fields(request)}
 
     def run(**overrides: Any) -> Any:
         return diff(diff_config_from(run_file, **{**base, **overrides}))

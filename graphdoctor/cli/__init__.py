@@ -6,6 +6,7 @@ line on stderr and exit code 2 (never a traceback).
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -21,6 +22,9 @@ class _Group(click.Group):
     """Click group that maps library errors to one line and exit code 2."""
 
     def invoke(self, ctx: click.Context) -> object:
+        # torch logs "No CUDA runtime is found" from cpp_extension when megatron imports it on a
+        # CPU machine: noise on every CPU command, never actionable there.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         try:
             return super().invoke(ctx)
         except GraphDoctorError as exc:

@@ -26,8 +26,8 @@ from graphdoctor.harness.spec import ChildSpec
 class Setup:
     """A built model, its optimizer and the step function, ready to train."""
 
-    model: torch.nn.Module
-    """The DDP-wrapped model chunk."""
+    model: Any
+    """The DDP-wrapped model chunk (megatron DistributedDataParallel)."""
 
     optimizer: Any
     """Megatron optimizer."""

@@ -42,7 +42,7 @@ def child_env(spec: ChildSpec) -> dict[str, str]:
 
 def read_events(path: Path) -> list[dict[str, Any]]:
     """Events of a child, tolerating a torn last line (the child may have been killed mid-write)."""
-    events = []
+    events: list[dict[str, Any]] = []
     if not path.exists():
         return events
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():

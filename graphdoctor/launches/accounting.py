@@ -182,7 +182,7 @@ def _aggregate(slots: list[int | None], launches: _Launches, num_slots: int) -> 
     for (slot, name), num in Counter(zip(slots, launches.name)).items():
         if slot is not None:
             out[slot]["launch_calls"][name] = num
-    sums: dict[tuple[int, str], list[float]] = {}
+    sums: dict[tuple[int, str], list[Any]] = {}
     for slot, kind, num_kernels, time_us, num_memops in zip(
         slots, launches.kind, launches.num_kernels, launches.kernel_time_us, launches.num_memops
     ):
@@ -207,8 +207,9 @@ def _aggregate(slots: list[int | None], launches: _Launches, num_slots: int) -> 
         fields[memops_field] = fields.get(memops_field, 0) + int(num_memops)
     graph_launches = sorted((launches.ts[i], i) for i, k in enumerate(launches.kind) if k == "graph")
     for _, i in graph_launches:
-        if slots[i] is not None:
-            out[slots[i]]["kernels_per_graph_launch"].append(launches.num_kernels[i])
+        slot = slots[i]
+        if slot is not None:
+            out[slot]["kernels_per_graph_launch"].append(launches.num_kernels[i])
     for fields in out:
         fields["kernels_per_graph_launch"] = tuple(fields["kernels_per_graph_launch"])
     return out

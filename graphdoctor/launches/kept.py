@@ -35,13 +35,14 @@ class KeptGraphs:
 
 
 def _supports_keep_graph(cls: type) -> bool:
-    for method in (cls.__new__, cls.__init__):
+    methods: tuple[Any, ...] = (cls.__new__, cls.__init__)  # type: ignore[misc]
+    for method in methods:
         try:
             if "keep_graph" in inspect.signature(method).parameters:
                 return True
         except (TypeError, ValueError):
             continue
-    doc = getattr(cls.__init__, "__doc__", "") or ""
+    doc = getattr(methods[1], "__doc__", "") or ""
     return "keep_graph" in doc
 
 
@@ -94,8 +95,8 @@ def keep_graphs() -> Iterator[KeptGraphs]:
     original = torch.cuda.graphs.CUDAGraph
     kept = KeptGraphs()
     patched = _kept_class(original, kept)
-    torch.cuda.CUDAGraph = patched  # type: ignore[misc]
-    torch.cuda.graphs.CUDAGraph = patched  # type: ignore[misc]
+    torch.cuda.CUDAGraph = patched  # type: ignore[misc, assignment]
+    torch.cuda.graphs.CUDAGraph = patched  # type: ignore[misc, assignment]
     try:
         yield kept
     finally:
@@ -113,7 +114,7 @@ def _graph_managers(model: Any | Iterable[Any] | None) -> list[tuple[str, Any]]:
         # No model given: any live manager will do; gc only tracks containers, which modules are.
         found = [obj for obj in gc.get_objects() if isinstance(obj, manager_cls)]
         return [(f"manager{i}", obj) for i, obj in enumerate(found)]
-    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    chunks: list[Any] = list(model) if isinstance(model, (list, tuple)) else [model]
     pairs = []
     for index, chunk in enumerate(chunks):
         prefix = f"chunk{index}." if len(chunks) > 1 else ""

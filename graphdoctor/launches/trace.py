@@ -129,7 +129,7 @@ def bucket_events(events: list[Event], *, path: str = "<memory>") -> TraceEvents
     }
     get_bucket = buckets.get
     for event in events:
-        bucket = get_bucket(event.get("cat"))
+        bucket = get_bucket(event.get("cat", ""))
         if bucket is not None:
             bucket.append(event)
     # cpu_op is the largest bucket; comprehensions keep these scans at C-loop speed.

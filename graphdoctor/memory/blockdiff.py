@@ -123,7 +123,9 @@ def diff_blocks(before: Snapshot, after: Snapshot, namer: SiteNamer, *, limit: i
         The BlockDiff.
     """
     old, new = _live_index(before), _live_index(after)
-    total, pools, sites = _Acc(), {}, {}
+    total = _Acc()
+    pools: dict[str, _Acc] = {}
+    sites: dict[str, _Acc] = {}
 
     def bump(kind: str, block: Block, pool: str, delta: int) -> None:
         for acc in (total, pools.setdefault(pool, _Acc()), sites.setdefault(namer.site(block.frames), _Acc())):

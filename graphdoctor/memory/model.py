@@ -214,7 +214,8 @@ def _pick_trace(raw_traces: Any) -> tuple[int, list[dict[str, Any]]]:
         return 0, []
     if not isinstance(raw_traces, list):
         raise InputFileError(f"device_traces: got {type(raw_traces).__name__}, expected a list per device")
-    best_device, best = 0, []
+    best_device: int = 0
+    best: list[Any] = []
     for device, entries in enumerate(raw_traces):
         if not isinstance(entries, list):
             raise InputFileError(f"device_traces[{device}]: got {type(entries).__name__}, expected a list")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from graphdoctor.memory.model import Snapshot, pool_label
 
@@ -73,7 +74,7 @@ def phase_stats(snapshot: Snapshot) -> tuple[PhaseStats, ...]:
     """Per-phase allocation and free totals (phases grouped by phase_family), in first-seen order."""
     free_action = _free_action(snapshot)
     # Hot loop over millions of entries: count per (raw tag, action) and fold families afterwards.
-    counts: dict[tuple[str, str], list[int]] = {}
+    counts: dict[tuple[Any, Any], list[int]] = {}
     for entry in snapshot.trace:
         key = (entry.get("user_metadata"), entry.get("action"))
         row = counts.get(key)

@@ -118,7 +118,8 @@ def _cascade_finding(capture: CaptureResult, root: Observation | None) -> Findin
         where = capture.location or "<unknown>"
         message = (f"{rule.summary}: capture of {capture.unit} failed in {capture.phase} with {error}; "
                    f"no unsafe operation was recorded in it")
-        extra = {"module": capture.unit, "operator": capture.error_type, "root_code": None}
+        extra: dict[str, object] = {"module": capture.unit, "operator": capture.error_type,
+                                    "root_code": None}
     else:
         where = root.location
         message = (f"{rule.summary}: capture of {capture.unit} failed with {error}; first culprit "

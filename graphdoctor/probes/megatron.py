@@ -270,7 +270,7 @@ def _attribute_changes(layer: torch.nn.Module, name: str, observations: list[Obs
     """GD509 for rebound attributes the setattr patch did not see (e.g. object.__setattr__)."""
     seen = {o.detail for o in observations if o.code == "GD509"}
     modules = dict(layer.named_modules(prefix=name))
-    found = []
+    found: list[Observation] = []
     for module_name, attr in changed:
         if f"attribute {module_name}.{attr} rebound during forward" in seen:
             continue
@@ -318,7 +318,7 @@ def probe_layers(spec: ProbeSpec, layers: list[int] | None = None) -> dict[str, 
     module_names = {id(m): n for n, m in model.named_modules()}
     gens = registered_generators()
     hidden, mask = sample_inputs(spec)
-    decoder_layers = model.decoder.layers  # type: ignore[union-attr]
+    decoder_layers: Any = model.decoder.layers  # type: ignore[union-attr]
     chosen = list(range(len(decoder_layers))) if layers is None else layers
     out: dict[str, Any] = {"observations": [], "captures": [], "recording_errors": [],
                            "poisoned_at": None, "layers_done": []}
@@ -326,7 +326,7 @@ def probe_layers(spec: ProbeSpec, layers: list[int] | None = None) -> dict[str, 
         layer = decoder_layers[index]
         name = module_names[id(layer)]
 
-        def call(layer: torch.nn.Module = layer) -> Any:
+        def call(layer: Any = layer) -> Any:
             return layer(hidden, attention_mask=mask)
         recording = record_layer(name, layer, call, module_names, registrations, gens)
         out["observations"].extend(o.to_dict() for o in recording.observations)

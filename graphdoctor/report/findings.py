@@ -56,7 +56,8 @@ def rule_markdown(rule: Rule) -> str:
         "",
         f"Family: **{rule.family}**. Severity: **{meta['severity']}**. Status: {meta['status']} "
         f"(since {rule.since}). {meta['fix_availability']}"
-        + (" Detected by runtime probes, not by `graphdoctor check`." if rule.runtime else ""),
+        + (" Detected on the GPU by runtime probes (`graphdoctor check --probe`), not by the "
+           "static check." if rule.runtime else ""),
         "",
     ]
     return "\n".join(head) + rule.doc() + "\n"
@@ -95,7 +96,8 @@ def render_rule(rule: Rule, fmt: str = "text") -> str:
         f"Severity: {meta['severity']}",
         meta["fix_availability"],
         f"Status: {meta['status']} (since {rule.since})",
-        *(["Detected by runtime probes (not by `graphdoctor check`)."] if rule.runtime else []),
+        *(["Detected on the GPU by runtime probes (`graphdoctor check --probe`), not by the static "
+           "check."] if rule.runtime else []),
         "",
         rule.doc(),
     ]
