@@ -77,17 +77,18 @@ class DiffReport:
         }
 
 
-def _require_gpu() -> None:
+def require_gpu(command: str = "graphdoctor diff") -> None:
+    """Raise NoGPUError naming `command` and the commands that work without a GPU."""
     import torch
 
     if not torch.cuda.is_available():
         raise NoGPUError(
-            "graphdoctor diff needs a CUDA GPU and none is visible; without a GPU use "
+            f"{command} needs a CUDA GPU and none is visible; without a GPU use "
             "`graphdoctor check`, `graphdoctor rules`, `graphdoctor triage SNAPSHOT` or "
             "`graphdoctor count --trace FILE`")
 
 
-def _te_available() -> tuple[bool, str]:
+def te_available() -> tuple[bool, str]:
     import importlib.util
 
     if importlib.util.find_spec("transformer_engine") is None:
@@ -97,7 +98,7 @@ def _te_available() -> tuple[bool, str]:
     return have_transformer_engine()
 
 
-class _Session:
+class ChildSession:
     """One diff's working directory, child counter and reference directories."""
 
     def __init__(self, config: DiffConfig, workdir: Path,
@@ -149,13 +150,13 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
     Raises:
         NoGPUError: no CUDA GPU is visible.
     """
-    _require_gpu()
+    require_gpu()
     started = time.perf_counter()
     own_dir = workdir is None
     base = Path(tempfile.mkdtemp(prefix="graphdoctor-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
     base.mkdir(parents=True, exist_ok=True)
     try:
-        session = _Session(config, base, progress)
+        session = ChildSession(config, base, progress)
         results, reference, control_ref = _run_all(session)
     finally:
         if own_dir:
@@ -165,14 +166,14 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
                       child_wall_s=session.child_wall_s, env=dict(reference.env))
 
 
-def _ref_dir(session: _Session, name: str) -> Path:
+def _ref_dir(session: ChildSession, name: str) -> Path:
     shm = Path("/dev/shm")
     root = shm if shm.is_dir() and shutil.disk_usage(shm).free > (2 << 30) else session.workdir
     path = Path(tempfile.mkdtemp(prefix=f"graphdoctor-{name}-", dir=root))
     return path
 
 
-def _run_all(session: _Session) -> tuple[list[ImplResult], RunRecord, RunRecord | None]:
+def _run_all(session: ChildSession) -> tuple[list[ImplResult], RunRecord, RunRecord | None]:
     cfg = session.config
     ref_dir = _ref_dir(session, "ref")
     ctl_dir: Path | None = None
@@ -188,7 +189,7 @@ def _run_all(session: _Session) -> tuple[list[ImplResult], RunRecord, RunRecord 
         results: list[ImplResult] = []
         for impl in cfg.impls:
             if impl == "transformer_engine":
-                ok, why = _te_available()
+                ok, why = te_available()
                 if not ok:
                     results.append(_unavailable(impl, why))
                     continue
@@ -228,7 +229,7 @@ def _run_all(session: _Session) -> tuple[list[ImplResult], RunRecord, RunRecord 
             shutil.rmtree(ctl_dir, ignore_errors=True)
 
 
-def _hunt(session: _Session, result: ImplResult, impl: str, ref_dir: Path) -> ImplResult:
+def _hunt(session: ChildSession, result: ImplResult, impl: str, ref_dir: Path) -> ImplResult:
     """Re-run a failed capture with sync errors raised at their call site; keep what it finds."""
     diag = result.diagnosis
     if diag is None or (diag.location is not None and diag.cuda_error !=
@@ -253,7 +254,7 @@ def _hunt(session: _Session, result: ImplResult, impl: str, ref_dir: Path) -> Im
                        "torch.cuda.set_sync_debug_mode('error')"))
 
 
-def _eager_noise(session: _Session, result: ImplResult, dropout: float, ref_dir: Path,
+def _eager_noise(session: ChildSession, result: ImplResult, dropout: float, ref_dir: Path,
                  reference: RunRecord | None) -> ImplResult:
     """Run eager again against the same reference: is eager itself bitwise reproducible here?"""
     if reference is None:

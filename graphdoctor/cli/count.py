@@ -1,7 +1,8 @@
-"""`graphdoctor count --trace FILE`: launch accounting of an existing profiler trace, on CPU.
+"""`graphdoctor count`: launch accounting.
 
-Parse flags -> graphdoctor.launches.account_trace -> text table (and --json document). Imports
-neither torch nor the GPU parts of graphdoctor.launches, so it starts fast.
+With `--trace FILE`: an existing profiler trace, on CPU (graphdoctor.launches.account_trace; imports
+neither torch nor the GPU parts, so it starts fast). Without it: a quick live run on the GPU, eager
+and each graphed implementation, no numeric diff (graphdoctor.count.count).
 """
 
 from __future__ import annotations
@@ -11,16 +12,34 @@ from pathlib import Path
 
 import click
 
+from graphdoctor.options import DIFF_OPTIONS, click_options
+
+LIVE_FIELDS = frozenset({
+    "impls", "num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+    "num_microbatches", "vocab_size", "dtype", "dropout", "steps", "seed",
+    "cuda_graph_warmup_steps", "timeout_s", "layer_spec", "model_provider", "forward_step",
+    "deterministic"})
+"""DiffConfig fields that matter for a live count (the rest are about the numeric diff)."""
+
+LIVE_OPTIONS = tuple(opt for opt in DIFF_OPTIONS if opt.field in LIVE_FIELDS)
+
 
 @click.command("count")
 @click.option(
     "--trace",
     "trace_path",
-    required=True,
+    default=None,
     metavar="FILE",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Chrome trace from torch.profiler (.json or .json.gz). Default: none (required).",
+    help="Analyse this Chrome trace from torch.profiler (.json or .json.gz) offline, on CPU. "
+    "Default: none (a live run on the GPU).",
 )
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              metavar="RUN.yaml", help="Run file for a live run (as for diff). Default: none.")
+@click_options(LIVE_OPTIONS)
+@click.option("--trace-dir", "trace_dir", type=click.Path(file_okay=False), default=None,
+              metavar="DIR", help="Live run: keep one Chrome trace per run (Perfetto) in DIR. "
+              "Default: none.")
 @click.option(
     "--json",
     "json_path",
@@ -30,9 +49,23 @@ import click
     help="Also write the accounting as JSON (schema_version 1); '-' for stdout instead of the "
     "table. Default: no JSON.",
 )
-def count_command(trace_path: Path, json_path: Path | None) -> None:
-    """Count host launch calls, eager vs in-graph GPU kernels and RNG prologue fills in a
-    profiler trace, per ProfilerStep and per graphdoctor phase."""
+def count_command(trace_path: Path | None, json_path: Path | None, config_path: str | None,
+                  **values: object) -> None:
+    """Count host launch calls, eager vs in-graph GPU kernels and RNG prologue fills.
+
+    With --trace: in an existing profiler trace, per ProfilerStep and per graphdoctor phase (CPU).
+    Without: profile one steady-state step of eager and of each graphed implementation of a real
+    Megatron-Core model on the GPU (no numeric diff; `graphdoctor diff` includes the same table).
+    """
+    if trace_path is None:
+        _live(config_path, json_path, values)
+        return
+    given = sorted(k for k, v in values.items() if v is not None)
+    if given or config_path:
+        from graphdoctor.errors import UsageError
+
+        flag = "--config" if config_path else "--" + given[0].replace("_", "-")
+        raise UsageError(f"{flag}: got a model option with --trace, expected one or the other")
     from graphdoctor.launches.accounting import account_trace
     from graphdoctor.report.launches import render_launch_json, render_launch_text
 
@@ -48,6 +81,19 @@ def count_command(trace_path: Path, json_path: Path | None) -> None:
             from graphdoctor.errors import UsageError
 
             raise UsageError(f"--json: cannot write {str(json_path)!r}: {exc.strerror}") from exc
+
+
+def _live(config_path: str | None, json_path: Path | None, values: dict[str, object]) -> None:
+    from graphdoctor.cli.diff import build_config
+    from graphdoctor.count import count
+    from graphdoctor.report.count import render_count_text, write_count_json
+
+    config = build_config(config_path, values)
+    report = count(config, progress=lambda line: click.echo(f"graphdoctor: {line}", err=True))
+    if json_path is not None:
+        write_count_json(report, json_path)
+    click.echo(render_count_text(report))
+    sys.exit(report.exit_code())
 
 
 COMMANDS = [count_command]

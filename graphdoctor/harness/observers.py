@@ -248,7 +248,7 @@ def make_observers(spec: ChildSpec, model: Any) -> tuple[Observer, ...]:
     if spec.config.get("launches", True):
         observers.append(LaunchObserver(spec, model))
     observers.append(PhaseObserver(spec.impl))
-    if spec.config.get("memory", True):
+    if spec.config.get("memory", True) and spec.role != "count":
         observers.append(MemoryObserver(spec))
     return tuple(observers)
 

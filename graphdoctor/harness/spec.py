@@ -87,7 +87,8 @@ class ChildSpec:
     """Directory of per-step reference tensors (written by the eager run, read by graphed runs)."""
 
     role: str = "graphed"
-    """reference (eager, saves tensors) | graphed (compares against reference_dir) | plain (no I/O)."""
+    """reference (eager, saves tensors) | graphed (compares against reference_dir) | count
+    (launch profiling only) | plain (no I/O, no observers)."""
 
     placement: Placement = field(default_factory=Placement)
     """Distributed placement."""

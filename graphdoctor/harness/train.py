@@ -96,7 +96,7 @@ class ReferenceIO:
 
     def process(self, step: int, stage: str) -> TensorDiff | None:
         """Save or compare one family ('grads' or 'params') at `step`."""
-        if self.spec.role == "plain":
+        if self.spec.role in ("plain", "count"):
             return None
         start = time.perf_counter()
         flat = self.families.grads() if stage == "grads" else self.families.values()

@@ -83,9 +83,13 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
 
 def launch_table(report: DiffReport) -> str:
     """Eager-vs-graphed launch table of the profiled step: one column per implementation."""
+    return launch_table_from_sections([(r.impl, r.launches) for r in report.results if r.launches])
+
+
+def launch_table_from_sections(sections: list[tuple[str, dict[str, Any]]]) -> str:
+    """The launch table from (impl, launches section) pairs (diff and live count share it)."""
     from graphdoctor.launches.compare import TABLE_ROWS, table_rows
 
-    sections = [(r.impl, r.launches) for r in report.results if r.launches]
     if not sections:
         return ""
     eager = next((s.get("eager") for _, s in sections if s.get("eager")), None)
@@ -171,4 +175,5 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-__all__ = ["json_safe", "launch_table", "render_text", "summary_rows", "write_json"]
+__all__ = ["json_safe", "launch_table", "launch_table_from_sections", "render_text",
+           "summary_rows", "write_json"]

@@ -1,0 +1,109 @@
+"""`count`: a quick launch-accounting run without the numeric diff (the API behind live
+`graphdoctor count`).
+
+Runs eager and each graphed implementation in isolated children (as `diff` does) with only the
+launch observer: the profiled step's host launches, GPU kernels eager and inside graphs, RNG
+prologue fills, coverage and the graph census. No tensors are saved or compared.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.diff import require_gpu, ChildSession, te_available
+from graphdoctor.launches.compare import launch_section
+from graphdoctor.types import RunRecord
+
+SCHEMA_VERSION = 1
+"""Version of the live count JSON (docs/launches.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CountReport:
+    """Launch figures of eager and every graphed implementation."""
+
+    config: DiffConfig
+    eager: RunRecord
+    runs: tuple[RunRecord, ...]
+    unavailable: dict[str, str]
+    wall_s: float = 0.0
+
+    def sections(self) -> list[tuple[str, dict[str, Any]]]:
+        """(impl, launches section with eager and graphed side by side) per graphed run."""
+        eager_step = (self.eager.launches or {}).get("step")
+        return [(run.impl, launch_section(eager_step, run.launches or {})) for run in self.runs]
+
+    def exit_code(self) -> int:
+        """0 when every run finished, else 1 (unavailable implementations are not failures)."""
+        return 0 if all(r.status == "ok" for r in (self.eager, *self.runs)) else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Versioned JSON view."""
+        sections = dict(self.sections())
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": "graphdoctor count",
+            "config": self.config.to_dict(),
+            "env": dict(self.eager.env),
+            "wall_s": self.wall_s,
+            "eager": {"status": self.eager.status, "launches": self.eager.launches,
+                      "diagnosis": self.eager.diagnosis.to_dict() if self.eager.diagnosis else None},
+            "impls": [{"impl": r.impl, "status": r.status, "launches": sections[r.impl],
+                       "diagnosis": r.diagnosis.to_dict() if r.diagnosis else None}
+                      for r in self.runs]
+                     + [{"impl": impl, "status": "unavailable", "launches": None,
+                         "diagnosis": {"message": why}} for impl, why in self.unavailable.items()],
+            "exit_code": self.exit_code(),
+        }
+
+
+def count(config: DiffConfig, *, workdir: str | Path | None = None,
+          progress: Callable[[str], None] | None = None) -> CountReport:
+    """Profile one steady-state step of eager and of every graphed implementation.
+
+    Args:
+        config: the run (model, impls, steps; compare-related fields are ignored).
+        workdir: where children write specs, events and logs (default: temporary, removed).
+        progress: called with one line per child start and end.
+
+    Returns:
+        The CountReport.
+
+    Raises:
+        NoGPUError: no CUDA GPU is visible.
+    """
+    require_gpu("graphdoctor count (live)")
+    started = time.perf_counter()
+    config = config.replace(launches=True, memory=False)
+    own_dir = workdir is None
+    base = Path(tempfile.mkdtemp(prefix="graphdoctor-count-")) if own_dir else Path(str(workdir))
+    base.mkdir(parents=True, exist_ok=True)
+    if config.trace_dir:
+        Path(config.trace_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        session = ChildSession(config, base, progress)
+        eager = session.run("none", config.dropout, "count", base)
+        runs, unavailable = [], {}
+        for impl in config.impls:
+            if impl == "transformer_engine":
+                ok, why = te_available()
+                unavailable[impl] = why if not ok else (
+                    "driving transformer_engine graphs is not supported by this graphdoctor "
+                    "version yet")
+                continue
+            runs.append(session.run(impl, config.dropout, "count", base))
+    finally:
+        if own_dir:
+            shutil.rmtree(base, ignore_errors=True)
+    return CountReport(config=config, eager=eager, runs=tuple(runs), unavailable=unavailable,
+                       wall_s=time.perf_counter() - started)
+
+
+__all__ = ["SCHEMA_VERSION", "CountReport", "count"]

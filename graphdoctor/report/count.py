@@ -1,0 +1,48 @@
+"""Render a live CountReport: the eager-vs-graphed launch table and one line per implementation."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from graphdoctor.report.diff import json_safe, launch_table_from_sections
+
+if TYPE_CHECKING:
+    from graphdoctor.count import CountReport
+
+
+def render_count_text(report: CountReport) -> str:
+    """Header, launch table, census and failure lines."""
+    cfg = report.config
+    env = report.eager.env
+    lines = [f"graphdoctor count: GPTModel {cfg.num_layers}x{cfg.hidden_size}, seq "
+             f"{cfg.seq_length}, mbs {cfg.micro_batch_size}x{cfg.num_microbatches}, {cfg.dtype}, "
+             f"one profiled step after {cfg.steps} steps",
+             f"  {env.get('gpu', '?')} | torch {env.get('torch', '?')} | megatron-core "
+             f"{env.get('megatron_core', '?')}", ""]
+    table = launch_table_from_sections(report.sections())
+    if table:
+        lines += [table, ""]
+    for impl, section in report.sections():
+        lines.append(f"{impl}: {section.get('summary', '')}")
+    for run in (report.eager, *report.runs):
+        if run.status != "ok" and run.diagnosis is not None:
+            lines.append(f"{run.impl}: {run.status}: {run.diagnosis.message}")
+    for impl, why in report.unavailable.items():
+        lines.append(f"{impl}: unavailable: {why}")
+    lines.append(f"wall {report.wall_s:.1f} s; exit code {report.exit_code()}")
+    return "\n".join(lines)
+
+
+def write_count_json(report: CountReport, path: str | os.PathLike[str]) -> Path:
+    """Write the versioned JSON ('-' is not supported for live runs)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(json_safe(report.to_dict()), indent=2, allow_nan=False,
+                                 default=str) + "\n", encoding="utf-8")
+    return target
+
+
+__all__ = ["render_count_text", "write_count_json"]
