@@ -185,6 +185,36 @@ def check_entry_point(name: str, value: str) -> None:
         raise UsageError(f"{name}: got {value!r}, expected the form pkg.module:function")
 
 
+def resolve_entry_point(value: str, field: str = "layer_spec") -> Any:
+    """Import `pkg.mod:fn` (the working directory is importable, as for `python -m`).
+
+    Args:
+        value: the `pkg.mod:fn` string.
+        field: the option it came from, for messages.
+
+    Raises:
+        UsageError: the module or attribute does not exist or is not callable.
+    """
+    import importlib
+    import sys
+
+    check_entry_point(field, value)
+    module_name, _, attr = value.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"{field}: got {value!r}, cannot import {module_name} ({exc})") from None
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise UsageError(f"{field}: got {value!r}, {module_name} has no attribute {attr}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise UsageError(f"{field}: got {value!r}, expected a callable")
+    return target
+
+
 @dataclass(frozen=True, slots=True)
 class RunFile:
     """The parsed run file: three optional mappings."""
@@ -330,4 +360,5 @@ __all__ = [
     "check_entry_point",
     "diff_config_from",
     "load_run_file",
+    "resolve_entry_point",
 ]

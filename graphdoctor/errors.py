@@ -26,10 +26,23 @@ class MissingDependencyError(GraphDoctorError):
     """An optional dependency (for example Transformer Engine) is not installed."""
 
 
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """`exc` followed by its causes/contexts, newest first (the last one raised first)."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
 __all__ = [
     "GraphDoctorError",
     "InputFileError",
     "MissingDependencyError",
     "NoGPUError",
     "UsageError",
+    "exception_chain",
 ]

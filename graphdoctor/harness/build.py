@@ -8,10 +8,7 @@ FullCudaGraphWrapper for full_iteration). This module is imported only inside ch
 
 from __future__ import annotations
 
-import importlib
-import os
 import random
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -19,7 +16,8 @@ from typing import Any
 
 import torch
 
-from graphdoctor.errors import MissingDependencyError, UsageError
+from graphdoctor.config import resolve_entry_point
+from graphdoctor.errors import MissingDependencyError
 from graphdoctor.harness.spec import ChildSpec
 
 @dataclass(slots=True)
@@ -43,28 +41,6 @@ class Setup:
 
     te_helper: Any = None
     """TECudaGraphHelper for transformer_engine (None otherwise)."""
-
-
-def resolve_entry_point(value: str) -> Callable[..., Any]:
-    """Import `pkg.mod:fn` (the current directory is importable, as for `python -m`).
-
-    Raises:
-        UsageError: the module or attribute cannot be imported.
-    """
-    module_name, _, attr = value.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import {module_name!r} for {value!r}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UsageError(f"{module_name!r} has no attribute {attr!r} (from {value!r})")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise UsageError(f"{value!r} is not callable")
-    return obj
 
 
 def init_distributed(spec: ChildSpec) -> None:
@@ -143,11 +119,11 @@ def build_model(spec: ChildSpec, config: Any) -> torch.nn.Module:
 
     cfg = spec.config
     if cfg.get("layer_spec"):
-        layer_spec = resolve_entry_point(cfg["layer_spec"])()
+        layer_spec = resolve_entry_point(cfg["layer_spec"], "layer_spec")()
     else:
         layer_spec = get_gpt_layer_local_spec()
     if cfg.get("model_provider"):
-        provider = resolve_entry_point(cfg["model_provider"])
+        provider = resolve_entry_point(cfg["model_provider"], "model_provider")
         model = provider(config, vocab_size=cfg["vocab_size"], max_sequence_length=cfg["seq_length"],
                          transformer_layer_spec=layer_spec, pre_process=True, post_process=True)
     else:
@@ -265,10 +241,10 @@ def build_setup(spec: ChildSpec) -> Setup:
             forward_backward, cuda_graph_warmup_steps=config.cuda_graph_warmup_steps)
     forward_step = default_forward_step
     if spec.config.get("forward_step"):
-        forward_step = resolve_entry_point(spec.config["forward_step"])
+        forward_step = resolve_entry_point(spec.config["forward_step"], "forward_step")
     return Setup(model=model, optimizer=optimizer, config=config,
                  forward_backward=forward_backward, forward_step=forward_step)
 
 
 __all__ = ["Setup", "build_setup", "default_forward_step",
-           "have_transformer_engine", "resolve_entry_point", "step_batches", "synthetic_batch"]
+           "have_transformer_engine", "step_batches", "synthetic_batch"]

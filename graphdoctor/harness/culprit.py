@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from graphdoctor.errors import exception_chain
 from graphdoctor.harness.diagnose import match_known
 
 
@@ -40,18 +41,6 @@ def sync_errors_during_capture() -> Iterator[None]:
         torch.cuda.set_sync_debug_mode("default")
 
 
-def exception_chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and its causes/contexts, newest first."""
-    chain: list[BaseException] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
-
-
 def root_exception(exc: BaseException) -> BaseException:
     """The oldest exception in the chain that names a recognised capture problem, else `exc`."""
     for candidate in reversed(exception_chain(exc)):
@@ -60,4 +49,4 @@ def root_exception(exc: BaseException) -> BaseException:
     return exc
 
 
-__all__ = ["exception_chain", "root_exception", "sync_errors_during_capture"]
+__all__ = ["root_exception", "sync_errors_during_capture"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from graphdoctor.errors import exception_chain
+
 CUDA_CAPTURE_ERRORS: dict[int, tuple[str, str]] = {
     900: ("cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"),
     901: ("cudaErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"),
@@ -30,18 +32,6 @@ MESSAGE_CODES: tuple[tuple[str, str], ...] = (
 """Error text that names the rule by itself (no recording needed)."""
 
 _NUMBER = re.compile(r"\berror(?: code)?[:= ]+(9\d\d)\b", re.IGNORECASE)
-
-
-def exception_chain(exc: BaseException) -> list[BaseException]:
-    """`exc` followed by its causes/contexts, newest first (the last one raised first)."""
-    chain: list[BaseException] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
 
 
 def cuda_error_number(text: str) -> int | None:

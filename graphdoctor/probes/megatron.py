@@ -8,10 +8,6 @@ saw during the eager pass.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
-import socket
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +15,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from graphdoctor.config import DTYPES, check_entry_point
+from graphdoctor.config import DTYPES, check_entry_point, resolve_entry_point
 from graphdoctor.errors import UsageError
+from graphdoctor.harness.spec import free_port
 from graphdoctor.probes.capture import capture_unit
 from graphdoctor.probes.modules import (
     changed_attributes,
@@ -114,31 +111,8 @@ def spec_from_config(config: Any, **overrides: Any) -> ProbeSpec:
 
 
 def load_entry_point(value: str) -> Callable[..., Any]:
-    """Import `pkg.mod:fn`; the working directory is importable, as for `python -m`.
-
-    Raises:
-        UsageError: the module or attribute does not exist.
-    """
-    module_name, _, attr = value.partition(":")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"layer_spec: got {value!r}, cannot import {module_name} ({exc})") from None
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise UsageError(f"layer_spec: got {value!r}, {module_name} has no attribute {attr}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise UsageError(f"layer_spec: got {value!r}, expected a callable returning a ModuleSpec")
-    return target  # type: ignore[no-any-return]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """Import the `--layer-spec` `pkg.mod:fn` (see graphdoctor.config.resolve_entry_point)."""
+    return resolve_entry_point(value, "layer_spec")  # type: ignore[no-any-return]
 
 
 def init_single_process(seed: int, *, backend: str = "nccl") -> None:
@@ -154,7 +128,7 @@ def init_single_process(seed: int, *, backend: str = "nccl") -> None:
         torch.cuda.set_device(0)
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+            backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
         )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
