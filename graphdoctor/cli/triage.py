@@ -44,6 +44,10 @@ def _write(path: str, text: str) -> None:
 @click.option("--min-growth", "min_growth_bytes", metavar="BYTES", type=click.IntRange(min=1), default=1,
               help="With --against, a site is a leak suspect when its live bytes grow by at least BYTES. "
                    "Default: 1.")
+@click.option("--trace", "with_trace", is_flag=True, default=False,
+              help="Also unpickle the allocator history (device_traces) for the per-phase table and trace "
+                   "entry counts, at several times the file size in memory (plain triage reads only the segments). "
+                   "--html implies it for SNAPSHOT. Default: off.")
 @click.option("--max-bytes", metavar="BYTES", type=click.IntRange(min=1), default=DEFAULT_MAX_BYTES,
               help=f"Refuse snapshots larger than BYTES (decompressed). Default: {DEFAULT_MAX_BYTES}.")
 def triage_command(
@@ -54,12 +58,14 @@ def triage_command(
     all_frames: bool,
     top: int,
     min_growth_bytes: int,
+    with_trace: bool,
     max_bytes: int,
 ) -> None:
     """Summarize a CUDA memory snapshot (torch.cuda.memory._dump_snapshot) without a GPU.
 
     Shows bytes by pool, stream and segment type, live bytes by allocation site, fragmentation and
     the largest free blocks. With --against OTHER, diffs blocks and lists leak suspects.
+    The allocator history (device_traces) is skipped unless --trace or --html asks for it.
     The file is read with an unpickler that refuses all globals: nothing in it is executed.
 
     Exit codes: 0 ok, 1 leak suspects found (with --against), 2 bad input.
@@ -72,6 +78,7 @@ def triage_command(
         min_growth_bytes=min_growth_bytes,
         max_bytes=max_bytes,
         with_timeline=html_path is not None,
+        with_trace=with_trace,
     )
     from graphdoctor.report.memory import render_json, render_text
 

@@ -10,8 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphdoctor.errors import UsageError
-from graphdoctor.memory.blockdiff import BlockDiff, LeakSuspect, diff_blocks, leak_suspects
-from graphdoctor.memory.loader import DEFAULT_MAX_BYTES, load_snapshot
+from graphdoctor.memory.blockdiff import (
+    BlockDiff,
+    LeakSuspect,
+    diff_blocks,
+    leak_suspects,
+)
+from graphdoctor.memory.loader import (
+    DEFAULT_MAX_BYTES,
+    load_snapshot,
+    load_snapshot_segments,
+)
 from graphdoctor.memory.model import Snapshot, parse_snapshot
 from graphdoctor.memory.phases import PhaseStats, Timeline, phase_stats, timeline
 from graphdoctor.memory.sites import SiteNamer
@@ -44,9 +53,17 @@ class SnapshotSummary:
     by_segment_type: tuple[GroupBytes, ...]
     top_sites: tuple[SiteBytes, ...]
     largest_free_blocks: tuple[FreeBlock, ...]
-    phases: tuple[PhaseStats, ...]
-    num_trace_entries: int
-    trace_device: int
+    phases: tuple[PhaseStats, ...] | None
+    """Per-phase trace totals; None when the trace was not loaded."""
+    num_trace_entries: int | None
+    """Entries in the device trace; None when the trace was not loaded (segments-only fast path)."""
+    trace_device: int | None
+    """Device whose trace was read; None when the trace was not loaded."""
+
+    @property
+    def trace_loaded(self) -> bool:
+        """True when the allocator history (device_traces) was read."""
+        return self.num_trace_entries is not None
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict."""
@@ -59,7 +76,7 @@ class SnapshotSummary:
             "by_segment_type": [g.to_dict() for g in self.by_segment_type],
             "top_sites": [s.to_dict() for s in self.top_sites],
             "largest_free_blocks": [f.to_dict() for f in self.largest_free_blocks],
-            "phases": [p.to_dict() for p in self.phases],
+            "phases": None if self.phases is None else [p.to_dict() for p in self.phases],
             "num_trace_entries": self.num_trace_entries,
             "trace_device": self.trace_device,
         }
@@ -95,8 +112,8 @@ class TriageReport:
 
 
 def summarize(snapshot: Snapshot, namer: SiteNamer, *, path: str = "", file_bytes: int = 0,
-              top: int = 15) -> SnapshotSummary:
-    """Summarize one parsed snapshot (no I/O)."""
+              top: int = 15, trace_loaded: bool = True) -> SnapshotSummary:
+    """Summarize one parsed snapshot (no I/O); trace_loaded=False leaves the trace fields None."""
     return SnapshotSummary(
         path=path,
         file_bytes=file_bytes,
@@ -106,15 +123,21 @@ def summarize(snapshot: Snapshot, namer: SiteNamer, *, path: str = "", file_byte
         by_segment_type=by_segment_type(snapshot),
         top_sites=top_sites(snapshot, namer, limit=top),
         largest_free_blocks=largest_free_blocks(snapshot, limit=min(top, 10)),
-        phases=phase_stats(snapshot),
-        num_trace_entries=len(snapshot.trace),
-        trace_device=snapshot.trace_device,
+        phases=phase_stats(snapshot) if trace_loaded else None,
+        num_trace_entries=len(snapshot.trace) if trace_loaded else None,
+        trace_device=snapshot.trace_device if trace_loaded else None,
     )
 
 
-def _load(path: str | os.PathLike[str], max_bytes: int) -> tuple[Snapshot, int]:
+def _load(path: str | os.PathLike[str], max_bytes: int, with_trace: bool) -> tuple[Snapshot, int, bool]:
+    """(parsed snapshot, file size, whether device_traces were read)."""
     file_path = Path(path)
-    return parse_snapshot(load_snapshot(file_path, max_bytes=max_bytes)), file_path.stat().st_size
+    if with_trace:
+        raw, trace_loaded = load_snapshot(file_path, max_bytes=max_bytes), True
+    else:
+        # Plain triage reads only segments: skip unpickling the allocator history when possible.
+        raw, trace_loaded = load_snapshot_segments(file_path, max_bytes=max_bytes)
+    return parse_snapshot(raw), file_path.stat().st_size, trace_loaded
 
 
 def triage(
@@ -126,6 +149,7 @@ def triage(
     min_growth_bytes: int = 1,
     max_bytes: int = DEFAULT_MAX_BYTES,
     with_timeline: bool = False,
+    with_trace: bool = False,
 ) -> TriageReport:
     """Analyze a snapshot file, and diff it against a baseline snapshot when one is given.
 
@@ -136,7 +160,11 @@ def triage(
         top: Number of sites (and diff site groups) to keep.
         min_growth_bytes: A site is a leak suspect when its live bytes grew by at least this.
         max_bytes: Size cap for each file (see load_snapshot).
-        with_timeline: Also compute allocated bytes over time (for the HTML report).
+        with_timeline: Also compute allocated bytes over time (for the HTML report); reads the
+            trace of `path` (not of `against`) as with_trace does.
+        with_trace: Read the allocator history (device_traces) of both files, for the per-phase
+            table and trace entry counts. Without it only segments are unpickled where the file
+            allows (see load_snapshot_segments), and the summaries' trace fields are None.
 
     Returns:
         The TriageReport.
@@ -150,13 +178,14 @@ def triage(
     if min_growth_bytes < 1:
         raise UsageError(f"min_growth_bytes: got {min_growth_bytes}, expected >= 1")
     namer = SiteNamer(all_frames=all_frames)
-    snap, size = _load(path, max_bytes)
-    summary = summarize(snap, namer, path=str(path), file_bytes=size, top=top)
+    snap, size, trace_loaded = _load(path, max_bytes, with_trace or with_timeline)
+    summary = summarize(snap, namer, path=str(path), file_bytes=size, top=top, trace_loaded=trace_loaded)
     base_summary = diff = None
     suspects: tuple[LeakSuspect, ...] = ()
     if against is not None:
-        base, base_size = _load(against, max_bytes)
-        base_summary = summarize(base, namer, path=str(against), file_bytes=base_size, top=top)
+        base, base_size, base_trace_loaded = _load(against, max_bytes, with_trace)
+        base_summary = summarize(base, namer, path=str(against), file_bytes=base_size, top=top,
+                                 trace_loaded=base_trace_loaded)
         diff = diff_blocks(base, snap, namer, limit=top)
         suspects = leak_suspects(base, snap, namer, min_growth_bytes=min_growth_bytes)[:top]
     return TriageReport(

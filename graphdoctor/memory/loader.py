@@ -2,15 +2,19 @@
 
 A snapshot is never given to pickle.load: the unpickler refuses every global, so a hostile file can
 build dicts, lists, strings and numbers but cannot import or call anything. Sizes are capped.
+load_snapshot_segments stops at the allocator history (device_traces) when the file allows it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import io
 import os
 import pickle
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -20,6 +24,20 @@ DEFAULT_MAX_BYTES = 4 << 30
 """Default cap on a snapshot's (decompressed) size: 4 GiB."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
+
+# torch writes a snapshot with pickle protocol 4: PROTO 4, then FRAME opcodes (0x95 + 8-byte
+# little-endian length) holding the top-level dict {"segments", "device_traces", ...} in that order.
+_PROTO_4 = b"\x80\x04"
+_FRAME = 0x95
+_FRAME_HEADER_BYTES = 9
+# EMPTY_DICT MEMOIZE MARK, then the first key 'segments' (SHORT_BINUNICODE + MEMOIZE).
+_TOP_HEAD = b"}\x94(\x8c\x08segments\x94"
+# The second key: SHORT_BINUNICODE 'device_traces' + MEMOIZE (first occurrence of the string).
+_TRACES_KEY = b"\x8c\x0ddevice_traces\x94"
+# SETITEMS closes the top-level MARK into the dict; STOP returns it.
+_CLOSE_TOP = b"u."
+_STOP = b"."
+_READ_CHUNK_BYTES = 1 << 20
 
 # Everything a malformed pickle stream can raise from the C unpickler when it holds no globals.
 _PARSE_ERRORS = (
@@ -93,13 +111,23 @@ def _check_stat(path: Path, max_bytes: int) -> int:
     return size
 
 
-def _unpickle_stream(stream: BinaryIO, where: str) -> Any:
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
     # A snapshot is millions of acyclic dicts and lists: the cyclic GC would rescan them again and
     # again while they are built (a third of the load time) and can free nothing.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _NoGlobalsUnpickler(stream).load()
+        yield
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _unpickle_stream(stream: BinaryIO, where: str) -> Any:
+    try:
+        with _gc_paused():
+            return _NoGlobalsUnpickler(stream).load()
     except InputFileError:
         raise
     except _RefusedGlobal as exc:
@@ -111,9 +139,6 @@ def _unpickle_stream(stream: BinaryIO, where: str) -> Any:
         raise InputFileError(f"{where}: not a valid snapshot pickle ({type(exc).__name__}: {exc})") from None
     except MemoryError:
         raise InputFileError(f"{where}: out of memory while loading the snapshot") from None
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
@@ -137,18 +162,172 @@ def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_
     _check_stat(file_path, max_bytes)
     where = f"snapshot {file_path}"
     try:
-        with open(file_path, "rb") as raw:
-            if raw.read(2) == _GZIP_MAGIC:
-                raw.seek(0)
-                with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-                    capped = io.BufferedReader(_CappedReader(unzipped, max_bytes), 1 << 20)  # type: ignore[arg-type]
-                    data = _unpickle_stream(capped, where)
-            else:
-                raw.seek(0)
-                data = _unpickle_stream(raw, where)
+        with _open_snapshot(file_path, max_bytes) as stream:
+            data = _unpickle_stream(stream, where)
     except OSError as exc:
         raise InputFileError(f"{where}: cannot read ({exc.strerror or exc})") from None
     return _normalize_top(data, where)
+
+
+def load_snapshot_segments(
+    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> tuple[dict[str, Any], bool]:
+    """Load only a snapshot's segments when the file's layout allows it, else the whole snapshot.
+
+    torch writes `segments` before `device_traces` (the allocator history, usually most of the
+    file). When the file is a framed protocol-4 pickle in that order, the frames are read up to the
+    `device_traces` key, cut there, closed into the top-level dict and loaded with the same
+    no-globals unpickler; the history is never unpickled. Anything unexpected (another protocol,
+    unframed data, no key, a prefix that does not load to exactly {"segments": list}) falls back to
+    load_snapshot. The rest of the file is still walked frame by frame (seeking in plain files) so
+    a truncated file is an error on both paths.
+
+    Args:
+        path: As for load_snapshot.
+        max_bytes: As for load_snapshot; the decompressed cap counts every byte walked.
+
+    Returns:
+        (snapshot, traces_loaded): on the fast path `{"segments": [...], "device_traces": []}` and
+        False; after a fallback, load_snapshot's dict and True.
+
+    Raises:
+        InputFileError: as load_snapshot (a global before the key is refused on the fast path too).
+    """
+    if max_bytes <= 0:
+        raise InputFileError(f"max_bytes: got {max_bytes}, expected a positive byte count")
+    file_path = Path(path)
+    size = _check_stat(file_path, max_bytes)
+    where = f"snapshot {file_path}"
+    segments = None
+    try:
+        with _open_snapshot(file_path, max_bytes) as stream:
+            found = _segments_prefix(stream)
+            if found is not None and _frames_reach_stop(stream, found[1], size if stream.seekable() else None):
+                segments = _load_prefix(found[0], where)
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        pass  # truncated or corrupt gzip: the full load below reports it as load_snapshot does
+    except OSError as exc:
+        raise InputFileError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    if segments is None:
+        return load_snapshot(file_path, max_bytes=max_bytes), True
+    return {"segments": segments, "device_traces": []}, False
+
+
+@contextlib.contextmanager
+def _open_snapshot(file_path: Path, max_bytes: int) -> Iterator[BinaryIO]:
+    with open(file_path, "rb") as raw:
+        if raw.read(2) == _GZIP_MAGIC:
+            raw.seek(0)
+            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                yield io.BufferedReader(_CappedReader(unzipped, max_bytes), 1 << 20)  # type: ignore[arg-type]
+        else:
+            raw.seek(0)
+            yield raw
+
+
+def _read_exact(stream: BinaryIO, num_bytes: int) -> bytes | None:
+    # Chunked, so a hostile frame length allocates no more than the data actually there.
+    chunks = []
+    left = num_bytes
+    while left > 0:
+        chunk = stream.read(min(left, _READ_CHUNK_BYTES))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _frame_length(stream: BinaryIO) -> int | None:
+    """Length of the next FRAME, or None at a clean end of data or anything but a frame header."""
+    head = stream.read(_FRAME_HEADER_BYTES)
+    if len(head) != _FRAME_HEADER_BYTES or head[0] != _FRAME:
+        return None
+    return int.from_bytes(head[1:], "little")
+
+
+def _segments_prefix(stream: BinaryIO) -> tuple[bytes, bytes] | None:
+    """(PROTO + the frames before the device_traces key, the last one cut there, + SETITEMS STOP,
+    the last byte of the frame holding the key).
+
+    None when the stream is not laid out as torch writes snapshots; the caller then falls back to
+    a full load.
+    """
+    if stream.read(len(_PROTO_4)) != _PROTO_4:
+        return None
+    parts = [_PROTO_4]
+    while True:
+        length = _frame_length(stream)
+        frame = None if length is None else _read_exact(stream, length)
+        if frame is None:
+            return None
+        if len(parts) == 1 and not frame.startswith(_TOP_HEAD):
+            return None
+        cut = frame.find(_TRACES_KEY)
+        if cut >= 0:
+            parts += [bytes([_FRAME]), cut.to_bytes(8, "little"), frame[:cut], _CLOSE_TOP]
+            return b"".join(parts), frame[-1:]
+        parts += [bytes([_FRAME]), len(frame).to_bytes(8, "little"), frame]
+
+
+def _skip(stream: BinaryIO, num_bytes: int, size: int | None) -> bytes | None:
+    """Skip num_bytes and return the last one skipped; None when the data ends first."""
+    if size is None:
+        # gzip: decompress and drop (the cap still counts these bytes)
+        left = num_bytes - 1
+        while left > 0:
+            chunk = stream.read(min(left, _READ_CHUNK_BYTES))
+            if not chunk:
+                return None
+            left -= len(chunk)
+    else:
+        target = stream.tell() + num_bytes - 1
+        if target >= size:
+            return None
+        stream.seek(target)
+    last = stream.read(1)
+    return last or None
+
+
+def _frames_reach_stop(stream: BinaryIO, last_byte: bytes, size: int | None) -> bool:
+    """Walk the frame headers after the key frame: True when the file ends cleanly on STOP.
+
+    Plain files are seeked through (9 bytes read per frame); gzip streams are decompressed and
+    dropped. False (fall back to the full load, which reports the problem) on a truncated file or
+    data outside frames.
+    """
+    while True:
+        head = stream.read(_FRAME_HEADER_BYTES)
+        if not head:
+            return last_byte == _STOP
+        if len(head) != _FRAME_HEADER_BYTES or head[0] != _FRAME:
+            return False
+        length = int.from_bytes(head[1:], "little")
+        if length == 0:
+            continue
+        skipped = _skip(stream, length, size)
+        if skipped is None:
+            return False
+        last_byte = skipped
+
+
+def _load_prefix(prefix: bytes, where: str) -> list[Any] | None:
+    """The segments list from a cut prefix, or None when it does not load to exactly {"segments": list}."""
+    try:
+        with _gc_paused():
+            unpickler = _NoGlobalsUnpickler(io.BytesIO(prefix))
+            data = unpickler.load()
+            # The top-level dict is memo slot 0; anything else means the key was cut inside a
+            # nested container (a 'device_traces' string first seen inside segments).
+            is_top = unpickler.memo.copy().get(0) is data
+    except _RefusedGlobal as exc:
+        raise InputFileError(f"{where}: not a plain memory snapshot ({exc}); nothing was executed") from None
+    except (*_PARSE_ERRORS, MemoryError):
+        return None
+    if not is_top or not isinstance(data, dict) or data.keys() != {"segments"}:
+        return None
+    segments = data["segments"]
+    return segments if isinstance(segments, list) else None
 
 
 def loads_snapshot(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
@@ -203,4 +382,4 @@ def save_snapshot(snapshot: dict[str, Any], path: str | os.PathLike[str], *, com
     return out
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "load_snapshot", "loads_snapshot", "save_snapshot"]
+__all__ = ["DEFAULT_MAX_BYTES", "load_snapshot", "load_snapshot_segments", "loads_snapshot", "save_snapshot"]

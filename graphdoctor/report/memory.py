@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from graphdoctor.memory.blockdiff import BlockDiff
 
 _SITE_WIDTH = 70
+_TRACE_NOT_LOADED = "trace not loaded"
+_TRACE_HINT = ("trace not loaded: plain triage reads only the segments; "
+               "use --trace (or --html) for this table and the trace entry count")
 
 
 def fmt_bytes(num: float, *, signed: bool = False) -> str:
@@ -45,9 +48,10 @@ def _groups_table(title: str, groups: Sequence[Any]) -> str:
 
 def _summary_lines(summary: SnapshotSummary) -> list[str]:
     t = summary.totals
+    trace = _TRACE_NOT_LOADED if summary.num_trace_entries is None else f"{summary.num_trace_entries} trace entries"
     head = (
         f"{summary.path}: {fmt_bytes(summary.file_bytes)} file, {t.num_segments} segments, "
-        f"{t.num_blocks} blocks, {summary.num_trace_entries} trace entries"
+        f"{t.num_blocks} blocks, {trace}"
     )
     key = (
         f"reserved {fmt_bytes(t.reserved_bytes)} | live {fmt_bytes(t.live_bytes)} | "
@@ -67,7 +71,9 @@ def _snapshot_sections(summary: SnapshotSummary) -> list[str]:
     free = [(fmt_bytes(f.size_bytes), f.pool, f.segment_type, hex(f.stream) if f.stream else "0", hex(f.address))
             for f in summary.largest_free_blocks]
     out.append("Largest free (cached) blocks\n" + _table(free, ("size", "pool", "type", "stream", "address")))
-    if summary.phases:
+    if summary.phases is None:
+        out.append("Trace by phase (user_metadata)\n" + _TRACE_HINT)
+    elif summary.phases:
         phases = [(p.phase, p.num_allocs, fmt_bytes(p.alloc_bytes), p.num_frees, fmt_bytes(p.freed_bytes))
                   for p in summary.phases]
         out.append("Trace by phase (user_metadata)\n" + _table(phases, ("phase", "allocs", "alloc", "frees", "freed")))
