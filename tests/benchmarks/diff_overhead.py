@@ -1,7 +1,7 @@
 """Benchmark: wall time of `graphdoctor diff` against the training runs it performs, run plainly.
 
 Usage (on a CUDA machine, from the repository root):
-    python benchmarks/diff_overhead.py [extra graphdoctor diff flags...]
+    python tests/benchmarks/diff_overhead.py [extra graphdoctor diff flags...]
 
 It runs `graphdoctor diff` once (keeping its child specs), then re-runs every child it made as a
 plain training run (`role=plain`: same process start, model, steps; no reference tensors saved or

@@ -5,7 +5,7 @@ timestamps, correlation ids, External ids and step numbers, so the event mix (cp
 python_function, cuda_runtime, kernel, ...) is the fixture's. Whole commands are timed (process
 start included), best-of and median of --repeat runs.
 
-    python benchmarks/count_bench.py [--source TRACE] [--size-mb 100] [--repeat 3] [--keep PATH]
+    python tests/benchmarks/count_bench.py [--source TRACE] [--size-mb 100] [--repeat 3] [--keep PATH]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 DEFAULT_SOURCES = (
     ROOT / "fixtures" / "data" / "launches" / "megatron" / "trace-local-graphed-d0.1.json.gz",

@@ -1,6 +1,6 @@
 """Benchmark `graphdoctor triage` against a bare `pickle.load` of the same large snapshot.
 
-    python benchmarks/triage_bench.py [--source SNAPSHOT] [--target-mb 220]
+    python tests/benchmarks/triage_bench.py [--source SNAPSHOT] [--target-mb 220]
 
 Builds a large snapshot by replicating a real snapshot's segments and trace entries with shifted
 addresses (frame dicts stay shared, as in torch's own pickles), then runs each as a whole command
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from graphdoctor.memory.loader import load_snapshot  # noqa: E402
