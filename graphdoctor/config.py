@@ -22,6 +22,13 @@ REFERENCE_IMPL = "none"
 
 DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 
+BUILTIN_LAYER_SPECS: tuple[str, ...] = ("local", "te", "transformer_engine")
+"""layer_spec values naming Megatron's own GPT layer specs (te and transformer_engine are aliases)."""
+
+CUDA_GRAPH_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess",
+                                       "mamba")
+"""Values TransformerConfig.cuda_graph_modules accepts in megatron-core 0.19.2."""
+
 RUN_FILE_SECTIONS: tuple[str, ...] = ("transformer", "env", "run")
 
 MAX_RUN_FILE_BYTES = 1 << 20
@@ -83,7 +90,20 @@ class DiffConfig:
     """Wall-clock limit for each child run; a run that exceeds it gets the verdict `timeout`."""
 
     layer_spec: str | None = None
-    """`pkg.mod:fn` returning the transformer layer ModuleSpec; default Megatron's local GPT spec."""
+    """`local` (Megatron's local GPT spec, the default), `te` (get_gpt_layer_with_transformer_engine_spec,
+    needs Transformer Engine) or `pkg.mod:fn` returning the transformer layer ModuleSpec."""
+
+    cuda_graph_modules: tuple[str, ...] = ()
+    """TransformerConfig.cuda_graph_modules for local and transformer_engine (empty: whole layer;
+    e.g. attn, mlp, moe_router, moe_preprocess); full_iteration always graphs the whole step."""
+
+    localize: bool | None = None
+    """Capture-time taps (dropout masks, random draws, module outputs and gradients) on eager and
+    graphed runs; None: only after a divergence, in an extra pair of runs."""
+
+    align_rng: bool = False
+    """Restore every RNG state around each implementation's warmup and capture, so graphed runs
+    draw the same random numbers as eager and dropout runs compare bitwise."""
 
     model_provider: str | None = None
     """`pkg.mod:fn(config, vocab_size=, max_sequence_length=, ...)` returning the model."""
@@ -144,8 +164,12 @@ class DiffConfig:
             raise UsageError(f"timeout_s: got {self.timeout_s!r}, expected > 0")
         for name in ("layer_spec", "model_provider", "forward_step"):
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and not (name == "layer_spec" and value in BUILTIN_LAYER_SPECS):
                 check_entry_point(name, value)
+        for module in self.cuda_graph_modules:
+            if module not in CUDA_GRAPH_MODULES:
+                raise UsageError(f"cuda_graph_modules: got {module!r}, expected one of "
+                                 f"{', '.join(CUDA_GRAPH_MODULES)}")
 
     @property
     def bitwise(self) -> bool:
@@ -160,6 +184,7 @@ class DiffConfig:
         """Plain-data view for JSON reports and child specs."""
         data = dataclasses.asdict(self)
         data["impls"] = list(self.impls)
+        data["cuda_graph_modules"] = list(self.cuda_graph_modules)
         return data
 
 
@@ -312,6 +337,13 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         if not isinstance(impls, (list, tuple)):
             raise UsageError(f"impls: got {impls!r}, expected a list of implementation names")
         values["impls"] = tuple(impls)
+    if "cuda_graph_modules" in values:
+        mods = values["cuda_graph_modules"]
+        if isinstance(mods, str):
+            mods = [s.strip() for s in mods.split(",") if s.strip()]
+        if not isinstance(mods, (list, tuple)):
+            raise UsageError(f"cuda_graph_modules: got {mods!r}, expected a list of module names")
+        values["cuda_graph_modules"] = tuple(mods)
     # Common transformer fields may arrive through transformer: as well; the dedicated fields win
     # only when given explicitly, so mirror them here.
     transformer = values.get("transformer", {})
@@ -338,8 +370,8 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
     elif annotation == "float":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         what = "a number"
-    elif annotation == "bool":
-        ok = isinstance(value, bool)
+    elif annotation in ("bool", "bool | None"):
+        ok = isinstance(value, bool) or (value is None and "None" in annotation)
         what = "true or false"
     elif annotation.startswith("str"):
         expected = (str, type(None)) if "None" in annotation else (str,)

@@ -18,7 +18,7 @@ from typing import Any
 
 from graphdoctor.compare.verdict import ImplResult, judge
 from graphdoctor.config import DiffConfig
-from graphdoctor.errors import NoGPUError
+from graphdoctor.errors import MissingDependencyError, NoGPUError
 from graphdoctor.harness.runner import run_child
 from graphdoctor.harness.spec import ChildSpec, placement_for_child
 from graphdoctor.types import Diagnosis, RunRecord, Verdict
@@ -109,19 +109,30 @@ class ChildSession:
         self.num_children = 0
         self.child_wall_s = 0.0
         self.eager_memory: dict[str, int] | None = None
+        self._tapped_reference: RunRecord | None = None
+
+    def tapped_reference(self, ref_dir: Path) -> RunRecord:
+        """The eager run with taps (run once per diff, shared by every implementation)."""
+        if self._tapped_reference is None:
+            self._tapped_reference = self.run("none", self.config.dropout, "plain", ref_dir,
+                                              taps=True)
+        return self._tapped_reference
 
     def run(self, impl: str, dropout: float, role: str, ref_dir: Path, *,
-            hunt: bool = False) -> RunRecord:
+            hunt: bool = False, taps: bool = False) -> RunRecord:
         place = placement_for_child(self.num_children)
         self.num_children += 1
-        tag = f"{impl}-{role}-d{dropout}{'-hunt' if hunt else ''}"
-        spec = ChildSpec(impl=impl, dropout=dropout, config=self.config.to_dict(),
+        tag = f"{impl}-{role}-d{dropout}{'-hunt' if hunt else ''}{'-taps' if taps else ''}"
+        config = self.config
+        if taps and role == "plain":
+            config = config.replace(memory=False, launches=False)
+        spec = ChildSpec(impl=impl, dropout=dropout, config=config.to_dict(), taps=taps,
                          events_path=str(self.workdir / f"events-{tag}.jsonl"),
                          reference_dir=str(ref_dir), role=role, placement=place,
                          artifacts_dir=self.config.trace_dir or str(self.workdir),
                          hunt_culprit=hunt, eager_memory=self.eager_memory,
                          keep_snapshots=self.config.snapshot_dir is not None)
-        what = "culprit hunt" if hunt else role
+        what = "culprit hunt" if hunt else ("tapped " + role if taps else role)
         self.progress(f"running {impl} (dropout {dropout}, {what})")
         record = run_child(spec, self.workdir, timeout_s=self.config.timeout_s)
         self.child_wall_s += record.wall_s
@@ -130,7 +141,8 @@ class ChildSession:
 
 
 def _unavailable(impl: str, why: str) -> ImplResult:
-    diag = Diagnosis(error_type="unavailable", message=why, fix=TE_INSTALL_HINT)
+    fix = "run with --dtype bf16" if "bf16" in why else TE_INSTALL_HINT
+    diag = Diagnosis(error_type="unavailable", message=why, fix=fix)
     return ImplResult(impl=impl, verdict=Verdict.UNAVAILABLE, diagnosis=diag)
 
 
@@ -151,6 +163,11 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
         NoGPUError: no CUDA GPU is visible.
     """
     require_gpu()
+    if config.layer_spec in ("te", "transformer_engine"):
+        ok, why = te_available()
+        if not ok:
+            raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "
+                                         f"({why}); {TE_INSTALL_HINT}")
     started = time.perf_counter()
     own_dir = workdir is None
     base = Path(tempfile.mkdtemp(prefix="graphdoctor-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
@@ -188,19 +205,14 @@ def _run_all(session: ChildSession) -> tuple[list[ImplResult], RunRecord, RunRec
         control_ref: RunRecord | None = None
         results: list[ImplResult] = []
         for impl in cfg.impls:
-            if impl == "transformer_engine":
-                ok, why = te_available()
-                if not ok:
-                    results.append(_unavailable(impl, why))
-                    continue
-                results.append(_unavailable(
-                    impl, "driving transformer_engine graphs is not supported by this graphdoctor "
-                          "version yet"))
+            why_not = _why_unavailable(impl, cfg)
+            if why_not is not None:
+                results.append(_unavailable(impl, why_not))
                 continue
             if reference.status != "ok":
                 results.append(judge(reference, reference, warmup_steps=cfg.cuda_graph_warmup_steps))
                 continue
-            graphed = session.run(impl, cfg.dropout, "graphed", ref_dir)
+            graphed = session.run(impl, cfg.dropout, "graphed", ref_dir, taps=cfg.localize is True)
             result = judge(reference, graphed, warmup_steps=cfg.cuda_graph_warmup_steps,
                            rtol=cfg.rtol, atol=cfg.atol)
             if result.verdict == Verdict.CAPTURE_FAILED:
@@ -221,12 +233,66 @@ def _run_all(session: ChildSession) -> tuple[list[ImplResult], RunRecord, RunRec
                 noise_dir = ref_dir if cfg.dropout == 0 or ctl_dir is None else ctl_dir
                 result = _eager_noise(session, result, 0.0 if noise_dir == ctl_dir else cfg.dropout,
                                       noise_dir, reference if noise_dir == ref_dir else control_ref)
+            result = _forensics(session, result, reference, graphed, ref_dir)
             results.append(with_launch_table(result, reference, graphed))
         return results, reference, control_ref
     finally:
         shutil.rmtree(ref_dir, ignore_errors=True)
         if ctl_dir is not None:
             shutil.rmtree(ctl_dir, ignore_errors=True)
+
+
+def _why_unavailable(impl: str, cfg: DiffConfig) -> str | None:
+    """Why `impl` cannot run here (None: it can)."""
+    if impl != "transformer_engine":
+        return None
+    ok, why = te_available()
+    if not ok:
+        return why
+    if cfg.dtype != "bf16":
+        return (f"Megatron's TECudaGraphHelper captures with bf16 sample inputs "
+                f"(megatron/core/transformer/module.py:259), so dtype {cfg.dtype} cannot be graphed "
+                f"by transformer_engine; run with --dtype bf16")
+    return None
+
+
+def _forensics(session: ChildSession, result: ImplResult, reference: RunRecord,
+               graphed: RunRecord, ref_dir: Path) -> ImplResult:
+    """Tap analysis: from the runs themselves (--localize) or, after a divergence, from an extra
+    tapped pair (auto)."""
+    from graphdoctor.compare.forensics import analyze
+    from graphdoctor.compare.rng_verdict import apply_forensics
+
+    cfg = session.config
+    diverged = result.verdict in (Verdict.RNG_DIVERGENCE, Verdict.NUMERIC_DIVERGENCE)
+    if cfg.localize is False or (cfg.localize is None and not diverged):
+        return result
+    if cfg.localize is True:
+        tapped_ref, tapped = reference, graphed
+    else:
+        tapped_ref = session.tapped_reference(ref_dir)
+        tapped = session.run(graphed.impl, cfg.dropout, "plain", ref_dir, taps=True)
+        result = dataclasses.replace(result, runs=(*result.runs, tapped))
+    problem = _tap_problem(tapped_ref, tapped)
+    if problem is not None:
+        return _add_note(result, f"forensics unavailable: {problem}")
+    try:
+        found = analyze(tapped_ref.forensics, tapped.forensics,  # type: ignore[arg-type]
+                        dropout=cfg.dropout, rtol=cfg.rtol, atol=cfg.atol)
+    except ValueError as exc:
+        return _add_note(result, f"forensics unavailable: {exc}")
+    return apply_forensics(result, found, aligned_requested=cfg.align_rng)
+
+
+def _tap_problem(reference: RunRecord, graphed: RunRecord) -> str | None:
+    for name, run in (("eager", reference), (graphed.impl, graphed)):
+        if run.status != "ok":
+            return f"the tapped {name} run ended with status {run.status}"
+        if not run.forensics:
+            return f"the tapped {name} run reported no taps"
+        if run.forensics.get("error"):
+            return f"taps failed in the {name} run: {run.forensics['error']}"
+    return None
 
 
 def _hunt(session: ChildSession, result: ImplResult, impl: str, ref_dir: Path) -> ImplResult:

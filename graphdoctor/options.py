@@ -40,7 +40,7 @@ class Option:
         if self.field is None:
             return None
         value = _DEFAULTS.get(self.field)
-        if self.field == "impls":
+        if self.field in ("impls", "cuda_graph_modules"):
             return ",".join(value)  # type: ignore[arg-type]
         return value
 
@@ -75,8 +75,11 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("strict-rng", "strict_rng", bool, "Count rng-divergence as a failure.", ""),
     Option("timeout", "timeout_s", float, "Seconds allowed for each child run.", "SECONDS"),
     Option("layer-spec", "layer_spec", str,
-           "pkg.mod:fn returning the transformer layer ModuleSpec (local GPT spec if unset).",
-           "PKG.MOD:FN"),
+           "local (Megatron's local GPT spec), te (its Transformer Engine spec) or pkg.mod:fn "
+           "returning the transformer layer ModuleSpec; unset: local.", "SPEC"),
+    Option("cuda-graph-modules", "cuda_graph_modules", str,
+           "Comma-separated cuda_graph_modules for local and transformer_engine (attn, mlp, "
+           "moe_router, moe_preprocess, ...); empty: whole layer.", "LIST"),
     Option("model-provider", "model_provider", str,
            "pkg.mod:fn(config, vocab_size=, max_sequence_length=, ...) returning the model.",
            "PKG.MOD:FN"),
@@ -88,6 +91,11 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("trace", "trace_dir", str, "Write one Chrome trace per run (Perfetto) into DIR.", "DIR"),
     Option("snapshots", "snapshot_dir", str,
            "Write memory snapshots of graphed runs into DIR (for graphdoctor triage).", "DIR"),
+    Option("localize", "localize", bool,
+           "Taps that fingerprint dropout masks, random draws, module outputs and gradients "
+           "inside graphs; unset: an extra tapped pair runs only after a divergence.", ""),
+    Option("align-rng", "align_rng", bool,
+           "Restore RNG states around warmup and capture so graphed dropout matches eager.", ""),
     Option("deterministic", "deterministic", bool,
            "Deterministic algorithms (warn-only) and cuDNN determinism in every run.", ""),
 )

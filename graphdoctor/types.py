@@ -22,6 +22,10 @@ class Verdict(enum.StrEnum):
     NUMERIC_DIVERGENCE = "numeric-divergence"
     """Differs with dropout off (or the control pair differs too)."""
 
+    FROZEN_RNG = "frozen-rng"
+    """A random draw inside a graph repeats the same values on every replay while eager draws new
+    ones (for example a host-drawn mask copied in through pinned memory)."""
+
     CAPTURE_FAILED = "capture-failed"
     """An error during warmup or capture."""
 
@@ -239,6 +243,9 @@ class RunRecord:
     env: dict[str, Any] = field(default_factory=dict)
     """Versions and device of the child (torch, megatron-core, GPU name, rank, world size)."""
 
+    forensics: dict[str, Any] | None = None
+    """Capture-time tap records (graphdoctor.harness.taps) when the run was tapped."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -253,6 +260,7 @@ class RunRecord:
             "memory": self.memory,
             "launches": self.launches,
             "env": dict(self.env),
+            "forensics": self.forensics,
         }
 
     @classmethod

@@ -79,6 +79,8 @@ class ImplResult:
     launches: dict[str, Any] | None = None
     runs: tuple[RunRecord, ...] = field(default=(), repr=False)
     """The child records behind this row (graphed run, then control run)."""
+    forensics: dict[str, Any] | None = None
+    """RNG and localization forensics from capture-time taps (graphdoctor.compare.forensics)."""
 
     def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
         """JSON view (schema in docs/diff.md)."""
@@ -93,6 +95,7 @@ class ImplResult:
             "notes": list(self.notes),
             "memory": self.memory,
             "launches": self.launches,
+            "forensics": self.forensics,
         }
         if include_steps:
             data["runs"] = [r.to_dict() for r in self.runs]

@@ -20,6 +20,10 @@ from graphdoctor.config import resolve_entry_point
 from graphdoctor.errors import MissingDependencyError
 from graphdoctor.harness.spec import ChildSpec
 
+TE_SPEC_NAMES = ("te", "transformer_engine")
+"""--layer-spec values that select get_gpt_layer_with_transformer_engine_spec()."""
+
+
 @dataclass(slots=True)
 class Setup:
     """A built model, its optimizer and the step function, ready to train."""
@@ -63,15 +67,24 @@ def init_distributed(spec: ChildSpec) -> None:
     )
 
 
-def seed_everything(seed: int, impl: str) -> None:
-    """Seed Python, CPU and CUDA RNGs and Megatron's tracker before the model is built."""
+def uses_te_spec(cfg: dict[str, Any]) -> bool:
+    """True when the run builds layers from Megatron's Transformer Engine spec."""
+    return cfg.get("layer_spec") in TE_SPEC_NAMES
+
+
+def seed_everything(seed: int, impl: str, te_spec: bool = False) -> None:
+    """Seed Python, CPU and CUDA RNGs and Megatron's tracker before the model is built.
+
+    Megatron-LM forces TE's RNG tracker whenever graphs are on and Transformer Engine is either the
+    layer implementation or the graph implementation (training/arguments.py:1873-1879).
+    """
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     random.seed(seed)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(
         seed,
-        te_rng_tracker=(impl == "transformer_engine"),
+        te_rng_tracker=(impl == "transformer_engine" or (te_spec and impl != "none")),
         use_cudagraphable_rng=(impl != "none"),
         force_reset_rng=True,
     )
@@ -98,7 +111,7 @@ def transformer_config(spec: ChildSpec) -> Any:
         "hidden_dropout": spec.dropout,
         "attention_dropout": spec.dropout,
         "cuda_graph_impl": spec.impl,
-        "cuda_graph_modules": [],
+        "cuda_graph_modules": list(cfg.get("cuda_graph_modules") or []),
         "cuda_graph_warmup_steps": cfg["cuda_graph_warmup_steps"],
         **_dtype_flags(cfg["dtype"]),
     }
@@ -118,8 +131,15 @@ def build_model(spec: ChildSpec, config: Any) -> torch.nn.Module:
     from megatron.core.transformer.module import Float16Module
 
     cfg = spec.config
-    if cfg.get("layer_spec"):
-        layer_spec = resolve_entry_point(cfg["layer_spec"], "layer_spec")()
+    name = cfg.get("layer_spec")
+    if name in TE_SPEC_NAMES:
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        layer_spec = get_gpt_layer_with_transformer_engine_spec()
+    elif name and name != "local":
+        layer_spec = resolve_entry_point(name, "layer_spec")()
     else:
         layer_spec = get_gpt_layer_local_spec()
     if cfg.get("model_provider"):
@@ -137,7 +157,10 @@ def build_model(spec: ChildSpec, config: Any) -> torch.nn.Module:
 
 def wrap_ddp(spec: ChildSpec, config: Any, model: torch.nn.Module) -> torch.nn.Module:
     """Megatron DDP; for full_iteration built on the shared capture stream, as Megatron-LM does."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+    )
     from megatron.core.full_cuda_graph import get_shared_capture_stream
 
     ddp_config = DistributedDataParallelConfig(
@@ -225,12 +248,15 @@ def build_setup(spec: ChildSpec) -> Setup:
     from megatron.core.full_cuda_graph import FullCudaGraphWrapper
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    if spec.impl == "transformer_engine":
+    te_spec = uses_te_spec(spec.config)
+    if spec.impl == "transformer_engine" or te_spec:
         ok, why = have_transformer_engine()
         if not ok:
             raise MissingDependencyError(f"transformer_engine is not importable ({why})")
     init_distributed(spec)
-    seed_everything(spec.config["seed"], spec.impl)
+    seed_everything(spec.config["seed"], spec.impl, te_spec)
+    if spec.impl == "transformer_engine":
+        init_microbatches(spec)
     config = transformer_config(spec)
     model = build_model(spec, config)
     model = wrap_ddp(spec, config, model)
@@ -239,12 +265,54 @@ def build_setup(spec: ChildSpec) -> Setup:
     if spec.impl == "full_iteration":
         forward_backward = FullCudaGraphWrapper(
             forward_backward, cuda_graph_warmup_steps=config.cuda_graph_warmup_steps)
+    te_helper = None
+    if spec.impl == "transformer_engine":
+        from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+        # Built after model and optimizer, as Megatron-LM's trainer does (training.py:3714-3721).
+        te_helper = TECudaGraphHelper(
+            model=[model], config=config, seq_length=spec.config["seq_length"],
+            micro_batch_size=spec.config["micro_batch_size"], optimizers=[optimizer])
     forward_step = default_forward_step
     if spec.config.get("forward_step"):
         forward_step = resolve_entry_point(spec.config["forward_step"], "forward_step")
     return Setup(model=model, optimizer=optimizer, config=config,
-                 forward_backward=forward_backward, forward_step=forward_step)
+                 forward_backward=forward_backward, forward_step=forward_step,
+                 te_helper=te_helper)
 
 
-__all__ = ["Setup", "build_setup", "default_forward_step",
-           "have_transformer_engine", "step_batches", "synthetic_batch"]
+def init_microbatches(spec: ChildSpec) -> None:
+    """Megatron's microbatch calculator: TECudaGraphHelper reads get_num_microbatches()."""
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
+
+    cfg, place = spec.config, spec.placement
+    data_parallel = place.world_size // (place.tensor_model_parallel_size
+                                         * place.pipeline_model_parallel_size)
+    destroy_num_microbatches_calculator()
+    init_num_microbatches_calculator(
+        rank=place.rank, rampup_batch_size=None,
+        global_batch_size=cfg["micro_batch_size"] * cfg["num_microbatches"] * data_parallel,
+        micro_batch_size=cfg["micro_batch_size"], data_parallel_size=data_parallel)
+
+
+def release_graphs(setup: Setup) -> None:
+    """delete_cuda_graphs() for Transformer Engine graphs (they hold NCCL buffers)."""
+    helper = setup.te_helper
+    if helper is not None and helper.graphs_created():
+        helper.delete_cuda_graphs()
+
+
+__all__ = [
+    "TE_SPEC_NAMES",
+    "Setup",
+    "build_setup",
+    "default_forward_step",
+    "have_transformer_engine",
+    "release_graphs",
+    "step_batches",
+    "synthetic_batch",
+    "uses_te_spec",
+]

@@ -63,6 +63,35 @@ def _env_info(spec: Any) -> dict[str, Any]:
     return info
 
 
+def _strip_wrappers(name: str) -> str:
+    while name.startswith("module."):
+        name = name[len("module."):]
+    return "" if name == "module" else name
+
+
+def _install_taps(spec: Any, setup: Any, names: dict[int, str]) -> Any:
+    if not spec.taps:
+        return None
+    from graphdoctor.harness.taps import Taps
+
+    return Taps(setup.model, names, num_steps=spec.config["steps"] + 1)
+
+
+def _close_taps(taps: Any) -> dict[str, Any]:
+    try:
+        return dict(taps.close())
+    except Exception as exc:  # noqa: BLE001 - the run's other results still count
+        return {"version": 1, "error": f"{type(exc).__name__}: {exc}"[:500], "sites": [], "steps": []}
+
+
+def _align(spec: Any) -> Any:
+    if spec.impl == "none" or not spec.config.get("align_rng"):
+        return lambda: None
+    from graphdoctor.harness.rng import align_rng
+
+    return align_rng(spec.impl)
+
+
 def run(spec_path: str) -> int:
     """Run one child; always leaves an `end` or `error` event behind (unless killed)."""
     from graphdoctor.harness.spec import ChildSpec
@@ -84,7 +113,7 @@ def run(spec_path: str) -> int:
     names: dict[int, str] = {}
     started = time.perf_counter()
     try:
-        from graphdoctor.harness.build import build_setup
+        from graphdoctor.harness.build import build_setup, release_graphs
         from graphdoctor.harness.culprit import sync_errors_during_capture
         from graphdoctor.harness.observers import make_observers
 
@@ -97,17 +126,22 @@ def run(spec_path: str) -> int:
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.benchmark = False
         setup = build_setup(spec)
-        names = {id(m): n.removeprefix("module.").removeprefix("module.")
-                 for n, m in setup.model.named_modules()}
+        names = {id(m): _strip_wrappers(n) for n, m in setup.model.named_modules()}
         observers = make_observers(spec, setup.model)
+        taps = _install_taps(spec, setup, names)
+        undo_align = _align(spec)
         t0 = time.perf_counter()
         hunt = sync_errors_during_capture() if spec.hunt_culprit else contextlib.nullcontext()
         with hunt:
-            compare_s = run_steps(spec, setup, state, emit, observers)
+            compare_s = run_steps(spec, setup, state, emit, observers, taps)
         train_s = time.perf_counter() - t0 - compare_s
         extra: dict[str, Any] = {}
         for obs in observers:
             extra.update(obs.finish())
+        if taps is not None:
+            extra["forensics"] = _close_taps(taps)
+        undo_align()
+        release_graphs(setup)
         emit({"event": "end", "train_s": train_s, "compare_s": compare_s,
               "setup_s": t0 - started, **extra})
         return EXIT_OK

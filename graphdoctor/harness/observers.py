@@ -176,8 +176,9 @@ class LaunchObserver(Observer):
             f"trace-{spec.impl}-{spec.role}-d{spec.dropout}.json.gz")
         prepare_profiler_for_graphs()
         self._keep = keep_graphs() if spec.impl != "none" else None
+        self._kept: Any = None
         if self._keep is not None:
-            self._keep.__enter__()
+            self._kept = self._keep.__enter__()
 
     def begin_step(self, step: int, phase: str) -> None:
         if step != self.last_step or self.failure:
@@ -218,7 +219,8 @@ class LaunchObserver(Observer):
             section.update(_error(exc))
         if self.spec.impl != "none":
             try:
-                section["census"] = _census(self.model)
+                section["census"] = (_census_kept(self._kept) if self.spec.impl ==
+                                     "transformer_engine" else _census(self.model))
             except Exception as exc:  # noqa: BLE001 - recorded in the report
                 section["census"] = _error(exc)
         return {"launches": section}
@@ -238,6 +240,15 @@ def _census(model: Any) -> dict[str, Any]:
 
     graphs = census_megatron(model)
     return {name: census.to_dict() for name, census in graphs.items()}
+
+
+def _census_kept(kept: Any) -> dict[str, Any]:
+    """Census of every graph created during the run (Transformer Engine keeps its graphs inside
+    the graphed callables it returns, one forward and one backward graph per layer and micro-batch)."""
+    from graphdoctor.launches.census import census_graph
+
+    return {f"transformer_engine/graph{i}": census_graph(g, name=f"graph{i}").to_dict()
+            for i, g in enumerate(kept.graphs if kept is not None else [])}
 
 
 def make_observers(spec: ChildSpec, model: Any) -> tuple[Observer, ...]:

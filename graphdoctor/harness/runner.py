@@ -96,6 +96,7 @@ def record_from_events(
         compare_s=float(end.get("compare_s", 0.0)) if end else 0.0,
         memory=end.get("memory") if end else None,
         launches=end.get("launches") if end else None, env=env,
+        forensics=end.get("forensics") if end else None,
     )
 
 
@@ -127,8 +128,9 @@ def run_child(spec: ChildSpec, workdir: Path, *, timeout_s: float) -> RunRecord:
     Returns:
         The RunRecord; never raises for a failing child.
     """
-    spec_path = spec.write(workdir / f"spec-{spec.impl}-{spec.role}-{spec.dropout}.json")
-    stderr_path = workdir / f"stderr-{spec.impl}-{spec.role}-{spec.dropout}.log"
+    tag = f"{spec.impl}-{spec.role}-{spec.dropout}{'-taps' if spec.taps else ''}"
+    spec_path = spec.write(workdir / f"spec-{tag}.json")
+    stderr_path = workdir / f"stderr-{tag}.log"
     Path(spec.events_path).unlink(missing_ok=True)
     start = time.perf_counter()
     timed_out = False

@@ -105,6 +105,9 @@ class ChildSpec:
     keep_snapshots: bool = False
     """Write the memory snapshots (gzip pickles) into artifacts_dir."""
 
+    taps: bool = False
+    """Install capture-time taps (dropout masks, random draws, module outputs and gradients)."""
+
     def to_json(self) -> str:
         """Serialise."""
         return json.dumps(asdict(self), sort_keys=True)

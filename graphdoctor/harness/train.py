@@ -135,6 +135,7 @@ def run_steps(
     state: LoopState,
     emit: Callable[[dict[str, Any]], None],
     observers: tuple[StepObserver, ...] = (),
+    taps: Any = None,
 ) -> float:
     """Train `steps` steps; emit one event per step. Returns the compare/save seconds spent."""
     cfg = spec.config
@@ -148,16 +149,25 @@ def run_steps(
         state.step, state.phase = step, phase_of(spec.impl, step, cfg["cuda_graph_warmup_steps"])
         for obs in observers:
             obs.begin_step(step, state.phase)
-        if setup.te_helper is not None and step == cfg["cuda_graph_warmup_steps"]:
-            setup.te_helper.create_cudagraphs()
-        setup.model.zero_grad_buffer()
-        setup.optimizer.zero_grad()
-        data = step_batches(cfg, step)
-        start_ev.record()
-        losses = setup.forward_backward(
-            forward_step_func=setup.forward_step, data_iterator=data, model=[setup.model],
-            num_microbatches=cfg["num_microbatches"], seq_length=cfg["seq_length"],
-            micro_batch_size=cfg["micro_batch_size"], forward_only=False)
+        if taps is not None:
+            taps.begin_step(step, state.phase)
+        try:
+            if setup.te_helper is not None and step == cfg["cuda_graph_warmup_steps"]:
+                setup.te_helper.create_cudagraphs()
+                if getattr(setup.model, "use_forward_hook", False):
+                    # DDP forward pre-hooks (overlap_param_gather) do not fire on graph replay.
+                    setup.te_helper.cuda_graph_set_manual_hooks()
+            setup.model.zero_grad_buffer()
+            setup.optimizer.zero_grad()
+            data = step_batches(cfg, step)
+            start_ev.record()
+            losses = setup.forward_backward(
+                forward_step_func=setup.forward_step, data_iterator=data, model=[setup.model],
+                num_microbatches=cfg["num_microbatches"], seq_length=cfg["seq_length"],
+                micro_batch_size=cfg["micro_batch_size"], forward_only=False)
+        finally:
+            if taps is not None:
+                taps.end_step(step)
         loss = _reported_loss(losses).clone()
         end_fb = torch.cuda.Event(enable_timing=True)
         end_fb.record()

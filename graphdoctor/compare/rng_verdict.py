@@ -1,0 +1,90 @@
+"""Fold tap forensics into an implementation's verdict: frozen random draws, where a numeric
+divergence starts, and whether an implementation aligns its RNG with eager by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from graphdoctor.compare.verdict import ImplResult
+from graphdoctor.types import Diagnosis, Verdict
+
+RNG_SHIFT_RULE = {"local": "GD401"}
+"""Catalogue rule for implementations known not to restore the RNG around warmup and capture."""
+
+
+def _where(item: Any) -> str:
+    module = getattr(item, "module", None) or "<no module>"
+    location = getattr(item, "location", None)
+    return f"{module}" + (f" ({location})" if location else "")
+
+
+def _frozen_diagnosis(frozen: Any) -> Diagnosis:
+    host = frozen.kind == "host-random"
+    rule = "GD506" if host else "GD505"
+    source = ("a host-drawn random tensor copied in through pinned memory: the capture kept the "
+              "copy from one pinned buffer" if host else
+              "a random draw whose generator state the graph does not advance")
+    return Diagnosis(
+        error_type="frozen-rng",
+        message=(f"{frozen.op} in {_where(frozen)} replays the same random values at every replay "
+                 f"from step {frozen.first_step} ({frozen.num_replay_steps} replays) while eager "
+                 f"draws new ones: {source}"),
+        fix=("draw random numbers on the device with a generator registered with the graph "
+             "(Megatron's RNG tracker) instead of copying them in" if host else
+             "use Megatron's graph-safe RNG tracker (use_cudagraphable_rng) for this draw"),
+        rule=rule, module=frozen.module, location=frozen.location, step=frozen.first_step,
+        phase="replay")
+
+
+def _numeric_diagnosis(div: Any, impl: str) -> Diagnosis:
+    what = "output" if div.kind == "output" else "gradient w.r.t. the output"
+    return Diagnosis(
+        error_type="numeric-divergence",
+        message=(f"first difference inside the step: the {what} of {_where(div)} at step "
+                 f"{div.step} (fingerprint max abs {div.max_abs:.3g}, max rel {div.max_rel:.3g}) "
+                 f"with every dropout mask and random draw identical to eager"),
+        fix=("check what this module reads that eager recomputes each step (tensor attributes "
+             "rebound between steps, host values, Python state): a graph replays the addresses "
+             f"and values it saw when {impl} captured it"),
+        module=div.module, location=div.location, step=div.step, phase="replay")
+
+
+def apply_forensics(result: ImplResult, forensics: Any, *, aligned_requested: bool) -> ImplResult:
+    """The result with the forensics attached and, where they say more, a sharper verdict.
+
+    Args:
+        result: the judged implementation.
+        forensics: graphdoctor.compare.forensics.Forensics of a tapped eager/graphed pair.
+        aligned_requested: whether the graphed run restored RNG states around graph creation.
+    """
+    notes = list(result.notes)
+    verdict, diagnosis = result.verdict, result.diagnosis
+    if forensics.frozen:
+        verdict, diagnosis = Verdict.FROZEN_RNG, _frozen_diagnosis(forensics.frozen[0])
+        if len(forensics.frozen) > 1:
+            notes.append(f"{len(forensics.frozen)} random draws replay frozen values: "
+                         + ", ".join(_where(f) for f in forensics.frozen[:5]))
+    elif verdict == Verdict.NUMERIC_DIVERGENCE and forensics.first_numeric_divergence is not None:
+        diagnosis = _numeric_diagnosis(forensics.first_numeric_divergence, result.impl)
+    mismatch = forensics.first_draw_mismatch
+    if mismatch is not None and not forensics.frozen:
+        rule = RNG_SHIFT_RULE.get(result.impl)
+        notes.append(
+            f"random streams differ from eager from step {mismatch.step}, first at "
+            f"{_where(mismatch)} ({mismatch.op})"
+            + ("" if aligned_requested else f"; {result.impl} does not align its RNG with eager "
+               "by itself" + (f" ({rule})" if rule else "") + "; --align-rng restores the "
+               "generator states around warmup and capture"))
+    elif forensics.rng_aligned:
+        notes.append("every dropout mask and random draw is identical to eager"
+                     + (" (with --align-rng)" if aligned_requested else ""))
+    for anomaly in forensics.keep_rate_anomalies:
+        notes.append(f"dropout keep rate at {anomaly.module} is {anomaly.keep_rate:.4f}, expected "
+                     f"{anomaly.expected_keep_rate:.4f}")
+    return dataclasses.replace(result, verdict=verdict, diagnosis=diagnosis, notes=tuple(notes),
+                               forensics=forensics.to_dict())
+
+
+__all__ = ["RNG_SHIFT_RULE", "apply_forensics"]

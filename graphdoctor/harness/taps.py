@@ -1,0 +1,328 @@
+"""Capture-time taps: fingerprints of dropout masks, random draws, module outputs and output gradients
+written into a table graphdoctor owns, by kernels that become part of the captured graphs.
+
+Python does not run when a graph replays, so hooks cannot observe replays; but the kernels a hook
+launches while a graph is being captured are captured with it. Every tap launches a few fixed-shape
+reductions that write [step, s0, s1, s2] into its own table row; replaying the graph rewrites the row.
+After each step one device-to-device copy keeps the table in a per-step history; the host reads the
+history once, at the end. No host synchronisation per step or per tap.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint
+
+ROW_WIDTH = 1 + NUM_STATS
+"""Table columns: the step that wrote the row, then the fingerprint."""
+
+DEFAULT_CAPACITY = 2048
+"""Rows (tap sites) in the table; sites beyond it are not tapped and the report says so."""
+
+_RANDOM_OPS = frozenset({
+    "native_dropout", "bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like",
+    "randint", "randint_like", "randperm", "normal", "normal_", "uniform_", "exponential_",
+    "geometric_", "log_normal_", "cauchy_", "random_", "multinomial",
+})
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_HERE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(slots=True)
+class Site:
+    """One table row's meaning."""
+
+    slot: int
+    kind: str
+    module: str | None
+    op: str
+    location: str | None
+    numel: int
+    p: float | None
+    captured: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view (the `sites` entries of the forensics section)."""
+        return {"slot": self.slot, "kind": self.kind, "module": self.module, "op": self.op,
+                "location": self.location, "numel": self.numel, "p": self.p,
+                "captured": self.captured}
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
+
+
+class TapTable:
+    """The owned table, its per-step history and the site list."""
+
+    def __init__(self, device: torch.device, num_steps: int, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self.table = torch.zeros((capacity, ROW_WIDTH), dtype=torch.float32, device=device)
+        self.table[:, 0] = -1.0
+        self.history = torch.full((num_steps, capacity, ROW_WIDTH), -1.0, dtype=torch.float32,
+                                  device=device)
+        self.step_value = torch.full((), -1.0, dtype=torch.float32, device=device)
+        self.sites: list[Site] = []
+        self.phases: dict[int, str] = {}
+        self.truncated = False
+        self._eager_slots: dict[tuple[Any, ...], int] = {}
+        self._occurrences: dict[tuple[Any, ...], int] = {}
+        self._capture_serial = 0
+        self._capture_seen = -1
+
+    @property
+    def num_bytes(self) -> int:
+        """Device memory the taps own (table, history, step value)."""
+        return (self.table.numel() + self.history.numel() + 1) * 4
+
+    def begin_step(self, step: int, phase: str) -> None:
+        """Stamp the following writes with `step` (one fill kernel, no sync)."""
+        self.step_value.fill_(float(step))
+        self.phases[step] = phase
+        self._occurrences.clear()
+
+    def end_step(self, step: int) -> None:
+        """Keep this step's table in the history (one device copy, no sync)."""
+        if 0 <= step < self.history.shape[0]:
+            self.history[step].copy_(self.table)
+
+    def new_capture(self) -> None:
+        """A graph capture began: its taps get fresh rows."""
+        self._capture_serial += 1
+
+    def _slot(self, kind: str, module: str | None, op: str, tensor: torch.Tensor,
+              p: float | None, location: str | None) -> int | None:
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        scope = ("capture", self._capture_serial) if capturing else ("eager",)
+        base = (*scope, kind, module, op)
+        occurrence = self._occurrences.get(base, 0)
+        self._occurrences[base] = occurrence + 1
+        key = (*base, occurrence)
+        slot = self._eager_slots.get(key)
+        if slot is not None:
+            return slot
+        if len(self.sites) >= self.capacity:
+            self.truncated = True
+            return None
+        slot = len(self.sites)
+        self.sites.append(Site(slot=slot, kind=kind, module=module, op=op, location=location,
+                               numel=tensor.numel(), p=p, captured=capturing))
+        self._eager_slots[key] = slot
+        return slot
+
+    def write(self, kind: str, module: str | None, op: str, tensor: torch.Tensor, *,
+              p: float | None = None, location: str | None = None) -> None:
+        """Fingerprint `tensor` into its site's row (captured when a capture is under way)."""
+        if tensor.device != self.table.device or tensor.numel() == 0:
+            return
+        slot = self._slot(kind, module, op, tensor, p, location)
+        if slot is None:
+            return
+        row = self.table[slot]
+        fingerprint(tensor, kind, out=row[1:])
+        row[0].copy_(self.step_value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The forensics section (format version 1, see docs/forensics.md). Synchronises once."""
+        history = self.history[:, : len(self.sites)].cpu().tolist()
+        steps = []
+        for step, phase in sorted(self.phases.items()):
+            if step >= len(history):
+                continue
+            rows = [[slot, slot, *[_num(v) for v in row[1:]]]
+                    for slot, row in enumerate(history[step]) if row[0] == float(step)]
+            steps.append({"step": step, "phase": phase, "rows": rows})
+        return {"version": 1, "capacity": self.capacity, "num_slots": len(self.sites),
+                "truncated": self.truncated, "num_bytes": self.num_bytes,
+                "sites": [s.to_dict() for s in self.sites], "steps": steps}
+
+
+def _num(value: float) -> float | str:
+    if math.isnan(value):
+        return "nan"
+    if value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def call_site(names: dict[int, str], skip: int = 2) -> tuple[str | None, str | None]:
+    """(innermost named module on the Python stack, first source line outside torch/graphdoctor)."""
+    frame: Any = sys._getframe(skip)
+    module = location = None
+    depth = 0
+    while frame is not None and depth < 40 and (module is None or location is None):
+        filename = frame.f_code.co_filename
+        if location is None and not filename.startswith((_TORCH_DIR, _HERE_DIR)) \
+                and not filename.startswith("<"):
+            location = f"{_short(filename)}:{frame.f_lineno}"
+        if module is None:
+            owner = frame.f_locals.get("self")
+            if owner is not None and id(owner) in names:
+                module = names[id(owner)]
+        frame = frame.f_back
+        depth += 1
+    return module, location
+
+
+class DrawMode(TorchDispatchMode):
+    """Sees every operator: taps random draws on the device, and device copies of host random draws."""
+
+    def __init__(self, table: TapTable, names: dict[int, str]) -> None:
+        super().__init__()
+        self.table = table
+        self.names = names
+        self.host_random: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func._overloadpacket.__name__
+        if name in _RANDOM_OPS:
+            self._draw(name, args, out)
+        elif len(self.host_random) and self._tainted(args):
+            self._propagate(func, out)
+        return out
+
+    def _draw(self, name: str, args: Any, out: Any) -> None:
+        if name == "native_dropout":
+            result = out[1]
+            kind, p = "dropout", float(args[1]) if len(args) > 1 else None
+        else:
+            result = args[0] if name.endswith("_") else out
+            kind, p = "random", None
+        if not isinstance(result, torch.Tensor):
+            return
+        if result.device.type == "cpu":
+            self.host_random[result] = True
+            return
+        module, location = call_site(self.names, skip=1)
+        self.table.write(kind, module, f"aten.{name}", result, p=p, location=location)
+
+    def _tainted(self, args: Any) -> bool:
+        for arg in args:
+            if isinstance(arg, torch.Tensor) and arg.device.type == "cpu" and arg in self.host_random:
+                return True
+        return False
+
+    def _propagate(self, func: Any, out: Any) -> None:
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for tensor in outs:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            if tensor.device.type == "cpu":
+                self.host_random[tensor] = True
+            else:
+                module, location = call_site(self.names, skip=1)
+                op = f"aten.{func._overloadpacket.__name__}"
+                self.table.write("host-random", module, op, tensor, location=location)
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+def tapped_modules(model: torch.nn.Module, names: dict[int, str]) -> list[tuple[str, torch.nn.Module]]:
+    """Modules whose outputs and output gradients are tapped: Megatron layers, their direct
+    children, and the model's top-level blocks (embedding, final norm, output layer)."""
+    skip_types = ("Dropout", "IdentityOp", "IdentityFuncOp", "ModuleList")
+    layer_ids = {id(m) for m in model.modules() if hasattr(m, "layer_number")}
+    chosen = []
+    for parent in model.modules():
+        for child in parent.children():
+            name = names.get(id(child))
+            if not name or type(child).__name__ in skip_types:
+                continue
+            depth = name.count(".")
+            if id(child) in layer_ids or id(parent) in layer_ids or depth <= 1:
+                chosen.append((name, child))
+    seen: set[int] = set()
+    return [(n, m) for n, m in chosen if not (id(m) in seen or seen.add(id(m)))]  # type: ignore[func-returns-value]
+
+
+def _capture_begin_owner() -> type:
+    """The Python class that defines CUDAGraph.capture_begin (keep_graphs may have subclassed it)."""
+    import torch.cuda.graphs
+
+    for klass in type.mro(torch.cuda.graphs.CUDAGraph):
+        if "capture_begin" in klass.__dict__ and not klass.__module__.startswith("torch._C"):
+            return klass
+    raise RuntimeError("torch.cuda.CUDAGraph has no Python-level capture_begin to observe")
+
+
+class Taps:
+    """Installs the taps on a model for one child run; `step()` wraps a training step."""
+
+    def __init__(self, model: torch.nn.Module, names: dict[int, str], num_steps: int,
+                 capacity: int = DEFAULT_CAPACITY) -> None:
+        device = next(model.parameters()).device
+        self.table = TapTable(device, num_steps, capacity)
+        self.mode = DrawMode(self.table, names)
+        self._handles = []
+        for name, module in tapped_modules(model, names):
+            self._handles.append(module.register_forward_hook(self._output_hook(name)))
+        self._owner = _capture_begin_owner()
+        self._original_capture_begin = self._owner.__dict__["capture_begin"]
+        table = self.table
+        original = self._original_capture_begin
+
+        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            table.new_capture()
+            return original(graph, *args, **kwargs)
+
+        self._owner.capture_begin = capture_begin  # type: ignore[attr-defined]
+
+    def _output_hook(self, name: str) -> Any:
+        table = self.table
+
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            tensor = _first_tensor(output)
+            if tensor is None or not tensor.is_floating_point():
+                return
+            table.write("output", name, "forward", tensor)
+            if tensor.requires_grad:
+                def grad_hook(grad: torch.Tensor) -> None:
+                    table.write("grad", name, "backward", grad)
+                tensor.register_hook(grad_hook)
+
+        return hook
+
+    def begin_step(self, step: int, phase: str) -> None:
+        """Before a step: stamp, then intercept operators until end_step."""
+        self.table.begin_step(step, phase)
+        self.mode.__enter__()
+
+    def end_step(self, step: int) -> None:
+        """After a step's forward_backward: stop intercepting, keep the step's table."""
+        self.mode.__exit__(None, None, None)
+        self.table.end_step(step)
+
+    def close(self) -> dict[str, Any]:
+        """Remove hooks and the capture patch; return the forensics section."""
+        for handle in self._handles:
+            handle.remove()
+        self._owner.capture_begin = self._original_capture_begin  # type: ignore[attr-defined]
+        return self.table.to_dict()
+
+
+__all__ = ["DEFAULT_CAPACITY", "DrawMode", "Site", "TapTable", "Taps", "call_site",
+           "tapped_modules"]

@@ -1,0 +1,79 @@
+"""RNG and dropout forensics on a real GPU with real Megatron-Core models (issue 5 acceptance).
+
+Set GD_REPORT_DIR to keep each diff's JSON report (the closing note and docs/forensics.md quote them).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.diff import DiffReport, diff
+from graphdoctor.report.diff import write_json
+from graphdoctor.types import Verdict
+
+pytestmark = pytest.mark.gpu
+
+SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
+         "vocab_size": 512, "steps": 6, "cuda_graph_warmup_steps": 2, "timeout_s": 240.0,
+         "memory": False, "launches": False}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _keep(report: DiffReport, name: str) -> None:
+    folder = os.environ.get("GD_REPORT_DIR")
+    if folder:
+        write_json(report, Path(folder) / f"{name}.json")
+
+
+def _planted_line(module: str, code: str) -> int:
+    text = (REPO / "fixtures" / "planted" / f"{module}.py").read_text(encoding="utf-8")
+    return next(i for i, line in enumerate(text.splitlines(), 1) if f"# [{code}]" in line)
+
+
+def test_host_drawn_mask_is_frozen_rng_at_its_module() -> None:
+    report = diff(DiffConfig(impls=("local",), dropout=0.0,
+                             layer_spec="fixtures.planted.host_mask_dropout:layer_spec", **SMALL))
+    _keep(report, "frozen_host_mask")
+    local = report.results[0]
+    assert local.verdict == Verdict.FROZEN_RNG, local
+    diag = local.diagnosis
+    assert diag is not None and diag.module is not None and diag.module.endswith(".mlp"), diag
+    assert diag.rule == "GD506"
+    assert diag.location is not None
+    assert diag.location.endswith(f"host_mask_dropout.py:{_planted_line('host_mask_dropout', 'GD506') + 1}")
+    assert report.exit_code() == 1
+
+
+def test_reassigned_scale_is_numeric_divergence_localized_to_its_layer() -> None:
+    report = diff(DiffConfig(impls=("local",), dropout=0.0,
+                             layer_spec="fixtures.planted.reassigned_scale:layer_spec", **SMALL))
+    _keep(report, "numeric_reassigned_scale")
+    local = report.results[0]
+    assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
+    diag = local.diagnosis
+    assert diag is not None and diag.step == 1, diag
+    assert diag.module == "decoder.layers.0.mlp", diag
+    assert local.forensics is not None and local.forensics["frozen"] == []
+
+
+def test_clean_dropout_is_rng_divergence_only_and_aligned_rng_matches_bitwise() -> None:
+    base = DiffConfig(impls=("local",), dropout=0.1, localize=True, **SMALL)
+    shifted = diff(base)
+    _keep(shifted, "clean_dropout_local")
+    local = shifted.results[0]
+    assert local.verdict == Verdict.RNG_DIVERGENCE, local
+    assert local.forensics is not None
+    assert local.forensics["frozen"] == []
+    assert local.forensics["first_numeric_divergence"] is None
+    assert local.forensics["first_draw_mismatch"] is not None
+    assert any("GD401" in note for note in local.notes), local.notes
+    aligned = diff(base.replace(align_rng=True))
+    _keep(aligned, "clean_dropout_local_aligned")
+    result = aligned.results[0]
+    assert result.verdict == Verdict.MATCH, result
+    assert result.divergence is None
+    assert result.forensics is not None and result.forensics["rng_aligned"] is True

@@ -1,0 +1,77 @@
+"""The transformer_engine implementation on a real GPU (issue 7 acceptance); needs Transformer Engine.
+
+Set GD_REPORT_DIR to keep each diff's JSON report for the closing note.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.diff import DiffReport, diff, te_available
+from graphdoctor.report.diff import write_json
+from graphdoctor.types import Verdict
+
+_TE_OK, _TE_WHY = te_available()
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _TE_OK, reason=f"Transformer Engine is needed: {_TE_WHY}")]
+
+TE_SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
+            "vocab_size": 512, "steps": 6, "cuda_graph_warmup_steps": 2, "timeout_s": 300.0,
+            "dtype": "bf16", "layer_spec": "te", "memory": False, "launches": False}
+RAN = (Verdict.MATCH, Verdict.NUMERIC_DIVERGENCE, Verdict.RNG_DIVERGENCE)
+
+
+def _keep(report: DiffReport, name: str) -> None:
+    folder = os.environ.get("GD_REPORT_DIR")
+    if folder:
+        write_json(report, Path(folder) / f"{name}.json")
+
+
+@pytest.mark.parametrize("modules", [(), ("attn",), ("attn", "mlp")], ids=["layer", "attn", "attn+mlp"])
+def test_te_graphs_with_te_spec_bf16_no_dropout(modules: tuple[str, ...]) -> None:
+    report = diff(DiffConfig(impls=("transformer_engine",), dropout=0.0,
+                             cuda_graph_modules=modules, **TE_SMALL))
+    _keep(report, "te_scope_" + ("_".join(modules) or "layer"))
+    result = report.results[0]
+    assert result.verdict in RAN, result
+    graphed = result.runs[0]
+    assert graphed.status == "ok" and len(graphed.steps) == TE_SMALL["steps"]
+    assert [s.phase for s in graphed.steps][:4] == ["warmup", "warmup", "capture", "replay"]
+    assert result.timing is not None and result.timing.graphed_ms is not None
+
+
+def test_te_launch_table_census_and_memory() -> None:
+    cfg = {**TE_SMALL, "memory": True, "launches": True}
+    report = diff(DiffConfig(impls=("transformer_engine",), dropout=0.0, **cfg))
+    _keep(report, "te_launches_memory")
+    result = report.results[0]
+    assert result.launches is not None and result.launches["graphed"] is not None
+    assert result.launches["graphed"]["num_graph_launches"] > 0
+    assert result.launches["census_check"]["match"] is True, result.launches["census_check"]
+    assert result.memory is not None and result.memory.get("graph_pool_reserved_bytes", 0) > 0, result.memory
+
+
+def test_te_dropout_against_local_on_the_same_model() -> None:
+    report = diff(DiffConfig(impls=("transformer_engine", "local"), dropout=0.1, localize=True,
+                             **TE_SMALL))
+    _keep(report, "te_vs_local_dropout")
+    by_impl = {r.impl: r for r in report.results}
+    for impl in ("transformer_engine", "local"):
+        assert by_impl[impl].verdict in RAN, by_impl[impl]
+        assert by_impl[impl].forensics is not None
+        assert by_impl[impl].forensics["frozen"] == []
+
+
+def test_none_attention_mask_with_local_spec_is_caught() -> None:
+    cfg = {**TE_SMALL, "layer_spec": "local"}
+    report = diff(DiffConfig(impls=("transformer_engine",), dropout=0.0,
+                             forward_step="fixtures.planted.no_mask_forward:forward_step", **cfg))
+    _keep(report, "te_none_mask_local_spec")
+    result = report.results[0]
+    assert result.verdict == Verdict.NUMERIC_DIVERGENCE, result
+    diag = result.diagnosis
+    assert diag is not None and diag.module is not None and "attention" in diag.module, diag
