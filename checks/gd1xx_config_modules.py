@@ -9,10 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from graphdoctor.checks import t
+
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
-from graphdoctor.rules.graphconfig import ALLOWED_INFERENCE_SCOPES, IMPLS, INFERENCE_SCOPES
+from graphdoctor.rules.graphconfig import (
+    ALLOWED_INFERENCE_SCOPES,
+    IMPLS,
+    INFERENCE_SCOPES,
+)
 
 FAMILY = "configuration"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from graphdoctor.checks import t
+
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity

@@ -17,7 +17,10 @@ from typing import Any
 from graphdoctor.errors import UsageError
 from graphdoctor.rules.facts import EnvironmentFacts
 from graphdoctor.rules.graphconfig import GraphSettings, normalize
-from graphdoctor.rules.megatron_args import ARGS_DEFAULTS, TRANSFORMER_DEFAULTS_FROM_ARGS
+from graphdoctor.rules.megatron_args import (
+    ARGS_DEFAULTS,
+    TRANSFORMER_DEFAULTS_FROM_ARGS,
+)
 
 _NO_DEFAULT = object()
 
