@@ -15,17 +15,21 @@ FAMILY = "environment"
 
 class ExpandableSegmentsWithNcclGraphRegister(Rule):
     """## What it does
-    Flags `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the job environment without
-    `NCCL_GRAPH_REGISTER=0` while CUDA graphs are on. Error for the transformer_engine impl (Megatron
-    asserts it whatever the GPU); warning for other impls on GPUs older than sm_100, or when the
-    compute capability is unknown (give `--gpu-arch` / `run.gpu_arch`).
+    Flags `PYTORCH_CUDA_ALLOC_CONF` containing `expandable_segments:True` in the job environment
+    without `NCCL_GRAPH_REGISTER=0` while CUDA graphs are on. Error for the transformer_engine impl on
+    every GPU (Megatron asserts it whatever the architecture); warning for the other impls on GPUs
+    older than sm_100, or when the compute capability is unknown (give `--gpu-arch`).
 
     ## Why is this bad?
     NCCL registers graph-captured buffers; with expandable segments the registration can point at
-    remapped memory, an illegal memory access on pre-Blackwell GPUs. Megatron asserts "Setting
-    NCCL_GRAPH_REGISTER=0 to avoid illegal memory access when using CUDA Graph with
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True." (`cuda_graphs.py:2102-2108`, Megatron-LM
-    `arguments.py:1880-1887`); CI hit it in NVIDIA/Megatron-LM#5474.
+    remapped memory, an illegal memory access on pre-Blackwell GPUs. For the transformer_engine impl
+    Megatron does not look at the GPU: `TECudaGraphHelper.__init__` asserts
+    `"expandable_segments:True" not in os.getenv("PYTORCH_CUDA_ALLOC_CONF", "") or
+    os.getenv("NCCL_GRAPH_REGISTER", "") == "0"` with the message "Setting NCCL_GRAPH_REGISTER=0 to
+    avoid illegal memory access when using CUDA Graph with
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True." (`cuda_graphs.py:2102-2108`), and Megatron-LM's
+    `validate_args` asserts the same for `--cuda-graph-impl transformer_engine` (`arguments.py:1880-1887`).
+    CI hit it in NVIDIA/Megatron-LM#5474.
 
     ## Example
     ```yaml
@@ -41,6 +45,10 @@ class ExpandableSegmentsWithNcclGraphRegister(Rule):
 
     ## Fix
     Export `NCCL_GRAPH_REGISTER=0`, or drop `expandable_segments:True`.
+
+    ## Known problems
+    Only the job environment the run file declares (`env:`, or `check(env=...)`) is read, never the
+    shell running graphdoctor. Like Megatron, the rule matches the exact text `expandable_segments:True`.
     """
 
     code = "GD301"
@@ -154,12 +162,16 @@ class TorchLacksStaleCaptureStreamOverride(Rule):
 
 class TransformerEngineMissing(Rule):
     """## What it does
-    Flags `cuda_graph_impl: transformer_engine` when Transformer Engine is not installed here
-    (detected with importlib.util.find_spec, never imported).
+    Flags `cuda_graph_impl: transformer_engine` (or the legacy `external_cuda_graph`) when
+    Transformer Engine is not installed here, or is installed without its compiled PyTorch extension
+    `transformer_engine_torch`, so that `transformer_engine.pytorch` cannot be imported.
 
     ## Why is this bad?
-    `TECudaGraphHelper` asserts `CUDA Graphs are not supported without TE.` (`cuda_graphs.py:2098`),
-    and without TE's compiled extension `HAVE_TE_GRAPHS` is False (`cuda_graphs.py:42-58`).
+    Megatron imports TE's graph API inside a blanket `try` (`cuda_graphs.py:42-58`); when that fails
+    `HAVE_TE_GRAPHS` is False and `TECudaGraphHelper.__init__` asserts `CUDA Graphs are not supported
+    without TE.` (`cuda_graphs.py:2098`) before any graph is built. `transformer_engine.pytorch`
+    loads the `transformer_engine_torch` shared object on import, so a TE wheel without it (the
+    metapackage alone, or an sdist that was never compiled) fails the same way.
 
     ## Example
     ```yaml
@@ -169,37 +181,78 @@ class TransformerEngineMissing(Rule):
 
     ## Use instead
     ```yaml
-    # facts: te_version=null
-    transformer: {cuda_graph_impl: local}
+    # facts: te_version=2.12.0
+    transformer: {cuda_graph_impl: transformer_engine}
     ```
 
     ## Fix
-    Install `transformer-engine[pytorch]`, or use the local / full_iteration impl.
+    Install Transformer Engine with its PyTorch extension: `pip install 'graphdoctor[transformer-engine]'`
+    (pulls `transformer-engine[pytorch]`), or use the local / full_iteration impl.
 
     ## Known problems
-    Describes the checking machine, which may not be the training machine (hence a warning).
+    Describes the machine graphdoctor runs on, which may not be the training machine. Transformer
+    Engine is never imported (importing it can crash a machine without a GPU): installed means a
+    `transformer_engine` package with distribution metadata, importable means the
+    `transformer_engine_torch` shared object is where TE's loader looks for it. A TE whose shared
+    objects are present but do not load (CUDA or torch ABI mismatch) is not detected.
     """
 
     code = "GD304"
     name = "transformer-engine-missing"
-    severity = Severity.WARNING
+    severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
-    template = "cuda_graph_impl='transformer_engine' but transformer_engine is not installed on this machine"
-    fix_template = "Install transformer-engine[pytorch] or use cuda_graph_impl='local'"
+    template = "cuda_graph_impl='transformer_engine' but {why} on this machine"
+    fix_template = "Install Transformer Engine (pip install 'graphdoctor[transformer-engine]') or use cuda_graph_impl='local'"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl == "transformer_engine" and ctx.facts.te_version is None:
-            yield Hit(("transformer.cuda_graph_impl",))
+        if ctx.graph.impl != "transformer_engine":
+            return
+        te = ctx.facts.te_version
+        if te is None:
+            yield Hit(_impl_fields(ctx), {"why": "transformer_engine is not installed"})
+        elif not ctx.facts.te_has_torch_extension:
+            yield Hit(_impl_fields(ctx), {"why": f"transformer_engine {te} has no compiled PyTorch extension "
+                                                 "(transformer_engine_torch), so it cannot be imported"})
+
+
+def _impl_fields(ctx: CheckContext) -> tuple[str, ...]:
+    """The key that selected the transformer_engine impl: cuda_graph_impl, or the legacy flag."""
+    if "cuda_graph_impl" not in ctx.transformer and ctx.value("external_cuda_graph"):
+        return ("transformer.external_cuda_graph",)
+    return ("transformer.cuda_graph_impl",)
+
+
+TE_GRAPH_GATES: tuple[tuple[str, str, str], ...] = (
+    ("2.7.0", "always", "no input/output buffer reuse between graphs (cuda_graphs.py:2592-2595)"),
+    ("2.8.0", "fp8_bf16_layers",
+     "first/last bf16 layers are captured with fp8 on (cuda_graphs.py:2607-2621)"),
+    ("2.10.0", "always", "delete_cuda_graphs() cannot reset graphs (cuda_graphs.py:2775)"),
+)
+"""(minimum TE, when it matters, what older TE does) for TECudaGraphHelper's make_graphed_callables."""
+
+
+def _te_gate_applies(ctx: CheckContext, when: str) -> bool:
+    if when == "fp8_bf16_layers":
+        quantized = ctx.value("fp8") is not None or ctx.value("fp4") is not None
+        bf16_layers = (ctx.value("num_layers_at_start_in_bf16") or 0) + (ctx.value("num_layers_at_end_in_bf16") or 0)
+        return quantized and bool(ctx.value("first_last_layers_bf16")) and bf16_layers > 0
+    return True
 
 
 class TransformerEngineTooOld(Rule):
     """## What it does
-    Flags `cuda_graph_impl: transformer_engine` with an installed Transformer Engine older than 2.10.
+    Flags `cuda_graph_impl: transformer_engine` with an installed Transformer Engine older than a
+    `make_graphed_callables` feature Megatron's TECudaGraphHelper relies on: 2.7 (graph input/output
+    buffer reuse), 2.8 when fp8/fp4 runs with `first_last_layers_bf16` (per-layer `fp8_enabled`),
+    2.10 (graph reset in `delete_cuda_graphs()`).
 
     ## Why is this bad?
-    Megatron passes `_reuse_graph_input_output_buffers` only from TE 2.7 (`cuda_graphs.py:2568-2597`)
-    and `delete_cuda_graphs()` needs `graph.reset()` from TE 2.10 (`cuda_graphs.py:2769-2797`);
-    older TE keeps graph memory alive until exit (TE PR #3427, TransformerEngine#2543).
+    Megatron gates each feature on the installed TE and silently degrades without it
+    (`cuda_graphs.py:2588-2622`, `2769-2797`): before 2.7 every graph keeps its own static buffers;
+    before 2.8 `fp8_enabled=True` is passed for every layer, so the bf16 first/last layers are captured
+    with fp8 and graphed numerics differ from eager; before 2.10 `delete_cuda_graphs()` cannot call
+    `graph.reset()` and graph memory (and NCCL buffers) stay alive until exit (TE PR #3427,
+    TransformerEngine#2543).
 
     ## Example
     ```yaml
@@ -214,21 +267,29 @@ class TransformerEngineTooOld(Rule):
     ```
 
     ## Fix
-    Upgrade Transformer Engine to >= 2.10.
+    Upgrade Transformer Engine to the version the message names (>= 2.10 covers all of them).
+
+    ## Known problems
+    Checks the TE installed where graphdoctor runs. A missing TE is GD304, not this rule.
+    `delay_wgrad_compute` has its own TE gates (GD213, GD215).
     """
 
     code = "GD305"
     name = "transformer-engine-too-old"
     severity = Severity.WARNING
     fix = FixAvailability.NONE
-    template = "Transformer Engine {te} is older than 2.10 ({what})"
-    fix_template = "Upgrade transformer-engine to >= 2.10"
+    template = "Transformer Engine {te} is older than {need}: {what}"
+    fix_template = "Upgrade transformer-engine to >= {need}"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         te = ctx.facts.te_version
-        if ctx.graph.impl == "transformer_engine" and te is not None and not ctx.facts.te_at_least("2.10.0"):
-            what = "no buffer reuse and no graph reset" if not ctx.facts.te_at_least("2.7.0") else "no graph reset"
-            yield Hit(("transformer.cuda_graph_impl",), {"te": te, "what": what})
+        if ctx.graph.impl != "transformer_engine" or te is None:
+            return
+        missing = [(need, what) for need, when, what in TE_GRAPH_GATES
+                   if not ctx.facts.te_at_least(need) and _te_gate_applies(ctx, when)]
+        if missing:
+            need = missing[-1][0].removesuffix(".0")
+            yield Hit(_impl_fields(ctx), {"te": te, "need": need, "what": "; ".join(w for _, w in missing)})
 
 
 class TorchLacksGraphSafeRng(Rule):

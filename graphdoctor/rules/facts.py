@@ -9,12 +9,15 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import re
+import sysconfig
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import UsageError
 
 _TE_DISTRIBUTIONS: tuple[str, ...] = ("transformer_engine", "transformer-engine", "transformer_engine_torch")
+_SHARED_SUFFIXES: tuple[str, ...] = (".so", ".dylib", ".dll")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,10 @@ class EnvironmentFacts:
 
     te_version: str | None = None
     """Installed Transformer Engine version; None when transformer_engine is not installed."""
+
+    te_has_torch_extension: bool = True
+    """TE's compiled PyTorch extension (transformer_engine_torch) is where TE loads it from; without
+    it `transformer_engine.pytorch` cannot be imported (detected by file, never by importing)."""
 
     torch_version: str = "0"
     """Installed torch version."""
@@ -97,6 +104,29 @@ def _te_version() -> str | None:
     return "0.0.0"
 
 
+def _te_torch_extension_present() -> bool:
+    """Mirror of TE's own search (common/__init__.py `_get_shared_object_file("torch")`): a
+    `transformer_engine_torch*` shared object at the top of the TE install root, in its
+    `transformer_engine/` or `transformer_engine/wheel_lib/` folder, for the root that holds the
+    transformer_engine package and for site-packages."""
+    if importlib.util.find_spec("transformer_engine_torch") is not None:
+        return True
+    spec = importlib.util.find_spec("transformer_engine")
+    roots: list[Path] = []
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        roots.append(Path(location).parent)
+    roots.append(Path(sysconfig.get_paths()["purelib"]))
+    for root in roots:
+        for folder in (root, root / "transformer_engine", root / "transformer_engine" / "wheel_lib"):
+            try:
+                if any(f.name.startswith("transformer_engine_torch") and f.suffix in _SHARED_SUFFIXES
+                       for f in folder.iterdir()):
+                    return True
+            except OSError:  # folder missing or unreadable: TE would not find the library there either
+                continue
+    return False
+
+
 def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
     """Detect the facts of this machine.
 
@@ -115,8 +145,10 @@ def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
     graph_safe = hasattr(torch.cuda.CUDAGraph, "register_generator_state") and hasattr(
         torch.Generator, "graphsafe_get_state"
     )
+    te_version = _te_version()
     return EnvironmentFacts(
-        te_version=_te_version(),
+        te_version=te_version,
+        te_has_torch_extension=te_version is not None and _te_torch_extension_present(),
         torch_version=torch.__version__,
         torch_has_stale_capture_override=hasattr(torch.autograd.graph, "set_override_stale_capture_stream"),
         torch_has_graph_safe_rng=graph_safe,

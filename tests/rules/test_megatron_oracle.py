@@ -1,7 +1,9 @@
-"""Property test: `check` reports an error exactly when megatron-core's TransformerConfig rejects.
+"""Property test: `check` reports an error exactly when megatron-core rejects the config on this machine.
 
-TransformerConfig(**fields) on CPU is the oracle (any exception = rejected) over the CUDA-graph
-related fields; the non-graph fields are a small fixed base.
+The oracle is TransformerConfig(**fields) on CPU (any exception = rejected) over the CUDA-graph related
+fields, followed by the first assert of TECudaGraphHelper.__init__ (`HAVE_TE_GRAPHS`), which rejects
+every transformer_engine config where Transformer Engine does not import. The machine facts are this
+machine's, as Megatron's own TE checks are; the job environment is empty, so env rules stay silent.
 """
 
 from __future__ import annotations
@@ -78,15 +80,19 @@ def transformer_fields(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def megatron_accepts(fields: dict[str, Any]) -> tuple[bool, str]:
-    """The oracle: does TransformerConfig(**BASE, **fields) construct?"""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
+    """The oracle: does TransformerConfig(**BASE, **fields) construct, and could TECudaGraphHelper
+    be built for it here (cuda_graphs.py:2098)?"""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        from megatron.core.transformer.cuda_graphs import HAVE_TE_GRAPHS
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
         try:
-            TransformerConfig(**BASE, **fields)
-        except Exception as exc:  # the oracle: any exception means rejected
+            config = TransformerConfig(**BASE, **fields)
+        except Exception as exc:  # noqa: BLE001 - the oracle: any exception means rejected
             return False, f"{type(exc).__name__}: {exc}"
+    if config.cuda_graph_impl == "transformer_engine" and not HAVE_TE_GRAPHS:
+        return False, "AssertionError: CUDA Graphs are not supported without TE."
     return True, ""
 
 

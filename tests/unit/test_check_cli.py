@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from graphdoctor.cli import main
-from graphdoctor.rules import check, parse_megatron_args
+from graphdoctor.rules import EnvironmentFacts, check, parse_megatron_args
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rules"
 
@@ -54,7 +54,7 @@ def test_megatron_args_inline_and_ignored_flags_noted() -> None:
 
 
 def test_megatron_args_from_file() -> None:
-    code, out, _ = invoke("check", "--megatron-args", f"@{FIXTURES / 'GD115_good.txt'}", "--format", "json")
+    _, out, _ = invoke("check", "--megatron-args", f"@{FIXTURES / 'GD115_good.txt'}", "--format", "json")
     assert "GD115" not in [f["code"] for f in json.loads(out)["findings"]]
 
 
@@ -120,7 +120,8 @@ def test_rule_command() -> None:
 def test_library_check_without_click() -> None:
     report = check({"transformer": {"cuda_graph_impl": "local", "enable_cuda_graph": True}})
     assert report.has_errors and "GD101" in report.codes()
-    assert not check({"transformer": {"cuda_graph_impl": "transformer_engine"}}).has_errors
+    te_installed = EnvironmentFacts(te_version="2.12.0")
+    assert not check({"transformer": {"cuda_graph_impl": "transformer_engine"}}, facts=te_installed).has_errors
 
 
 def test_parse_megatron_args_mapping() -> None:
