@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from graphdoctor.checks import t
+
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -187,14 +188,27 @@ class DelayWgradWithoutA2aOverlap(Rule):
             yield Hit(t("delay_wgrad_compute", "overlap_moe_expert_parallel_comm"))
 
 
+def _wgrad_in_graph_scope(ctx: CheckContext) -> bool:
+    """TECudaGraphHelper's `wgrad_in_graph_scope` (cuda_graphs.py:2538-2542, arguments.py:1829-1833):
+    graphed attn, or a moe_router graph that holds a non-overlapped shared expert."""
+    mods = ctx.graph.modules
+    return "attn" in mods or ("moe_router" in mods and ctx.value("moe_shared_expert_intermediate_size") is not None
+                              and not ctx.value("moe_shared_expert_overlap"))
+
+
 class DelayWgradGraphWithOldTe(Rule):
     """## What it does
     Flags `delay_wgrad_compute` with `cuda_graph_impl: transformer_engine` when the installed
-    Transformer Engine is older than 2.10 (or missing, which Megatron counts as 0.0.0).
+    Transformer Engine is older than 2.10 (error), or older than 2.12 while the partial graphs hold
+    weight gradients: `attn` in `cuda_graph_modules`, or `moe_router` with a shared expert that is not
+    overlapped (warning).
 
     ## Why is this bad?
-    `TE version >= 2.10.0 is required for delay_wgrad_compute with partial cuda graph`
-    (`transformer_config.py:2753-2757`).
+    TransformerConfig asserts `TE version >= 2.10.0 is required for delay_wgrad_compute with partial
+    cuda graph` (`transformer_config.py:2753-2757`). When the graphed modules hold weight gradients,
+    TECudaGraphHelper also captures separate weight-gradient graphs into the `_order` it hands to TE's
+    `make_graphed_callables` (`cuda_graphs.py:2537-2545`), which needs TE 2.12: Megatron-LM asserts
+    `CUDA graph with delay_wgrad_compute requires TE version >= 2.12.0.` (`arguments.py:1834-1838`).
 
     ## Example
     ```yaml
@@ -209,23 +223,35 @@ class DelayWgradGraphWithOldTe(Rule):
     ```
 
     ## Fix
-    Upgrade Transformer Engine to >= 2.10, or turn off `delay_wgrad_compute`.
+    Upgrade Transformer Engine (>= 2.12 covers both gates), move attn / the shared expert out of the
+    graph, or turn off `delay_wgrad_compute`.
 
     ## Known problems
-    The version checked is the one installed where graphdoctor runs.
+    The version checked is the one installed where graphdoctor runs; a missing TE is reported by
+    GD304. Megatron-LM asserts the 2.12 gate only with `--overlap-grad-reduce`, which a run file cannot
+    declare, hence a warning; a launch line with `--overlap-grad-reduce` gets the error from GD215
+    instead.
     """
 
     code = "GD213"
     name = "delay-wgrad-graph-with-old-te"
     severity = Severity.ERROR
     fix = FixAvailability.NONE
-    template = "delay_wgrad_compute with transformer_engine graphs needs TE >= 2.10, found {te}"
-    fix_template = "Upgrade transformer_engine to >= 2.10 or turn off delay_wgrad_compute"
+    template = "delay_wgrad_compute with transformer_engine graphs{scope} needs TE >= {need}, found {te}"
+    fix_template = "Upgrade transformer_engine to >= {need} or turn off delay_wgrad_compute"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.value("delay_wgrad_compute") and ctx.graph.impl == "transformer_engine" \
-                and not ctx.facts.te_at_least("2.10.0"):
-            yield Hit(t("delay_wgrad_compute", "cuda_graph_impl"), {"te": ctx.facts.te_version or "none"})
+        te = ctx.facts.te_version
+        if not ctx.value("delay_wgrad_compute") or ctx.graph.impl != "transformer_engine" or te is None:
+            return
+        wgrad = _wgrad_in_graph_scope(ctx)
+        scope = " that hold weight gradients" if wgrad else ""
+        need = "2.12" if wgrad else "2.10"
+        fields = t("delay_wgrad_compute", "cuda_graph_impl")
+        if not ctx.facts.te_at_least("2.10.0"):
+            yield Hit(fields, {"scope": scope, "need": need, "te": te})
+        elif wgrad and not ctx.facts.te_at_least("2.12.0") and not (ctx.megatron_lm and ctx.arg("overlap_grad_reduce")):
+            yield Hit((*fields, *t("cuda_graph_modules")), {"scope": scope, "need": need, "te": te}, Severity.WARNING)
 
 
 class ExpertParallelWithoutExperts(Rule):
@@ -272,8 +298,7 @@ def _wgrad_graph_problems(ctx: CheckContext) -> list[str]:
     if ctx.arg("overlap_grad_reduce"):
         if not te("2.8.0"):
             problems.append("overlap_grad_reduce needs TE >= 2.8")
-        in_graph = "attn" in mods or ("moe_router" in mods and v("moe_shared_expert_intermediate_size") is not None
-                                      and not v("moe_shared_expert_overlap"))
+        in_graph = _wgrad_in_graph_scope(ctx)
         if in_graph and not te("2.12.0"):
             problems.append("wgrad inside the graph needs TE >= 2.12")
         if in_graph and not fusion:
