@@ -241,11 +241,14 @@ class CpuTensorInCapture(RuntimeRule):
 
 class ForwardHookInCapture(RuntimeRule):
     """## What it does
-    Reports forward (pre-)hooks that run during capture on graphed modules.
+    Reports forward (pre-)hooks that run during capture on graphed modules. An error when the hook is
+    registered from user code; a warning when it comes from a library (torch, megatron, ...).
 
     ## Why is this bad?
-    Hooks run once at capture and never on replay. Megatron asserts non-DDP pre-forward hooks on local
-    graphs (`cuda_graphs.py:1852-1865`); `make_graphed_callables` refuses hooked modules.
+    Hooks run once at capture and never on replay, so their side effects silently stop. Megatron
+    asserts non-DDP pre-forward hooks on local graphs ("Tried to cudagraph a module with user
+    registered pre-forward hooks, which is not allowed.", `cuda_graphs.py:1852-1865`);
+    `make_graphed_callables` refuses hooked modules.
 
     ## Example
     ```python
@@ -263,7 +266,7 @@ class ForwardHookInCapture(RuntimeRule):
 
     code = "GD508"
     name = "forward-hook-in-capture"
-    severity = Severity.WARNING
+    severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
     template = "forward hook runs during capture only: {detail} at {where}"
     fix_template = "Remove the hook before capture or move its work outside the graphed module"
@@ -272,7 +275,8 @@ class ForwardHookInCapture(RuntimeRule):
 class AttributeTensorReassigned(RuntimeRule):
     """## What it does
     Reports a module attribute tensor captured by a graph and later rebound to a new tensor
-    (`self.buf = new` instead of `self.buf.copy_(new)`).
+    (`self.buf = new` instead of `self.buf.copy_(new)`). An error when the rebinding line is user
+    code; a warning inside libraries.
 
     ## Why is this bad?
     The graph keeps reading the old storage; the new value is silently ignored on replay.
@@ -301,12 +305,15 @@ class AttributeTensorReassigned(RuntimeRule):
 
 class CaptureInvalidatedCascade(RuntimeRule):
     """## What it does
-    Reports secondary errors after a capture was invalidated (every later CUDA call fails with
-    "operation failed due to a previous error during capture"), grouped under the first cause.
+    Reports a capture that was invalidated (every later CUDA call fails with "operation failed due to
+    a previous error during capture"), grouped under the first cause the recording saw. Info when that
+    first cause is itself reported (under its own GD501-GD505 code); error when nothing recorded in
+    the failing unit explains the failure, since no other finding reports it then.
 
     ## Why is this bad?
     The first error is the real one; the cascade hides it and its stack is often misleading
-    (pytorch notes section 3).
+    (pytorch notes section 3). A capture that fails with no recorded cause (a custom CUDA extension
+    that syncs internally, for instance) still means the unit cannot be graphed.
 
     ## Example
     ```python
@@ -319,12 +326,13 @@ class CaptureInvalidatedCascade(RuntimeRule):
     ```
 
     ## Fix
-    Fix the first reported capture error; the rest follow from it.
+    Fix the first reported capture error; the rest follow from it. Without a recorded cause, capture
+    the unit's submodules separately (the probes do, two levels down) to narrow it.
     """
 
     code = "GD510"
     name = "capture-invalidated-cascade"
     severity = Severity.INFO
     fix = FixAvailability.NONE
-    template = "capture invalidated earlier; {detail} at {where} is a follow-on error"
-    fix_template = "Fix the first capture error reported"
+    template = "capture invalidated by an earlier error: {detail} at {where}"
+    fix_template = "Fix the first capture error reported; the later errors are its cascade"

@@ -73,9 +73,10 @@ class Rule:
         locations: tuple[str, ...] = (),
         severity: Severity | None = None,
         source: str = "static",
+        extra: dict[str, Any] | None = None,
         **params: Any,
     ) -> Finding:
-        """Build a Finding of this rule (probes call this with `locations` and message params)."""
+        """Build a Finding of this rule (probes call this with `locations`, `extra` and message params)."""
         return Finding(
             code=self.code,
             name=self.name,
@@ -85,6 +86,7 @@ class Rule:
             fields=fields,
             locations=locations,
             source=source,
+            extra=dict(extra or {}),
         )
 
     @classmethod

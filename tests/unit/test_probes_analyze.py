@@ -7,10 +7,11 @@ import os
 import pytest
 
 from graphdoctor.probes import ProbeReport, report_from_payloads
-from graphdoctor.probes.analyze import PROBE_RULES, analyze, dedupe, failing_leaves
+from graphdoctor.probes.analyze import PROBE_CODES, analyze, dedupe, failing_leaves
 from graphdoctor.probes.capture import translate_error
 from graphdoctor.probes.capture_errors import cuda_error_number, exception_chain
 from graphdoctor.probes.types import CaptureResult, Observation
+from graphdoctor.rules import get_rule
 from graphdoctor.rules.finding import Severity
 
 THIS_FILE = os.path.relpath(os.path.realpath(__file__), os.path.realpath(os.getcwd()))
@@ -22,14 +23,21 @@ def obs(code: str, module: str, location: str, seq: int = 0, *, user: bool = Tru
                        user_code=user, seq=seq)
 
 
-def test_rule_table_uses_the_catalogue_codes_and_names():
-    assert {c: r.name for c, r in PROBE_RULES.items()} == {
-        "GD501": "host-sync-in-capture", "GD502": "data-dependent-shape",
-        "GD503": "legacy-default-stream-work", "GD504": "pageable-h2d-copy",
-        "GD505": "unregistered-generator", "GD506": "host-drawn-random-mask",
-        "GD507": "cpu-tensor-in-capture", "GD508": "forward-hook-in-capture",
-        "GD509": "attribute-tensor-reassigned", "GD510": "capture-invalidated-cascade",
-    }
+def test_probe_codes_are_the_catalogue_runtime_rules():
+    assert [get_rule(c).name for c in PROBE_CODES] == [
+        "host-sync-in-capture", "data-dependent-shape", "legacy-default-stream-work", "pageable-h2d-copy",
+        "unregistered-generator", "host-drawn-random-mask", "cpu-tensor-in-capture",
+        "forward-hook-in-capture", "attribute-tensor-reassigned", "capture-invalidated-cascade",
+    ]
+    assert all(get_rule(c).runtime for c in PROBE_CODES)
+
+
+@pytest.mark.parametrize("code", PROBE_CODES[:9])
+def test_findings_take_name_severity_message_and_fix_from_the_catalogue(code: str):
+    rule = get_rule(code)
+    (f,) = analyze([obs(code, "decoder.layers.0.mlp", "m.py:4", operator="op()")], [])
+    assert (f.code, f.name, f.severity, f.fix) == (code, rule.name, rule.severity, rule.fix_title())
+    assert f.message == rule.message(detail="op() in decoder.layers.0.mlp", where="m.py:4")
 
 
 def test_dedupe_keeps_first_module_and_counts_the_rest():
@@ -83,7 +91,9 @@ def test_invalidated_capture_without_user_frame_names_the_first_culprit():
     assert cascade[0].locations == ("m.py:5",)
     assert cascade[0].extra["root_code"] == "GD502"
     assert "cudaErrorStreamCaptureInvalidated (901)" in cascade[0].message
-    assert findings[-1].severity is Severity.WARNING  # GD507 sorts after the errors
+    assert cascade[0].severity is get_rule("GD510").severity is Severity.INFO  # the root is the error
+    # errors first, then the GD507 warning, then the informational cascade
+    assert [f.code for f in findings] == ["GD501", "GD502", "GD507", "GD510"]
 
 
 def test_capture_only_error_with_known_text_becomes_its_rule():
@@ -98,6 +108,7 @@ def test_capture_failure_with_nothing_recorded_is_still_reported():
                           error_message="boom")]
     (f,) = analyze([], caps)
     assert f.code == "GD510" and "no unsafe operation was recorded" in f.message
+    assert f.severity is Severity.ERROR  # the only finding of a failed capture must fail the check
 
 
 def test_cuda_error_numbers_from_text():
@@ -151,7 +162,7 @@ def test_report_from_payloads_round_trips_and_sets_exit_code():
     assert report_from_payloads([{"observations": [], "captures": []}]).exit_code == 0
 
 
-@pytest.mark.parametrize("code", sorted(PROBE_RULES))
+@pytest.mark.parametrize("code", PROBE_CODES)
 def test_fix_titles_are_imperative(code: str):
-    first_word = PROBE_RULES[code].fix.split()[0]
+    first_word = get_rule(code).fix_title().split()[0]
     assert first_word[0].isupper() and not first_word.endswith(("s", "ed", "ing"))
