@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import graphdoctor.probes.combined as combined
 from graphdoctor.cli import main
 from graphdoctor.cli.check import PROBE_MODEL_NAMES, PROBE_MODEL_OPTIONS
 from graphdoctor.options import DIFF_OPTIONS
-from graphdoctor.probes import CaptureResult, ProbeReport, check_with_probes
+from graphdoctor.probes import CaptureResult, ProbeReport, check_with_probes, combined
 from graphdoctor.rules import Finding, Severity
 
 REPO = Path(__file__).resolve().parents[2]
