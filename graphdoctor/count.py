@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import require_gpu, ChildSession, te_available
+from graphdoctor.diff import ChildSession, require_gpu, why_unavailable
 from graphdoctor.launches.compare import launch_section
 from graphdoctor.types import RunRecord
 
@@ -92,11 +92,9 @@ def count(config: DiffConfig, *, workdir: str | Path | None = None,
         eager = session.run("none", config.dropout, "count", base)
         runs, unavailable = [], {}
         for impl in config.impls:
-            if impl == "transformer_engine":
-                ok, why = te_available()
-                unavailable[impl] = why if not ok else (
-                    "driving transformer_engine graphs is not supported by this graphdoctor "
-                    "version yet")
+            why_not = why_unavailable(impl, config)
+            if why_not is not None:
+                unavailable[impl] = why_not
                 continue
             runs.append(session.run(impl, config.dropout, "count", base))
     finally:

@@ -88,14 +88,46 @@ def require_gpu(command: str = "graphdoctor diff") -> None:
             "`graphdoctor count --trace FILE`")
 
 
+TE_PROBE_TIMEOUT_S = 180.0
+"""Limit for the child process that imports transformer_engine.pytorch to see whether it loads."""
+
+_TE_STATUS: tuple[bool, str] | None = None
+
+
 def te_available() -> tuple[bool, str]:
+    """(True, "") when transformer_engine.pytorch imports here, else (False, one-line reason).
+
+    The import runs in a child process with a timeout: loading TE's compiled library can crash or
+    hang the process (a CUDA or torch mismatch), which must not take the command down.
+    """
+    global _TE_STATUS
     import importlib.util
 
     if importlib.util.find_spec("transformer_engine") is None:
         return False, "transformer_engine is not installed"
-    from graphdoctor.harness.build import have_transformer_engine
+    if _TE_STATUS is None:
+        _TE_STATUS = _probe_te_import()
+    return _TE_STATUS
 
-    return have_transformer_engine()
+
+def _probe_te_import() -> tuple[bool, str]:
+    import subprocess
+    import sys
+
+    code = ("from graphdoctor.harness.build import have_transformer_engine as h; ok, why = h(); "
+            "print('ok' if ok else 'no: ' + why)")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=TE_PROBE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return False, f"importing transformer_engine.pytorch took over {TE_PROBE_TIMEOUT_S:.0f} s"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode == 0 and lines and lines[-1] == "ok":
+        return True, ""
+    if lines and lines[-1].startswith("no: "):
+        return False, lines[-1][4:]
+    tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    return False, f"importing transformer_engine.pytorch failed ({tail[:200]})"
 
 
 class ChildSession:
@@ -198,14 +230,15 @@ def _run_all(session: ChildSession) -> tuple[list[ImplResult], RunRecord, RunRec
         for folder in (cfg.trace_dir, cfg.snapshot_dir):
             if folder:
                 Path(folder).mkdir(parents=True, exist_ok=True)
-        reference = session.run("none", cfg.dropout, "reference", ref_dir)
+        reference = session.run("none", cfg.dropout, "reference", ref_dir,
+                                taps=cfg.localize is True)
         stats = (reference.memory or {}).get("stats")
         if stats:
             session.eager_memory = {k: int(v) for k, v in stats.items()}
         control_ref: RunRecord | None = None
         results: list[ImplResult] = []
         for impl in cfg.impls:
-            why_not = _why_unavailable(impl, cfg)
+            why_not = why_unavailable(impl, cfg)
             if why_not is not None:
                 results.append(_unavailable(impl, why_not))
                 continue
@@ -242,7 +275,7 @@ def _run_all(session: ChildSession) -> tuple[list[ImplResult], RunRecord, RunRec
             shutil.rmtree(ctl_dir, ignore_errors=True)
 
 
-def _why_unavailable(impl: str, cfg: DiffConfig) -> str | None:
+def why_unavailable(impl: str, cfg: DiffConfig) -> str | None:
     """Why `impl` cannot run here (None: it can)."""
     if impl != "transformer_engine":
         return None
@@ -355,4 +388,4 @@ def _add_note(result: ImplResult, note: str) -> ImplResult:
     return dataclasses.replace(result, notes=(*result.notes, note))
 
 
-__all__ = ["SCHEMA_VERSION", "DiffReport", "diff"]
+__all__ = ["SCHEMA_VERSION", "DiffReport", "diff", "te_available", "why_unavailable"]

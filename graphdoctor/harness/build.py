@@ -236,8 +236,14 @@ def default_forward_step(data_iterator: Iterator[dict[str, torch.Tensor]],
 
 def have_transformer_engine() -> tuple[bool, str]:
     """(available, why not) without letting an import error escape."""
+    import warnings
+
     try:
-        import transformer_engine.pytorch  # noqa: F401
+        with warnings.catch_warnings():
+            # TE warns at import about optional extensions (e.g. Jax); under -W error that would
+            # read as "not installed".
+            warnings.simplefilter("ignore")
+            import transformer_engine.pytorch  # noqa: F401
     except Exception as exc:  # TE raises OSError/RuntimeError for missing .so files, not only ImportError
         return False, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     return True, ""
@@ -254,6 +260,11 @@ def build_setup(spec: ChildSpec) -> Setup:
         if not ok:
             raise MissingDependencyError(f"transformer_engine is not importable ({why})")
     init_distributed(spec)
+    if spec.impl == "transformer_engine":
+        # Megatron-LM's initialize.py:288 leaves the legacy default stream for this impl; on it,
+        # TE's backward capture fails with cudaErrorStreamCaptureImplicit (AccumulateGrad work on
+        # the blocking legacy stream meets the capturing stream).
+        torch.cuda.set_stream(torch.cuda.Stream())
     seed_everything(spec.config["seed"], spec.impl, te_spec)
     if spec.impl == "transformer_engine":
         init_microbatches(spec)

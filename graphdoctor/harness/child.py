@@ -142,6 +142,7 @@ def run(spec_path: str) -> int:
             extra["forensics"] = _close_taps(taps)
         undo_align()
         release_graphs(setup)
+        extra["end_allocated_bytes"] = int(torch.cuda.memory_allocated())
         emit({"event": "end", "train_s": train_s, "compare_s": compare_s,
               "setup_s": t0 - started, **extra})
         return EXIT_OK

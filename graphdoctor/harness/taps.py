@@ -259,6 +259,14 @@ def tapped_modules(model: torch.nn.Module, names: dict[int, str]) -> list[tuple[
     return [(n, m) for n, m in chosen if not (id(m) in seen or seen.add(id(m)))]  # type: ignore[func-returns-value]
 
 
+def _forward_location(module: torch.nn.Module) -> str | None:
+    """`file:line` of the module class's forward definition (where its output is computed)."""
+    code = getattr(type(module).forward, "__code__", None)
+    if code is None:
+        return None
+    return f"{_short(code.co_filename)}:{code.co_firstlineno}"
+
+
 def _capture_begin_owner() -> type:
     """The Python class that defines CUDAGraph.capture_begin (keep_graphs may have subclassed it)."""
     import torch.cuda.graphs
@@ -279,7 +287,8 @@ class Taps:
         self.mode = DrawMode(self.table, names)
         self._handles = []
         for name, module in tapped_modules(model, names):
-            self._handles.append(module.register_forward_hook(self._output_hook(name)))
+            hook = self._output_hook(name, _forward_location(module))
+            self._handles.append(module.register_forward_hook(hook))
         self._owner = _capture_begin_owner()
         self._original_capture_begin = self._owner.__dict__["capture_begin"]
         table = self.table
@@ -291,17 +300,17 @@ class Taps:
 
         self._owner.capture_begin = capture_begin  # type: ignore[attr-defined]
 
-    def _output_hook(self, name: str) -> Any:
+    def _output_hook(self, name: str, location: str | None) -> Any:
         table = self.table
 
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             tensor = _first_tensor(output)
             if tensor is None or not tensor.is_floating_point():
                 return
-            table.write("output", name, "forward", tensor)
+            table.write("output", name, "forward", tensor, location=location)
             if tensor.requires_grad:
                 def grad_hook(grad: torch.Tensor) -> None:
-                    table.write("grad", name, "backward", grad)
+                    table.write("grad", name, "backward", grad, location=location)
                 tensor.register_hook(grad_hook)
 
         return hook

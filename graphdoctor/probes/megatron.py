@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from graphdoctor.config import DTYPES, check_entry_point, resolve_entry_point
+from graphdoctor.config import BUILTIN_LAYER_SPECS, DTYPES, check_entry_point, resolve_entry_point
 from graphdoctor.errors import UsageError
 from graphdoctor.harness.spec import free_port
 from graphdoctor.probes.capture import capture_unit
@@ -79,7 +79,7 @@ class ProbeSpec:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise UsageError(f"dtype: got {self.dtype!r}, expected one of {', '.join(DTYPES)}")
-        if self.layer_spec is not None:
+        if self.layer_spec is not None and self.layer_spec not in BUILTIN_LAYER_SPECS:
             check_entry_point("layer_spec", self.layer_spec)
         if self.warmup_iters < 1:
             raise UsageError(f"warmup_iters: got {self.warmup_iters!r}, expected >= 1")
@@ -156,7 +156,16 @@ def build_gpt(spec: ProbeSpec, *, device: str = "cuda") -> tuple[torch.nn.Module
     }
     values.update(spec.transformer)
     config = TransformerConfig(**values)
-    layer_spec = load_entry_point(spec.layer_spec)() if spec.layer_spec else get_gpt_layer_local_spec()
+    if spec.layer_spec in ("te", "transformer_engine"):
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        layer_spec = get_gpt_layer_with_transformer_engine_spec()
+    elif spec.layer_spec and spec.layer_spec != "local":
+        layer_spec = load_entry_point(spec.layer_spec)()
+    else:
+        layer_spec = get_gpt_layer_local_spec()
     with track_hook_registrations() as registrations:
         model = GPTModel(config=config, transformer_layer_spec=layer_spec,
                          vocab_size=spec.vocab_size, max_sequence_length=spec.seq_length)

@@ -1,0 +1,77 @@
+"""Benchmark: cost of capture-time taps (forensics) on a steady-state replay step, and their memory.
+
+Usage (on a CUDA machine, from the repository root):
+    python tests/benchmarks/taps_cost.py [--impl local,full_iteration] [--steps 14] [--dropout 0.1]
+
+For each implementation it trains the default graphdoctor GPT twice, side by side in one
+invocation: plainly and with taps (dropout masks, random draws, module outputs and output
+gradients fingerprinted inside the graphs). Both are `role=plain` child runs (no reference I/O, no
+profiler, no memory history). Time: median CUDA-event step time over replay steps. Memory: the
+taps' own tables, and the difference in persistent allocated bytes at the end of the run, against
+the untapped run's persistent allocated bytes (parameters, main_grads, optimizer states, graph
+pools). Targets: time ratio <= 1.10, memory <= 1% of model memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.harness.runner import run_child
+from graphdoctor.harness.spec import ChildSpec, placement_for_child
+
+
+def _run(impl: str, cfg: DiffConfig, work: Path, taps: bool, index: int) -> dict[str, object]:
+    spec = ChildSpec(impl=impl, dropout=cfg.dropout, config=cfg.to_dict(), role="plain",
+                     events_path=str(work / f"events-{impl}-{taps}.jsonl"),
+                     reference_dir=str(work), placement=placement_for_child(index), taps=taps)
+    record = run_child(spec, work, timeout_s=cfg.timeout_s)
+    if record.status != "ok":
+        raise SystemExit(f"{impl} taps={taps}: {record.status} {record.diagnosis}")
+    replay = [s.step_time_ms for s in record.steps if s.phase == "replay"][2:]
+    return {"median_replay_ms": statistics.median(replay), "num_replay_steps": len(replay),
+            "end_allocated_bytes": record.env.get("end_allocated_bytes"),
+            "taps_bytes": (record.forensics or {}).get("num_bytes"),
+            "num_sites": (record.forensics or {}).get("num_slots")}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impl", default="local,full_iteration")
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    args = parser.parse_args(argv)
+    cfg = DiffConfig(impls=tuple(args.impl.split(",")), steps=args.steps, dropout=args.dropout,
+                     memory=False, launches=False, timeout_s=300.0)
+    work = Path(tempfile.mkdtemp(prefix="gd-taps-bench-"))
+    rows = []
+    index = 0
+    for impl in cfg.impls:
+        plain = _run(impl, cfg, work, False, index)
+        tapped = _run(impl, cfg, work, True, index + 1)
+        index += 2
+        model_bytes = int(plain["end_allocated_bytes"] or 0)  # type: ignore[call-overload]
+        extra = int(tapped["end_allocated_bytes"] or 0) - model_bytes  # type: ignore[call-overload]
+        rows.append({
+            "impl": impl, "plain_ms": plain["median_replay_ms"],
+            "tapped_ms": tapped["median_replay_ms"],
+            "time_ratio": round(float(tapped["median_replay_ms"]) /  # type: ignore[arg-type]
+                                float(plain["median_replay_ms"]), 4),  # type: ignore[arg-type]
+            "num_sites": tapped["num_sites"], "taps_table_bytes": tapped["taps_bytes"],
+            "model_bytes": model_bytes, "extra_allocated_bytes": extra,
+            "memory_pct": round(100.0 * max(extra, int(tapped["taps_bytes"] or 0)) / model_bytes, 3)
+            if model_bytes else None,
+        })
+    print(json.dumps({"config": {"steps": cfg.steps, "dropout": cfg.dropout,
+                                 "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size},
+                      "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
