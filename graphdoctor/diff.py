@@ -167,9 +167,28 @@ class ChildSession:
         what = "culprit hunt" if hunt else ("tapped " + role if taps else role)
         self.progress(f"running {impl} (dropout {dropout}, {what})")
         record = run_child(spec, self.workdir, timeout_s=self.config.timeout_s)
+        for _ in range(PORT_RETRIES if spec.placement.world_size == 1 else 0):
+            if not port_taken(record):
+                break
+            # The rendezvous port picked for this child was taken before the child bound it.
+            self.child_wall_s += record.wall_s
+            spec = dataclasses.replace(spec, placement=placement_for_child(self.num_children))
+            self.num_children += 1
+            record = run_child(spec, self.workdir, timeout_s=self.config.timeout_s)
         self.child_wall_s += record.wall_s
         self.progress(f"  {impl}: {record.status} in {record.wall_s:.1f} s")
         return record
+
+
+PORT_RETRIES = 2
+"""Re-runs of a child whose rendezvous port was taken between picking and binding it."""
+
+
+def port_taken(record: RunRecord) -> bool:
+    """True when a child failed in setup because its rendezvous port was already in use."""
+    diag = record.diagnosis
+    return (record.status == "error" and diag is not None and diag.phase == "setup"
+            and "EADDRINUSE" in diag.message)
 
 
 def _unavailable(impl: str, why: str) -> ImplResult:
@@ -314,7 +333,10 @@ def _forensics(session: ChildSession, result: ImplResult, reference: RunRecord,
                         dropout=cfg.dropout, rtol=cfg.rtol, atol=cfg.atol)
     except ValueError as exc:
         return _add_note(result, f"forensics unavailable: {exc}")
-    return apply_forensics(result, found, aligned_requested=cfg.align_rng)
+    result = apply_forensics(result, found, aligned_requested=cfg.align_rng)
+    for note in (tapped.forensics or {}).get("notes", []):
+        result = _add_note(result, str(note))
+    return result
 
 
 def _tap_problem(reference: RunRecord, graphed: RunRecord) -> str | None:

@@ -3,7 +3,8 @@
 A fingerprint is what a capture-time tap writes into graphdoctor's table at every replay, so it must be
 a handful of fixed-shape reductions (no host sync, no data-dependent shape). Masks and random draws get
 positional counts (a changed mask changes them with overwhelming probability); module outputs and
-gradients get sum, L2 norm and max-abs, which also give the size of a difference.
+gradients get sum and L2 norm (the third statistic is 0), which also give the size of a difference.
+Every statistic is one reduction kernel: inside a graph each is one more node per replay.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ VALUE_KINDS: tuple[str, ...] = ("output", "grad")
 
 STAT_NAMES: dict[str, tuple[str, str, str]] = {
     **{k: ("sum", "sum[1::3]", "sum[2::7]") for k in DRAW_KINDS},
-    **{k: ("sum", "l2", "max_abs") for k in VALUE_KINDS},
+    **{k: ("sum", "l2", "unused") for k in VALUE_KINDS},
 }
 """What each of the three statistics means, per kind."""
 
@@ -41,21 +42,31 @@ def fingerprint(tensor: torch.Tensor, kind: str, out: torch.Tensor | None = None
     Raises:
         ValueError: unknown kind.
     """
-    flat = tensor.detach().reshape(-1)
-    f32 = torch.float32
-    if kind in DRAW_KINDS:
-        stats = [flat.sum(dtype=f32), flat[1::3].sum(dtype=f32), flat[2::7].sum(dtype=f32)]
-    elif kind in VALUE_KINDS:
-        if not flat.is_floating_point():
-            flat = flat.to(f32)
-        stats = [flat.sum(dtype=f32), torch.linalg.vector_norm(flat, 2, dtype=f32),
-                 torch.linalg.vector_norm(flat, float("inf"), dtype=f32)]
-    else:
-        raise ValueError(f"kind: got {kind!r}, expected one of {DRAW_KINDS + VALUE_KINDS}")
+    stats = fingerprint_stats(tensor, kind)
+    if len(stats) < NUM_STATS:
+        stats.append(torch.zeros((), dtype=torch.float32, device=tensor.device))
     if out is None:
         return torch.stack(stats)
     torch.stack(stats, out=out)
     return out
 
 
-__all__ = ["DRAW_KINDS", "NUM_STATS", "STAT_NAMES", "VALUE_KINDS", "fingerprint"]
+def fingerprint_stats(tensor: torch.Tensor, kind: str) -> list[torch.Tensor]:
+    """The non-constant statistics of `tensor` as 0-d float32 tensors (3 for draws, 2 for values).
+
+    Raises:
+        ValueError: unknown kind.
+    """
+    flat = tensor.detach().reshape(-1)
+    f32 = torch.float32
+    if kind in DRAW_KINDS:
+        return [flat.sum(dtype=f32), flat[1::3].sum(dtype=f32), flat[2::7].sum(dtype=f32)]
+    if kind in VALUE_KINDS:
+        if not flat.is_floating_point():
+            flat = flat.to(f32)
+        return [flat.sum(dtype=f32), torch.linalg.vector_norm(flat, 2, dtype=f32)]
+    raise ValueError(f"kind: got {kind!r}, expected one of {DRAW_KINDS + VALUE_KINDS}")
+
+
+__all__ = ["DRAW_KINDS", "NUM_STATS", "STAT_NAMES", "VALUE_KINDS", "fingerprint",
+           "fingerprint_stats"]

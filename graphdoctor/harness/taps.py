@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint
+from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint_stats
 
 ROW_WIDTH = 1 + NUM_STATS
 """Table columns: the step that wrote the row, then the fingerprint."""
@@ -80,6 +80,7 @@ class TapTable:
         self.sites: list[Site] = []
         self.phases: dict[int, str] = {}
         self.truncated = False
+        self.notes: list[str] = []
         self._eager_slots: dict[tuple[Any, ...], int] = {}
         self._occurrences: dict[tuple[Any, ...], int] = {}
         self._capture_serial = 0
@@ -133,9 +134,10 @@ class TapTable:
         slot = self._slot(kind, module, op, tensor, p, location)
         if slot is None:
             return
-        row = self.table[slot]
-        fingerprint(tensor, kind, out=row[1:])
-        row[0].copy_(self.step_value)
+        stats = fingerprint_stats(tensor, kind)
+        # One stack writes the step stamp and the statistics: the fewer kernels, the cheaper the
+        # tap is as a graph node on every replay.
+        torch.stack([self.step_value, *stats], out=self.table[slot, : 1 + len(stats)])
 
     def to_dict(self) -> dict[str, Any]:
         """The forensics section (format version 1, see docs/forensics.md). Synchronises once."""
@@ -148,7 +150,7 @@ class TapTable:
                     for slot, row in enumerate(history[step]) if row[0] == float(step)]
             steps.append({"step": step, "phase": phase, "rows": rows})
         return {"version": 1, "capacity": self.capacity, "num_slots": len(self.sites),
-                "truncated": self.truncated, "num_bytes": self.num_bytes,
+                "truncated": self.truncated, "num_bytes": self.num_bytes, "notes": list(self.notes),
                 "sites": [s.to_dict() for s in self.sites], "steps": steps}
 
 
@@ -243,17 +245,17 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 
 def tapped_modules(model: torch.nn.Module, names: dict[int, str]) -> list[tuple[str, torch.nn.Module]]:
     """Modules whose outputs and output gradients are tapped: Megatron layers, their direct
-    children, and the model's top-level blocks (embedding, final norm, output layer)."""
+    children except norms (self_attention, mlp), and the model's top-level blocks (embedding,
+    decoder, output layer). Each tap is a few graph nodes per replay, so the set stays small."""
     skip_types = ("Dropout", "IdentityOp", "IdentityFuncOp", "ModuleList")
     layer_ids = {id(m) for m in model.modules() if hasattr(m, "layer_number")}
     chosen = []
     for parent in model.modules():
         for child in parent.children():
             name = names.get(id(child))
-            if not name or type(child).__name__ in skip_types:
+            if not name or type(child).__name__ in skip_types or "norm" in name.rsplit(".", 1)[-1]:
                 continue
-            depth = name.count(".")
-            if id(child) in layer_ids or id(parent) in layer_ids or depth <= 1:
+            if id(child) in layer_ids or id(parent) in layer_ids or "." not in name:
                 chosen.append((name, child))
     seen: set[int] = set()
     return [(n, m) for n, m in chosen if not (id(m) in seen or seen.add(id(m)))]  # type: ignore[func-returns-value]
@@ -285,10 +287,9 @@ class Taps:
         device = next(model.parameters()).device
         self.table = TapTable(device, num_steps, capacity)
         self.mode = DrawMode(self.table, names)
-        self._handles = []
-        for name, module in tapped_modules(model, names):
-            hook = self._output_hook(name, _forward_location(module))
-            self._handles.append(module.register_forward_hook(hook))
+        self._handles: list[Any] = []
+        self._modules = tapped_modules(model, names)
+        self.attach_module_hooks()
         self._owner = _capture_begin_owner()
         self._original_capture_begin = self._owner.__dict__["capture_begin"]
         table = self.table
@@ -299,6 +300,22 @@ class Taps:
             return original(graph, *args, **kwargs)
 
         self._owner.capture_begin = capture_begin  # type: ignore[attr-defined]
+
+    def detach_module_hooks(self) -> None:
+        """Remove the module hooks (Transformer Engine's make_graphed_callables refuses modules
+        with hooks); draws are still tapped through the dispatch mode."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.table.notes.append(
+            "transformer_engine refuses module hooks at capture: outputs and gradients of modules "
+            "inside its graphs are not tapped (draws and modules outside the graphs are)")
+
+    def attach_module_hooks(self) -> None:
+        """Register the module hooks again (after graph creation)."""
+        for name, module in self._modules:
+            self._handles.append(module.register_forward_hook(
+                self._output_hook(name, _forward_location(module))))
 
     def _output_hook(self, name: str, location: str | None) -> Any:
         table = self.table

@@ -153,7 +153,11 @@ def run_steps(
             taps.begin_step(step, state.phase)
         try:
             if setup.te_helper is not None and step == cfg["cuda_graph_warmup_steps"]:
+                if taps is not None:
+                    taps.detach_module_hooks()
                 setup.te_helper.create_cudagraphs()
+                if taps is not None:
+                    taps.attach_module_hooks()
                 if getattr(setup.model, "use_forward_hook", False):
                     # DDP forward pre-hooks (overlap_param_gather) do not fire on graph replay.
                     setup.te_helper.cuda_graph_set_manual_hooks()
