@@ -45,8 +45,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--impl", default="local,full_iteration")
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--hidden-size", type=int, default=DiffConfig().hidden_size)
+    parser.add_argument("--seq-length", type=int, default=DiffConfig().seq_length)
     args = parser.parse_args(argv)
     cfg = DiffConfig(impls=tuple(args.impl.split(",")), steps=args.steps, dropout=args.dropout,
+                     hidden_size=args.hidden_size, seq_length=args.seq_length,
                      memory=False, launches=False, timeout_s=300.0)
     work = Path(tempfile.mkdtemp(prefix="gd-taps-bench-"))
     rows = []
@@ -68,7 +71,8 @@ def main(argv: list[str]) -> int:
             if model_bytes else None,
         })
     print(json.dumps({"config": {"steps": cfg.steps, "dropout": cfg.dropout,
-                                 "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size},
+                                 "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
+                                 "seq_length": cfg.seq_length},
                       "rows": rows}, indent=1))
     return 0
 
