@@ -275,7 +275,9 @@ def _run_all(session: ChildSession) -> tuple[list[ImplResult], RunRecord, RunRec
                     ctl_dir = _ref_dir(session, "control")
                     control_ref = session.run("none", 0.0, "reference", ctl_dir)
                 assert ctl_dir is not None
-                control = session.run(impl, 0.0, "graphed", ctl_dir)
+                # Without its reference the control run has nothing to compare against.
+                control = (session.run(impl, 0.0, "graphed", ctl_dir)
+                           if control_ref.status == "ok" else None)
                 result = judge(reference, graphed, warmup_steps=cfg.cuda_graph_warmup_steps,
                                rtol=cfg.rtol, atol=cfg.atol, control_reference=control_ref,
                                control_graphed=control)
@@ -324,7 +326,7 @@ def _forensics(session: ChildSession, result: ImplResult, reference: RunRecord,
     else:
         tapped_ref = session.tapped_reference(ref_dir)
         tapped = session.run(graphed.impl, cfg.dropout, "plain", ref_dir, taps=True)
-        result = dataclasses.replace(result, runs=(*result.runs, tapped))
+        result = dataclasses.replace(result, runs=(*result.runs, tapped_ref, tapped))
     problem = _tap_problem(tapped_ref, tapped)
     if problem is not None:
         return _add_note(result, f"forensics unavailable: {problem}")

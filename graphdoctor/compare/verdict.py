@@ -227,6 +227,14 @@ def judge(
 def _control(control_reference: RunRecord | None, control_graphed: RunRecord | None,
              warmup_steps: int, rtol: float, atol: float
              ) -> tuple[dict[str, Any] | None, Verdict, tuple[str, ...]]:
+    if control_reference is not None and control_reference.status != "ok":
+        diag = control_reference.diagnosis
+        why = f": {diag.error_type}: {diag.message}" if diag is not None else ""
+        control = {"dropout": 0.0, "verdict": Verdict.REFERENCE_FAILED.value,
+                   "first_divergence": None, "diagnosis": diag.to_dict() if diag else None}
+        return control, Verdict.NUMERIC_DIVERGENCE, (
+            f"the dropout-free control reference failed{why[:300]}, so RNG and numerics could not "
+            "be told apart; treated as numeric-divergence",)
     if control_reference is None or control_graphed is None:
         return None, Verdict.NUMERIC_DIVERGENCE, ("no dropout-free control pair ran",)
     inner = judge(control_reference, control_graphed, warmup_steps=warmup_steps, rtol=rtol,

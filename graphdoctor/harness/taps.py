@@ -57,14 +57,22 @@ class Site:
                 "captured": self.captured}
 
 
+_PACKAGE_ROOTS = ("/megatron/", "/transformer_engine/", "/torch/", "/apex/")
+
+
 def _short(path: str) -> str:
+    """A path users recognise: package-relative for installed packages, else repo-relative."""
     for marker in ("site-packages/", "dist-packages/"):
         if marker in path:
             return path.split(marker, 1)[1]
+    for root in _PACKAGE_ROOTS:
+        if root in path:
+            return path[path.rindex(root) + 1:]
     try:
-        return os.path.relpath(path)
+        rel = os.path.relpath(path)
     except ValueError:
         return path
+    return path if rel.startswith("..") else rel
 
 
 class TapTable:

@@ -1,0 +1,70 @@
+"""Forensics on tap tables recorded on the H200 (fixtures/data/forensics/): offline analysis on the
+CPU gives what the live diff reported, and the recorded tables show the physical effects."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+from graphdoctor.compare.forensics import analyze
+from graphdoctor.report.forensics import forensics_table
+
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "forensics"
+
+
+def _load(name: str) -> dict[str, Any]:
+    with gzip.open(DATA / f"{name}.json.gz", "rt", encoding="utf-8") as fh:
+        return json.load(fh)  # type: ignore[no-any-return]
+
+
+def test_local_dropout_pair_offline_analysis_equals_the_live_one() -> None:
+    doc = _load("h200_local_dropout_te_spec")
+    found = analyze(doc["reference"], doc["graphed"], dropout=doc["dropout"])
+    assert found.to_dict() == doc["live_analysis"]
+    assert found.frozen == ()
+    assert found.rng_aligned is False
+    mismatch = found.first_draw_mismatch
+    assert mismatch is not None
+    assert (mismatch.step, mismatch.module, mismatch.kind) == (1, "embedding.embedding_dropout",
+                                                                "dropout")
+    # Same keep count, different positions: a shifted Philox offset, not a different rate.
+    assert mismatch.reference[0] == mismatch.graphed[0]
+    assert mismatch.reference[1:] != mismatch.graphed[1:]
+    assert found.keep_rate_anomalies == ()
+    table = forensics_table(found)
+    assert "embedding.embedding_dropout" in table
+
+
+def _rows_by_module(table: dict[str, Any], kind: str) -> dict[str, dict[int, list[float]]]:
+    sites = {s["slot"]: s for s in table["sites"]}
+    out: dict[str, dict[int, list[float]]] = {}
+    for entry in table["steps"]:
+        for row in entry["rows"]:
+            site = sites[row[0]]
+            if site["kind"] == kind and site["captured"]:
+                out.setdefault(site["module"], {})[entry["step"]] = row[2:]
+    return out
+
+
+def test_recorded_host_mask_replays_one_mask_in_every_step() -> None:
+    doc = _load("h200_frozen_host_mask")
+    rows = _rows_by_module(doc["graphed"], "host-random")
+    assert set(rows) == {"decoder.layers.0.mlp", "decoder.layers.1.mlp"}
+    for steps in rows.values():
+        replays = [steps[s] for s in sorted(steps)]
+        assert len(replays) >= 4
+        assert all(r == replays[0] for r in replays)
+    assert doc["live_verdict"] == "frozen-rng"
+    assert doc["live_diagnosis"]["module"] == "decoder.layers.0.mlp"
+    assert [f["module"] for f in doc["live_analysis"]["frozen"]] == sorted(rows)
+
+
+def test_recorded_reassigned_scale_keeps_the_captured_scale() -> None:
+    doc = _load("h200_numeric_reassigned_scale")
+    live = doc["live_analysis"]["first_numeric_divergence"]
+    assert (live["step"], live["module"], live["kind"]) == (1, "decoder.layers.0.mlp", "output")
+    assert live["max_rel"] > 1e-4
+    assert doc["live_analysis"]["first_draw_mismatch"] is None
+    assert doc["live_verdict"] == "numeric-divergence"
