@@ -83,8 +83,11 @@ def apply_forensics(result: ImplResult, forensics: Any, *, aligned_requested: bo
     for anomaly in forensics.keep_rate_anomalies:
         notes.append(f"dropout keep rate at {anomaly.module} is {anomaly.keep_rate:.4f}, expected "
                      f"{anomaly.expected_keep_rate:.4f}")
+    from graphdoctor.report.forensics import forensics_table
+
     return dataclasses.replace(result, verdict=verdict, diagnosis=diagnosis, notes=tuple(notes),
-                               forensics=forensics.to_dict())
+                               forensics=forensics.to_dict(),
+                               forensics_text=forensics_table(forensics))
 
 
 __all__ = ["RNG_SHIFT_RULE", "apply_forensics"]

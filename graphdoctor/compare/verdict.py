@@ -81,6 +81,8 @@ class ImplResult:
     """The child records behind this row (graphed run, then control run)."""
     forensics: dict[str, Any] | None = None
     """RNG and localization forensics from capture-time taps (graphdoctor.compare.forensics)."""
+    forensics_text: str | None = field(default=None, repr=False)
+    """The forensics rendered as a table (shown by `diff -v`; not part of the JSON)."""
 
     def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
         """JSON view (schema in docs/diff.md)."""

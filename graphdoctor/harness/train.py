@@ -149,6 +149,9 @@ def run_steps(
         state.step, state.phase = step, phase_of(spec.impl, step, cfg["cuda_graph_warmup_steps"])
         for obs in observers:
             obs.begin_step(step, state.phase)
+        # The batch is built before the taps start: its tokens come from a CPU generator and
+        # are not the model's random draws.
+        data = step_batches(cfg, step)
         if taps is not None:
             taps.begin_step(step, state.phase)
         try:
@@ -163,7 +166,6 @@ def run_steps(
                     setup.te_helper.cuda_graph_set_manual_hooks()
             setup.model.zero_grad_buffer()
             setup.optimizer.zero_grad()
-            data = step_batches(cfg, step)
             start_ev.record()
             losses = setup.forward_backward(
                 forward_step_func=setup.forward_step, data_iterator=data, model=[setup.model],

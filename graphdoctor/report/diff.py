@@ -140,6 +140,9 @@ def _details(report: DiffReport, *, verbose: bool) -> list[str]:
             out.append(f"{result.impl}: control pair at dropout 0: {ctl['verdict']}{where}")
         for note in result.notes:
             out.append(f"{result.impl}: note: {note}")
+        if verbose and result.forensics_text:
+            out.append(f"{result.impl}: forensics (capture-time taps):")
+            out += ["  " + line for line in result.forensics_text.splitlines()]
         if result.memory and result.memory.get("summary"):
             out.append(f"{result.impl}: memory: {result.memory['summary']}")
         if result.launches and result.launches.get("summary"):
