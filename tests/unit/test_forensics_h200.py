@@ -68,3 +68,19 @@ def test_recorded_reassigned_scale_keeps_the_captured_scale() -> None:
     assert live["max_rel"] > 1e-4
     assert doc["live_analysis"]["first_draw_mismatch"] is None
     assert doc["live_verdict"] == "numeric-divergence"
+
+
+def test_apply_forensics_on_the_recorded_pair_names_the_draw_and_the_rule() -> None:
+    from graphdoctor.compare.rng_verdict import apply_forensics
+    from graphdoctor.compare.verdict import ImplResult
+    from graphdoctor.types import Verdict
+
+    doc = _load("h200_local_dropout_te_spec")
+    found = analyze(doc["reference"], doc["graphed"], dropout=doc["dropout"])
+    result = apply_forensics(ImplResult(impl="local", verdict=Verdict.RNG_DIVERGENCE), found,
+                             aligned_requested=False)
+    assert result.verdict == Verdict.RNG_DIVERGENCE
+    assert result.forensics == doc["live_analysis"]
+    assert any("embedding.embedding_dropout" in n and "GD401" in n for n in result.notes)
+    assert result.forensics_text is not None and "RNG: not aligned" in result.forensics_text
+
