@@ -288,6 +288,7 @@ def _run_all(session: ChildSession) -> tuple[list[ImplResult], RunRecord, RunRec
                 result = _eager_noise(session, result, 0.0 if noise_dir == ctl_dir else cfg.dropout,
                                       noise_dir, reference if noise_dir == ref_dir else control_ref)
             result = _forensics(session, result, reference, graphed, ref_dir)
+            result = _hazards(result, graphed)
             results.append(with_launch_table(result, reference, graphed))
         return results, reference, control_ref
     finally:
@@ -338,6 +339,23 @@ def _forensics(session: ChildSession, result: ImplResult, reference: RunRecord,
     result = apply_forensics(result, found, aligned_requested=cfg.align_rng)
     for note in (tapped.forensics or {}).get("notes", []):
         result = _add_note(result, str(note))
+    return result
+
+
+def _hazards(result: ImplResult, graphed: RunRecord) -> ImplResult:
+    """Run-time hazards the child saw: the diagnosis of a divergence they explain, else a note."""
+    for hazard in graphed.hazards:
+        text = f"{hazard.get('rule')}: {hazard.get('message')} (at {hazard.get('module')})"
+        if result.verdict == Verdict.NUMERIC_DIVERGENCE and hazard.get("rule") == "GD511":
+            step = result.divergence.step if result.divergence is not None else None
+            diag = Diagnosis(
+                error_type="hazard", message=str(hazard.get("message")), rule="GD511",
+                module=hazard.get("module"), step=step, phase="replay",
+                fix="pass an explicit causal attention_mask, or use the Transformer Engine layer "
+                    "spec (--layer-spec te)")
+            result = dataclasses.replace(result, diagnosis=diag)
+        else:
+            result = _add_note(result, text)
     return result
 
 

@@ -246,6 +246,9 @@ class RunRecord:
     forensics: dict[str, Any] | None = None
     """Capture-time tap records (graphdoctor.harness.taps) when the run was tapped."""
 
+    hazards: list[dict[str, Any]] = field(default_factory=list)
+    """Run-time hazards the child saw ({"rule", "module", "message"}), e.g. GD511."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -261,6 +264,7 @@ class RunRecord:
             "launches": self.launches,
             "env": dict(self.env),
             "forensics": self.forensics,
+            "hazards": list(self.hazards),
         }
 
     @classmethod

@@ -127,7 +127,7 @@ def run(spec_path: str) -> int:
             torch.backends.cudnn.benchmark = False
         setup = build_setup(spec)
         names = {id(m): _strip_wrappers(n) for n, m in setup.model.named_modules()}
-        observers = make_observers(spec, setup.model)
+        observers = make_observers(spec, setup.model, names)
         taps = _install_taps(spec, setup, names)
         undo_align = _align(spec)
         t0 = time.perf_counter()

@@ -245,13 +245,23 @@ def _census(model: Any) -> dict[str, Any]:
 def _census_kept(kept: Any) -> dict[str, Any]:
     """Census of every graph created during the run (Transformer Engine keeps its graphs inside
     the graphed callables it returns, one forward and one backward graph per layer and micro-batch)."""
-    from graphdoctor.launches.census import census_graph
+    from graphdoctor.launches.census import CensusError, census_graph
 
-    return {f"transformer_engine/graph{i}": census_graph(g, name=f"graph{i}").to_dict()
-            for i, g in enumerate(kept.graphs if kept is not None else [])}
+    result: dict[str, Any] = {}
+    for i, graph in enumerate(kept.graphs if kept is not None else []):
+        try:
+            result[f"transformer_engine/graph{i}"] = census_graph(graph, name=f"graph{i}").to_dict()
+        except CensusError as exc:
+            # On the H200 (TE 2.20.2) a kept CUDAGraph raised "cannot access the raw
+            # cudaGraph_t until capture_end()": a graph object that was never captured. Only
+            # captured graphs are replayed, so only they belong in the census.
+            if "capture_end" not in str(exc):
+                raise
+    return result
 
 
-def make_observers(spec: ChildSpec, model: Any) -> tuple[Observer, ...]:
+def make_observers(spec: ChildSpec, model: Any,
+                   names: dict[int, str] | None = None) -> tuple[Observer, ...]:
     """Observers this child needs, from its spec (plain runs get none)."""
     if spec.role == "plain":
         return ()
@@ -261,6 +271,10 @@ def make_observers(spec: ChildSpec, model: Any) -> tuple[Observer, ...]:
     observers.append(PhaseObserver(spec.impl))
     if spec.config.get("memory", True) and spec.role != "count":
         observers.append(MemoryObserver(spec))
+    if spec.impl == "transformer_engine" and names is not None:
+        from graphdoctor.harness.hazards import NoneMaskObserver
+
+        observers.append(NoneMaskObserver(model, names))
     return tuple(observers)
 
 

@@ -99,6 +99,7 @@ def record_from_events(
         memory=end.get("memory") if end else None,
         launches=end.get("launches") if end else None, env=env,
         forensics=end.get("forensics") if end else None,
+        hazards=list(end.get("hazards", [])) if end else [],
     )
 
 
