@@ -1,5 +1,6 @@
 """GD5xx runtime rules: capture hazards only visible while the model runs. Metadata only: the runtime
-probes detect them and report `get_rule(code).finding(locations=(...), detail=..., where=...)`.
+probes (GD511: `graphdoctor diff`'s hazard observer) detect them and report
+`get_rule(code).finding(locations=(...), detail=..., where=...)`.
 
 Every template takes `detail` (what happened) and `where` (`file:line` of the offending call).
 """
@@ -336,3 +337,39 @@ class CaptureInvalidatedCascade(RuntimeRule):
     fix = FixAvailability.NONE
     template = "capture invalidated by an earlier error: {detail} at {where}"
     fix_template = "Fix the first capture error reported; the later errors are its cascade"
+
+
+class TeGraphNoneAttentionMask(RuntimeRule):
+    """## What it does
+    Reports `cuda_graph_impl="transformer_engine"` with a layer spec whose core attention is Megatron's
+    local `DotProductAttention` while the forward step passes `attention_mask=None` (seen by
+    `graphdoctor diff` on the first step).
+
+    ## Why is this bad?
+    On replay Megatron replaces a None mask by an all-False one (`transformer_layer.py:1394-1402`), and
+    the local softmax applies a given mask instead of generating the causal one
+    (`fused_softmax.py:319-327`): graphed attention is non-causal, eager is causal, and the loss differs
+    from the first graphed step.
+
+    ## Example
+    ```python
+    output = model(tokens, position_ids, attention_mask=None)   # [GD511]
+    ```
+
+    ## Use instead
+    ```python
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device="cuda"), 1)  # True = masked
+    output = model(tokens, position_ids, attention_mask=mask.expand(b, 1, s, s))
+    ```
+
+    ## Fix
+    Pass an explicit causal `[b, 1, s, s]` bool mask, or use `get_gpt_layer_with_transformer_engine_spec`,
+    whose attention generates the causal mask itself.
+    """
+
+    code = "GD511"
+    name = "te-graph-none-attention-mask"
+    severity = Severity.ERROR
+    fix = FixAvailability.ALWAYS
+    template = "attention_mask=None replayed as an all-False mask (non-causal): {detail} at {where}"
+    fix_template = "Pass an explicit causal attention_mask (or use the Transformer Engine layer spec)"
