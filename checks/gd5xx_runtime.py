@@ -369,6 +369,7 @@ class TeGraphNoneAttentionMask(RuntimeRule):
 
     code = "GD511"
     name = "te-graph-none-attention-mask"
+    detected_by = "`graphdoctor diff` when it drives transformer_engine graphs"
     severity = Severity.ERROR
     fix = FixAvailability.ALWAYS
     template = "attention_mask=None replayed as an all-False mask (non-causal): {detail} at {where}"

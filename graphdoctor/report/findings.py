@@ -56,8 +56,8 @@ def rule_markdown(rule: Rule) -> str:
         "",
         f"Family: **{rule.family}**. Severity: **{meta['severity']}**. Status: {meta['status']} "
         f"(since {rule.since}). {meta['fix_availability']}"
-        + (" Detected on the GPU by runtime probes (`graphdoctor check --probe`), not by the "
-           "static check." if rule.runtime else ""),
+        + (f" Detected on the GPU by {rule.detected_by}, not by the static check."
+           if rule.runtime else ""),
         "",
     ]
     return "\n".join(head) + rule.doc() + "\n"
@@ -96,8 +96,8 @@ def render_rule(rule: Rule, fmt: str = "text") -> str:
         f"Severity: {meta['severity']}",
         meta["fix_availability"],
         f"Status: {meta['status']} (since {rule.since})",
-        *(["Detected on the GPU by runtime probes (`graphdoctor check --probe`), not by the static "
-           "check."] if rule.runtime else []),
+        *([f"Detected on the GPU by {rule.detected_by}, not by the static check."]
+          if rule.runtime else []),
         "",
         rule.doc(),
     ]

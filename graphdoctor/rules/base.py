@@ -46,7 +46,9 @@ class Rule:
     status: ClassVar[Status] = Status.STABLE
     since: ClassVar[str] = "0.1"
     runtime: ClassVar[bool] = False
-    """True for rules detected by runtime probes; `detect` then never reports."""
+    """True for rules detected at run time on the GPU; `detect` then never reports."""
+    detected_by: ClassVar[str] = "runtime probes (`graphdoctor check --probe`)"
+    """For runtime rules: what finds them (shown in `graphdoctor rule` and the docs)."""
     template: ClassVar[str]
     """`str.format` template for message(), filled from Hit.params."""
     fix_template: ClassVar[str]
