@@ -36,7 +36,11 @@ class DropoutWithLocalGraphRngShift(Rule):
     ```
 
     ## Fix
-    Use dropout 0 when comparing with eager, or the transformer_engine impl.
+    Use dropout 0 when comparing with eager, or the transformer_engine impl, or let
+    `graphdoctor diff --align-rng` restore the generator states around the local implementation's
+    graph creation (`_CudagraphGlobalRecord.create_cudagraphs`) so dropout runs compare bitwise.
+    `graphdoctor diff` reports this rule when the taps see the local implementation's draws differ
+    from eager's.
     """
 
     code = "GD401"
