@@ -34,6 +34,9 @@ class Option:
     metavar: str = ""
     """Placeholder shown in --help."""
 
+    default_text: str | None = None
+    """What --help shows as the default when the raw default says nothing (None, empty)."""
+
     @property
     def default(self) -> Any:
         """Default from DiffConfig (None: unset, the run file or DiffConfig decides)."""
@@ -47,6 +50,8 @@ class Option:
     @property
     def help_text(self) -> str:
         """Help ending in 'Default: ...'."""
+        if self.default_text is not None:
+            return f"{self.help} Default: {self.default_text}."
         default = self.default
         shown = "off" if default is False else ("on" if default is True else
                                                  ("none" if default is None else default))
@@ -76,10 +81,11 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("timeout", "timeout_s", float, "Seconds allowed for each child run.", "SECONDS"),
     Option("layer-spec", "layer_spec", str,
            "local (Megatron's local GPT spec), te (its Transformer Engine spec) or pkg.mod:fn "
-           "returning the transformer layer ModuleSpec; unset: local.", "SPEC"),
+           "returning the transformer layer ModuleSpec.", "SPEC", default_text="local"),
     Option("cuda-graph-modules", "cuda_graph_modules", str,
            "Comma-separated cuda_graph_modules for local and transformer_engine (attn, mlp, "
-           "moe_router, moe_preprocess, ...); empty: whole layer.", "LIST"),
+           "moe_router, moe_preprocess, ...); empty: whole layer.", "LIST",
+           default_text="whole layer"),
     Option("model-provider", "model_provider", str,
            "pkg.mod:fn(config, vocab_size=, max_sequence_length=, ...) returning the model.",
            "PKG.MOD:FN"),
@@ -93,7 +99,8 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            "Write memory snapshots of graphed runs into DIR (for graphdoctor triage).", "DIR"),
     Option("localize", "localize", bool,
            "Taps that fingerprint dropout masks, random draws, module outputs and gradients "
-           "inside graphs; unset: an extra tapped pair runs only after a divergence.", ""),
+           "inside graphs; --no-localize never taps.", "",
+           default_text="a tapped pair runs only after a divergence"),
     Option("align-rng", "align_rng", bool,
            "Restore RNG states around warmup and capture so graphed dropout matches eager.", ""),
     Option("deterministic", "deterministic", bool,
