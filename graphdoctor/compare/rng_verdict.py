@@ -13,6 +13,15 @@ from graphdoctor.types import Diagnosis, Verdict
 RNG_SHIFT_RULE = {"local": "GD401"}
 """Catalogue rule for implementations known not to restore the RNG around warmup and capture."""
 
+RNG_SELF_ALIGNED = {
+    "transformer_engine": ": Transformer Engine saves and restores the RNG states around its "
+                          "warmup and capture (make_graphed_callables), which Megatron's local "
+                          "implementation does not",
+    "full_iteration": ": full_iteration warms up with real training steps and captures without "
+                      "extra passes, so nothing shifts the random stream",
+}
+"""Why an implementation's draws match eager's without --align-rng."""
+
 
 def _where(item: Any) -> str:
     module = getattr(item, "module", None) or "<no module>"
@@ -79,7 +88,8 @@ def apply_forensics(result: ImplResult, forensics: Any, *, aligned_requested: bo
                "generator states around warmup and capture"))
     elif forensics.rng_aligned:
         notes.append("every dropout mask and random draw is identical to eager"
-                     + (" (with --align-rng)" if aligned_requested else ""))
+                     + (" (with --align-rng)" if aligned_requested else
+                        RNG_SELF_ALIGNED.get(result.impl, "")))
     for anomaly in forensics.keep_rate_anomalies:
         notes.append(f"dropout keep rate at {anomaly.module} is {anomaly.keep_rate:.4f}, expected "
                      f"{anomaly.expected_keep_rate:.4f}")
