@@ -69,12 +69,17 @@ def _strip_wrappers(name: str) -> str:
     return "" if name == "module" else name
 
 
-def _install_taps(spec: Any, setup: Any, names: dict[int, str]) -> Any:
+def _install_taps(spec: Any, setup: Any, names: dict[int, str]) -> tuple[Any, dict[str, Any] | None]:
+    """(Taps or None, the forensics section to report when installing them failed)."""
     if not spec.taps:
-        return None
+        return None, None
     from graphdoctor.harness.taps import Taps
 
-    return Taps(setup.model, names, num_steps=spec.config["steps"] + 1)
+    try:
+        return Taps(setup.model, names, num_steps=spec.config["steps"] + 1), None
+    except Exception as exc:  # noqa: BLE001 - training still runs; the report says why no taps
+        return None, {"version": 1, "error": f"installing taps: {type(exc).__name__}: {exc}"[:500],
+                      "sites": [], "steps": []}
 
 
 def _close_taps(taps: Any) -> dict[str, Any]:
@@ -128,7 +133,7 @@ def run(spec_path: str) -> int:
         setup = build_setup(spec)
         names = {id(m): _strip_wrappers(n) for n, m in setup.model.named_modules()}
         observers = make_observers(spec, setup.model, names)
-        taps = _install_taps(spec, setup, names)
+        taps, taps_failed = _install_taps(spec, setup, names)
         undo_align = _align(spec)
         t0 = time.perf_counter()
         hunt = sync_errors_during_capture() if spec.hunt_culprit else contextlib.nullcontext()
@@ -140,6 +145,8 @@ def run(spec_path: str) -> int:
             extra.update(obs.finish())
         if taps is not None:
             extra["forensics"] = _close_taps(taps)
+        elif taps_failed is not None:
+            extra["forensics"] = taps_failed
         undo_align()
         release_graphs(setup)
         extra["end_allocated_bytes"] = int(torch.cuda.memory_allocated())
