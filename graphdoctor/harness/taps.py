@@ -142,10 +142,15 @@ class TapTable:
         slot = self._slot(kind, module, op, tensor, p, location)
         if slot is None:
             return
-        stats = fingerprint_stats(tensor, kind)
-        # One stack writes the step stamp and the statistics: the fewer kernels, the cheaper the
-        # tap is as a graph node on every replay.
-        torch.stack([self.step_value, *stats], out=self.table[slot, : 1 + len(stats)])
+        try:
+            stats = fingerprint_stats(tensor, kind)
+            # One stack writes the step stamp and the statistics: the fewer kernels, the cheaper
+            # the tap is as a graph node on every replay.
+            torch.stack([self.step_value, *stats], out=self.table[slot, : 1 + len(stats)])
+        except (RuntimeError, TypeError, ValueError) as exc:
+            # A tap must never end the training run it watches; the report says which one failed.
+            if len(self.notes) < 10:
+                self.notes.append(f"tap {kind} {module or '?'} {op} failed: {exc}"[:300])
 
     def to_dict(self) -> dict[str, Any]:
         """The forensics section (format version 1, see docs/forensics.md). Synchronises once."""
