@@ -22,8 +22,11 @@ REFERENCE_IMPL = "none"
 
 DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 
-BUILTIN_LAYER_SPECS: tuple[str, ...] = ("local", "te", "transformer_engine")
-"""layer_spec values naming Megatron's own GPT layer specs (te and transformer_engine are aliases)."""
+TE_LAYER_SPECS: tuple[str, ...] = ("te", "transformer_engine")
+"""layer_spec values selecting get_gpt_layer_with_transformer_engine_spec() (aliases)."""
+
+BUILTIN_LAYER_SPECS: tuple[str, ...] = ("local", *TE_LAYER_SPECS)
+"""layer_spec values naming Megatron's own GPT layer specs."""
 
 CUDA_GRAPH_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess",
                                        "mamba")
@@ -240,6 +243,29 @@ def resolve_entry_point(value: str, field: str = "layer_spec") -> Any:
     return target
 
 
+def build_layer_spec(name: str | None) -> Any:
+    """The transformer layer ModuleSpec that a `layer_spec` value names (imports megatron).
+
+    Args:
+        name: `local` or None (Megatron's local GPT spec), `te`/`transformer_engine` (its
+            Transformer Engine spec), or `pkg.mod:fn` returning a ModuleSpec.
+
+    Raises:
+        UsageError: a `pkg.mod:fn` that cannot be imported or called.
+    """
+    if name in TE_LAYER_SPECS:
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        return get_gpt_layer_with_transformer_engine_spec()
+    if name and name != "local":
+        return resolve_entry_point(name, "layer_spec")()
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    return get_gpt_layer_local_spec()
+
+
 @dataclass(frozen=True, slots=True)
 class RunFile:
     """The parsed run file: three optional mappings."""
@@ -387,8 +413,10 @@ __all__ = [
     "DTYPES",
     "IMPLS",
     "REFERENCE_IMPL",
+    "TE_LAYER_SPECS",
     "DiffConfig",
     "RunFile",
+    "build_layer_spec",
     "check_entry_point",
     "diff_config_from",
     "load_run_file",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.compare.verdict import ImplResult, judge
-from graphdoctor.config import DiffConfig
+from graphdoctor.config import TE_LAYER_SPECS, DiffConfig
 from graphdoctor.errors import MissingDependencyError, NoGPUError
 from graphdoctor.harness.runner import run_child
 from graphdoctor.harness.spec import ChildSpec, placement_for_child
@@ -214,7 +214,7 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
         NoGPUError: no CUDA GPU is visible.
     """
     require_gpu()
-    if config.layer_spec in ("te", "transformer_engine"):
+    if config.layer_spec in TE_LAYER_SPECS:
         ok, why = te_available()
         if not ok:
             raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "

@@ -16,12 +16,9 @@ from typing import Any
 
 import torch
 
-from graphdoctor.config import resolve_entry_point
+from graphdoctor.config import TE_LAYER_SPECS, build_layer_spec, resolve_entry_point
 from graphdoctor.errors import MissingDependencyError
 from graphdoctor.harness.spec import ChildSpec
-
-TE_SPEC_NAMES = ("te", "transformer_engine")
-"""--layer-spec values that select get_gpt_layer_with_transformer_engine_spec()."""
 
 
 @dataclass(slots=True)
@@ -69,7 +66,7 @@ def init_distributed(spec: ChildSpec) -> None:
 
 def uses_te_spec(cfg: dict[str, Any]) -> bool:
     """True when the run builds layers from Megatron's Transformer Engine spec."""
-    return cfg.get("layer_spec") in TE_SPEC_NAMES
+    return cfg.get("layer_spec") in TE_LAYER_SPECS
 
 
 def seed_everything(seed: int, impl: str, te_spec: bool = False) -> None:
@@ -126,22 +123,11 @@ def transformer_config(spec: ChildSpec) -> Any:
 
 def build_model(spec: ChildSpec, config: Any) -> torch.nn.Module:
     """GPTModel (or the user's model provider), on the GPU, Float16Module-wrapped for bf16/fp16."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.module import Float16Module
 
     cfg = spec.config
-    name = cfg.get("layer_spec")
-    if name in TE_SPEC_NAMES:
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,
-        )
-
-        layer_spec = get_gpt_layer_with_transformer_engine_spec()
-    elif name and name != "local":
-        layer_spec = resolve_entry_point(name, "layer_spec")()
-    else:
-        layer_spec = get_gpt_layer_local_spec()
+    layer_spec = build_layer_spec(cfg.get("layer_spec"))
     if cfg.get("model_provider"):
         provider = resolve_entry_point(cfg["model_provider"], "model_provider")
         model = provider(config, vocab_size=cfg["vocab_size"], max_sequence_length=cfg["seq_length"],
@@ -317,7 +303,6 @@ def release_graphs(setup: Setup) -> None:
 
 
 __all__ = [
-    "TE_SPEC_NAMES",
     "Setup",
     "build_setup",
     "default_forward_step",

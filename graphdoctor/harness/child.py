@@ -63,12 +63,6 @@ def _env_info(spec: Any) -> dict[str, Any]:
     return info
 
 
-def _strip_wrappers(name: str) -> str:
-    while name.startswith("module."):
-        name = name[len("module."):]
-    return "" if name == "module" else name
-
-
 def _install_taps(spec: Any, setup: Any, names: dict[int, str]) -> tuple[Any, dict[str, Any] | None]:
     """(Taps or None, the forensics section to report when installing them failed)."""
     if not spec.taps:
@@ -111,7 +105,7 @@ def run(spec_path: str) -> int:
     warnings.filterwarnings("ignore")  # megatron and torch warn at every import and step
     import torch
 
-    from graphdoctor.harness.train import LoopState, run_steps
+    from graphdoctor.harness.train import LoopState, run_steps, strip_wrappers
 
     emit({"event": "env", **_env_info(spec)})
     state = LoopState()
@@ -131,7 +125,7 @@ def run(spec_path: str) -> int:
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.benchmark = False
         setup = build_setup(spec)
-        names = {id(m): _strip_wrappers(n) for n, m in setup.model.named_modules()}
+        names = {id(m): strip_wrappers(n) for n, m in setup.model.named_modules()}
         observers = make_observers(spec, setup.model, names)
         taps, taps_failed = _install_taps(spec, setup, names)
         undo_align = _align(spec)

@@ -44,10 +44,11 @@ def phase_of(impl: str, step: int, warmup_steps: int) -> str:
     return "capture" if step == warmup_steps else "replay"
 
 
-def _strip(name: str) -> str:
+def strip_wrappers(name: str) -> str:
+    """A module or parameter name without the DDP/Float16Module `module.` prefixes ("" for them)."""
     while name.startswith("module."):
         name = name[len("module."):]
-    return name
+    return "" if name == "module" else name
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ class TensorFamilies:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> TensorFamilies:
-        params = [(_strip(n), p) for n, p in model.named_parameters() if p.requires_grad]
+        params = [(strip_wrappers(n), p) for n, p in model.named_parameters() if p.requires_grad]
         layout = FlatLayout(tuple(n for n, _ in params), tuple(p.numel() for _, p in params))
         device = params[0][1].device
         return cls(params=params, layout=layout, index=SegmentIndex(layout, device))
@@ -198,4 +199,4 @@ def run_steps(
     return io.compare_s
 
 
-__all__ = ["LoopState", "StepObserver", "phase_of", "run_steps"]
+__all__ = ["LoopState", "StepObserver", "phase_of", "run_steps", "strip_wrappers"]

@@ -15,7 +15,13 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from graphdoctor.config import BUILTIN_LAYER_SPECS, DTYPES, check_entry_point, resolve_entry_point
+from graphdoctor.config import (
+    BUILTIN_LAYER_SPECS,
+    DTYPES,
+    build_layer_spec,
+    check_entry_point,
+    resolve_entry_point,
+)
 from graphdoctor.errors import UsageError
 from graphdoctor.harness.spec import free_port
 from graphdoctor.probes.capture import capture_unit
@@ -144,7 +150,6 @@ def build_gpt(spec: ProbeSpec, *, device: str = "cuda") -> tuple[torch.nn.Module
         (model on `device`, hook registrations: handle id -> `path:line` of the register call).
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dtype = _TORCH_DTYPES[spec.dtype]
@@ -156,16 +161,7 @@ def build_gpt(spec: ProbeSpec, *, device: str = "cuda") -> tuple[torch.nn.Module
     }
     values.update(spec.transformer)
     config = TransformerConfig(**values)
-    if spec.layer_spec in ("te", "transformer_engine"):
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,
-        )
-
-        layer_spec = get_gpt_layer_with_transformer_engine_spec()
-    elif spec.layer_spec and spec.layer_spec != "local":
-        layer_spec = load_entry_point(spec.layer_spec)()
-    else:
-        layer_spec = get_gpt_layer_local_spec()
+    layer_spec = build_layer_spec(spec.layer_spec)
     with track_hook_registrations() as registrations:
         model = GPTModel(config=config, transformer_layer_spec=layer_spec,
                          vocab_size=spec.vocab_size, max_sequence_length=spec.seq_length)
