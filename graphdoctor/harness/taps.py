@@ -89,7 +89,7 @@ class TapTable:
         self.phases: dict[int, str] = {}
         self.truncated = False
         self.notes: list[str] = []
-        self._eager_slots: dict[tuple[Any, ...], int] = {}
+        self._slots: dict[tuple[Any, ...], int] = {}
         self._occurrences: dict[tuple[Any, ...], int] = {}
         self._capture_serial = 0
         self._capture_seen = -1
@@ -122,7 +122,7 @@ class TapTable:
         occurrence = self._occurrences.get(base, 0)
         self._occurrences[base] = occurrence + 1
         key = (*base, occurrence)
-        slot = self._eager_slots.get(key)
+        slot = self._slots.get(key)
         if slot is not None:
             return slot
         if len(self.sites) >= self.capacity:
@@ -131,7 +131,7 @@ class TapTable:
         slot = len(self.sites)
         self.sites.append(Site(slot=slot, kind=kind, module=module, op=op, location=location,
                                numel=tensor.numel(), p=p, captured=capturing))
-        self._eager_slots[key] = slot
+        self._slots[key] = slot
         return slot
 
     def write(self, kind: str, module: str | None, op: str, tensor: torch.Tensor, *,
