@@ -142,6 +142,9 @@ def run(spec_path: str) -> int:
         elif taps_failed is not None:
             extra["forensics"] = taps_failed
         undo_align()
+        # Peak and reserved while the graphs (and their pools) are alive; allocated once they are not.
+        extra["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+        extra["end_reserved_bytes"] = int(torch.cuda.memory_reserved())
         release_graphs(setup)
         extra["end_allocated_bytes"] = int(torch.cuda.memory_allocated())
         emit({"event": "end", "train_s": train_s, "compare_s": compare_s,

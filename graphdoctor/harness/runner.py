@@ -68,8 +68,9 @@ def record_from_events(
     env = next(({k: v for k, v in e.items() if k != "event"} for e in events
                 if e.get("event") == "env"), {})
     end = next((e for e in events if e.get("event") == "end"), None)
-    if end is not None and "end_allocated_bytes" in end:
-        env["end_allocated_bytes"] = end["end_allocated_bytes"]
+    for key in ("end_allocated_bytes", "peak_allocated_bytes", "end_reserved_bytes"):
+        if end is not None and key in end:
+            env[key] = end[key]
     error = next((e for e in events if e.get("event") == "error"), None)
     last_step = steps[-1].step if steps else -1
     status, diagnosis = "ok", None

@@ -3,9 +3,15 @@ written into a table graphdoctor owns, by kernels that become part of the captur
 
 Python does not run when a graph replays, so hooks cannot observe replays; but the kernels a hook
 launches while a graph is being captured are captured with it. Every tap launches a few fixed-shape
-reductions that write [step, s0, s1, s2] into its own table row; replaying the graph rewrites the row.
-After each step one device-to-device copy keeps the table in a per-step history; the host reads the
-history once, at the end. No host synchronisation per step or per tap.
+reductions that write its fingerprint [s0, s1, s2] straight into its own table row; replaying the graph
+rewrites the row. Which step wrote a row is known without a kernel per tap: the host records the rows
+it wrote eagerly, and each captured graph begins with one node that copies the current step number
+into that graph's stamp. After each step two device-to-device copies keep the table and the stamps in
+a per-step history; the host reads the history once, at the end. No host synchronisation per step or
+per tap.
+
+Operators are intercepted (for random draws) only inside the model's forward and during graph
+captures: that is where draws happen, and it keeps Python off the eager backward and optimizer.
 """
 
 from __future__ import annotations
@@ -20,13 +26,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint_stats
-
-ROW_WIDTH = 1 + NUM_STATS
-"""Table columns: the step that wrote the row, then the fingerprint."""
+from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint
 
 DEFAULT_CAPACITY = 2048
 """Rows (tap sites) in the table; sites beyond it are not tapped and the report says so."""
+
+MAX_GRAPHS = 1024
+"""Graph captures that get a step stamp; taps in later captures are not reported (the report says so)."""
 
 _RANDOM_OPS = frozenset({
     "native_dropout", "bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like",
@@ -76,43 +82,58 @@ def _short(path: str) -> str:
 
 
 class TapTable:
-    """The owned table, its per-step history and the site list."""
+    """The owned table, the graph stamps, their per-step history and the site list."""
 
-    def __init__(self, device: torch.device, num_steps: int, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, device: torch.device, num_steps: int, capacity: int = DEFAULT_CAPACITY,
+                 max_graphs: int = MAX_GRAPHS) -> None:
         self.capacity = capacity
-        self.table = torch.zeros((capacity, ROW_WIDTH), dtype=torch.float32, device=device)
-        self.table[:, 0] = -1.0
-        self.history = torch.full((num_steps, capacity, ROW_WIDTH), -1.0, dtype=torch.float32,
-                                  device=device)
-        self.step_value = torch.full((), -1.0, dtype=torch.float32, device=device)
+        self.max_graphs = max_graphs
+        f32 = torch.float32
+        self.table = torch.zeros((capacity, NUM_STATS), dtype=f32, device=device)
+        self.history = torch.zeros((num_steps, capacity, NUM_STATS), dtype=f32, device=device)
+        self.stamps = torch.full((max_graphs,), -1.0, dtype=f32, device=device)
+        self.stamp_history = torch.full((num_steps, max_graphs), -1.0, dtype=f32, device=device)
+        self.step_value = torch.full((), -1.0, dtype=f32, device=device)
         self.sites: list[Site] = []
         self.phases: dict[int, str] = {}
         self.truncated = False
         self.notes: list[str] = []
+        self._step = -1
         self._slots: dict[tuple[Any, ...], int] = {}
         self._occurrences: dict[tuple[Any, ...], int] = {}
         self._capture_serial = 0
-        self._capture_seen = -1
+        self._site_graph: dict[int, int] = {}
+        self._eager_written: dict[int, set[int]] = {}
 
     @property
     def num_bytes(self) -> int:
-        """Device memory the taps own (table, history, step value)."""
-        return (self.table.numel() + self.history.numel() + 1) * 4
+        """Device memory the taps own (table, stamps, their histories, step value)."""
+        return (self.table.numel() + self.history.numel() + self.stamps.numel()
+                + self.stamp_history.numel() + 1) * 4
 
     def begin_step(self, step: int, phase: str) -> None:
         """Stamp the following writes with `step` (one fill kernel, no sync)."""
         self.step_value.fill_(float(step))
+        self._step = step
         self.phases[step] = phase
         self._occurrences.clear()
 
     def end_step(self, step: int) -> None:
-        """Keep this step's table in the history (one device copy, no sync)."""
+        """Keep this step's table and stamps in the history (two device copies, no sync)."""
         if 0 <= step < self.history.shape[0]:
             self.history[step].copy_(self.table)
+            self.stamp_history[step].copy_(self.stamps)
 
     def new_capture(self) -> None:
-        """A graph capture began: its taps get fresh rows."""
+        """A graph capture began (call it once the capture is under way): its taps get fresh rows,
+        and the graph's first node copies the step number into the graph's stamp at every replay."""
         self._capture_serial += 1
+        index = self._capture_serial - 1
+        if index < self.max_graphs:
+            self.stamps[index].copy_(self.step_value)
+        elif not any(n.startswith("more than") for n in self.notes):
+            self.notes.append(f"more than {self.max_graphs} graph captures: taps inside later "
+                              "captures are not reported")
 
     def _slot(self, kind: str, module: str | None, op: str, tensor: torch.Tensor,
               p: float | None, location: str | None) -> int | None:
@@ -123,15 +144,18 @@ class TapTable:
         self._occurrences[base] = occurrence + 1
         key = (*base, occurrence)
         slot = self._slots.get(key)
-        if slot is not None:
-            return slot
-        if len(self.sites) >= self.capacity:
-            self.truncated = True
-            return None
-        slot = len(self.sites)
-        self.sites.append(Site(slot=slot, kind=kind, module=module, op=op, location=location,
-                               numel=tensor.numel(), p=p, captured=capturing))
-        self._slots[key] = slot
+        if slot is None:
+            if len(self.sites) >= self.capacity:
+                self.truncated = True
+                return None
+            slot = len(self.sites)
+            self.sites.append(Site(slot=slot, kind=kind, module=module, op=op, location=location,
+                                   numel=tensor.numel(), p=p, captured=capturing))
+            self._slots[key] = slot
+            if capturing:
+                self._site_graph[slot] = self._capture_serial - 1
+        if not capturing:
+            self._eager_written.setdefault(self._step, set()).add(slot)
         return slot
 
     def write(self, kind: str, module: str | None, op: str, tensor: torch.Tensor, *,
@@ -143,24 +167,28 @@ class TapTable:
         if slot is None:
             return
         try:
-            stats = fingerprint_stats(tensor, kind)
-            # One stack writes the step stamp and the statistics: the fewer kernels, the cheaper
-            # the tap is as a graph node on every replay.
-            torch.stack([self.step_value, *stats], out=self.table[slot, : 1 + len(stats)])
+            fingerprint(tensor, kind, out=self.table[slot])
         except (RuntimeError, TypeError, ValueError) as exc:
             # A tap must never end the training run it watches; the report says which one failed.
             if len(self.notes) < 10:
                 self.notes.append(f"tap {kind} {module or '?'} {op} failed: {exc}"[:300])
 
+    def _written(self, slot: int, step: int, stamps: list[float]) -> bool:
+        graph = self._site_graph.get(slot)
+        if graph is None:
+            return slot in self._eager_written.get(step, ())
+        return graph < len(stamps) and stamps[graph] == float(step)
+
     def to_dict(self) -> dict[str, Any]:
         """The forensics section (format version 1, see docs/forensics.md). Synchronises once."""
         history = self.history[:, : len(self.sites)].cpu().tolist()
+        stamp_history = self.stamp_history[:, : min(self._capture_serial, self.max_graphs)].cpu().tolist()
         steps = []
         for step, phase in sorted(self.phases.items()):
             if step >= len(history):
                 continue
-            rows = [[slot, slot, *[_num(v) for v in row[1:]]]
-                    for slot, row in enumerate(history[step]) if row[0] == float(step)]
+            rows = [[slot, slot, *[_num(v) for v in row]] for slot, row in enumerate(history[step])
+                    if self._written(slot, step, stamp_history[step])]
             steps.append({"step": step, "phase": phase, "rows": rows})
         return {"version": 1, "capacity": self.capacity, "num_slots": len(self.sites),
                 "truncated": self.truncated, "num_bytes": self.num_bytes, "notes": list(self.notes),
@@ -259,9 +287,13 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 def tapped_modules(model: torch.nn.Module, names: dict[int, str]) -> list[tuple[str, torch.nn.Module]]:
     """Modules whose outputs and output gradients are tapped: Megatron layers, their direct
     children except norms (self_attention, mlp), and the model's top-level blocks (embedding,
-    decoder, output layer). Each tap is a few graph nodes per replay, so the set stays small."""
+    decoder, output layer). A layer is the outermost module with a `layer_number` (Megatron also
+    numbers the attention modules inside a layer; those are not descended into). Each tap is two
+    graph nodes per replay, so the set stays small."""
     skip_types = ("Dropout", "IdentityOp", "IdentityFuncOp", "ModuleList")
-    layer_ids = {id(m) for m in model.modules() if hasattr(m, "layer_number")}
+    numbered = {id(m) for m in model.modules() if hasattr(m, "layer_number")}
+    inner = {id(c) for m in model.modules() if id(m) in numbered for c in m.modules() if c is not m}
+    layer_ids = numbered - inner
     chosen = []
     for parent in model.modules():
         for child in parent.children():
@@ -282,37 +314,67 @@ def _forward_location(module: torch.nn.Module) -> str | None:
     return f"{_short(code.co_filename)}:{code.co_firstlineno}"
 
 
-def _capture_begin_owner() -> type:
-    """The Python class that defines CUDAGraph.capture_begin (keep_graphs may have subclassed it)."""
+def _capture_owner() -> type:
+    """The Python class that defines CUDAGraph.capture_begin and capture_end (keep_graphs may have
+    subclassed it)."""
     import torch.cuda.graphs
 
     for klass in type.mro(torch.cuda.graphs.CUDAGraph):
-        if "capture_begin" in klass.__dict__ and not klass.__module__.startswith("torch._C"):
+        if ("capture_begin" in klass.__dict__ and "capture_end" in klass.__dict__
+                and not klass.__module__.startswith("torch._C")):
             return klass
-    raise RuntimeError("torch.cuda.CUDAGraph has no Python-level capture_begin to observe")
+    raise RuntimeError("torch.cuda.CUDAGraph has no Python-level capture_begin/capture_end to observe")
 
 
 class Taps:
-    """Installs the taps on a model for one child run; `step()` wraps a training step."""
+    """Installs the taps on a model for one child run; begin_step/end_step wrap a training step."""
 
     def __init__(self, model: torch.nn.Module, names: dict[int, str], num_steps: int,
                  capacity: int = DEFAULT_CAPACITY) -> None:
         device = next(model.parameters()).device
         self.table = TapTable(device, num_steps, capacity)
         self.mode = DrawMode(self.table, names)
+        self._mode_depth = 0
+        self._in_step = False
         self._handles: list[Any] = []
         self._modules = tapped_modules(model, names)
         self.attach_module_hooks()
-        self._owner = _capture_begin_owner()
-        self._original_capture_begin = self._owner.__dict__["capture_begin"]
-        table = self.table
-        original = self._original_capture_begin
+        # The dispatch mode runs only inside the model's forward (and captures, below).
+        self._root_handles = [
+            model.register_forward_pre_hook(lambda *_: self._activate()),
+            model.register_forward_hook(lambda *_: self._deactivate(), always_call=True),
+        ]
+        self._owner = _capture_owner()
+        self._originals = {name: self._owner.__dict__[name] for name in ("capture_begin", "capture_end")}
+        begin, end = self._originals["capture_begin"], self._originals["capture_end"]
+        taps = self
 
         def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
-            table.new_capture()
-            return original(graph, *args, **kwargs)
+            result = begin(graph, *args, **kwargs)
+            taps.table.new_capture()
+            taps._activate()
+            return result
+
+        def capture_end(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            taps._deactivate()
+            return end(graph, *args, **kwargs)
 
         self._owner.capture_begin = capture_begin  # type: ignore[attr-defined]
+        self._owner.capture_end = capture_end  # type: ignore[attr-defined]
+
+    def _activate(self) -> None:
+        if not self._in_step:
+            return
+        if self._mode_depth == 0:
+            self.mode.__enter__()
+        self._mode_depth += 1
+
+    def _deactivate(self) -> None:
+        if self._mode_depth == 0:
+            return
+        self._mode_depth -= 1
+        if self._mode_depth == 0:
+            self.mode.__exit__(None, None, None)
 
     def detach_module_hooks(self) -> None:
         """Remove the module hooks (Transformer Engine's make_graphed_callables refuses modules
@@ -346,22 +408,26 @@ class Taps:
         return hook
 
     def begin_step(self, step: int, phase: str) -> None:
-        """Before a step: stamp, then intercept operators until end_step."""
+        """Before a step: stamp; operators are intercepted in the model's forwards and in captures
+        until end_step."""
         self.table.begin_step(step, phase)
-        self.mode.__enter__()
+        self._in_step = True
 
     def end_step(self, step: int) -> None:
         """After a step's forward_backward: stop intercepting, keep the step's table."""
-        self.mode.__exit__(None, None, None)
+        self._in_step = False
+        while self._mode_depth:
+            self._deactivate()
         self.table.end_step(step)
 
     def close(self) -> dict[str, Any]:
-        """Remove hooks and the capture patch; return the forensics section."""
-        for handle in self._handles:
+        """Remove hooks and the capture patches; return the forensics section."""
+        for handle in self._handles + self._root_handles:
             handle.remove()
-        self._owner.capture_begin = self._original_capture_begin  # type: ignore[attr-defined]
+        for name, original in self._originals.items():
+            setattr(self._owner, name, original)
         return self.table.to_dict()
 
 
-__all__ = ["DEFAULT_CAPACITY", "DrawMode", "Site", "TapTable", "Taps", "call_site",
+__all__ = ["DEFAULT_CAPACITY", "MAX_GRAPHS", "DrawMode", "Site", "TapTable", "Taps", "call_site",
            "tapped_modules"]

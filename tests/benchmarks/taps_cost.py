@@ -36,8 +36,22 @@ def _run(impl: str, cfg: DiffConfig, work: Path, taps: bool, index: int) -> dict
     replay = [s.step_time_ms for s in record.steps if s.phase == "replay"][2:]
     return {"median_replay_ms": statistics.median(replay), "num_replay_steps": len(replay),
             "end_allocated_bytes": record.env.get("end_allocated_bytes"),
+            "peak_allocated_bytes": record.env.get("peak_allocated_bytes"),
+            "end_reserved_bytes": record.env.get("end_reserved_bytes"),
             "taps_bytes": (record.forensics or {}).get("num_bytes"),
             "num_sites": (record.forensics or {}).get("num_slots")}
+
+
+def _delta(tapped: dict[str, object], plain: dict[str, object], key: str) -> int | None:
+    if tapped.get(key) is None or plain.get(key) is None:
+        return None
+    return int(tapped[key]) - int(plain[key])  # type: ignore[call-overload]
+
+
+def _pct_delta(tapped: dict[str, object], plain: dict[str, object], key: str) -> float | None:
+    delta = _delta(tapped, plain, key)
+    base = plain.get(key)
+    return None if delta is None or not base else round(100.0 * delta / int(base), 3)  # type: ignore[call-overload]
 
 
 def main(argv: list[str]) -> int:
@@ -69,7 +83,13 @@ def main(argv: list[str]) -> int:
             "model_bytes": model_bytes, "extra_allocated_bytes": extra,
             "memory_pct": round(100.0 * max(extra, int(tapped["taps_bytes"] or 0)) / model_bytes, 3)
             if model_bytes else None,
+            "peak_delta_pct": _pct_delta(tapped, plain, "peak_allocated_bytes"),
+            "reserved_delta_bytes": _delta(tapped, plain, "end_reserved_bytes"),
         })
+        print(f"{impl}: {plain['median_replay_ms']:.3f} -> {tapped['median_replay_ms']:.3f} ms "
+              f"({rows[-1]['time_ratio']:.3f}x), {tapped['num_sites']} sites, memory "
+              f"{rows[-1]['memory_pct']}% persistent, {rows[-1]['peak_delta_pct']}% peak",
+              file=sys.stderr)
     print(json.dumps({"config": {"steps": cfg.steps, "dropout": cfg.dropout,
                                  "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
                                  "seq_length": cfg.seq_length},

@@ -84,3 +84,26 @@ def test_apply_forensics_on_the_recorded_pair_names_the_draw_and_the_rule() -> N
     assert any("embedding.embedding_dropout" in n and "GD401" in n for n in result.notes)
     assert result.forensics_text is not None and "RNG: not aligned" in result.forensics_text
 
+
+
+def test_recorded_planted_pairs_offline_analysis_equals_the_live_one() -> None:
+    for name in ("h200_frozen_host_mask", "h200_numeric_reassigned_scale", "h200_clean_dropout_aligned"):
+        doc = _load(name)
+        found = analyze(doc["reference"], doc["graphed"], dropout=doc["dropout"])
+        assert found.to_dict() == doc["live_analysis"], name
+
+
+def test_recorded_aligned_pair_has_every_draw_equal_and_every_graph_stamped() -> None:
+    doc = _load("h200_clean_dropout_aligned")
+    found = analyze(doc["reference"], doc["graphed"], dropout=doc["dropout"])
+    assert doc["live_verdict"] == "match"
+    assert found.rng_aligned is True
+    assert found.first_divergence is None and found.frozen == ()
+    graphed = doc["graphed"]
+    captured = {s["slot"] for s in graphed["sites"] if s["captured"]}
+    dropouts = {s["slot"] for s in graphed["sites"] if s["captured"] and s["kind"] == "dropout"}
+    assert dropouts
+    # Replay steps report every captured tap (each graph stamped its step), the capture step none.
+    for entry in graphed["steps"]:
+        written = {r[0] for r in entry["rows"]} & captured
+        assert written == (set() if entry["phase"] == "capture" else captured), entry["step"]

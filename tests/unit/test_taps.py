@@ -103,7 +103,7 @@ def test_table_rows_only_for_the_step_that_wrote_them_and_capacity_truncates() -
     assert section["truncated"] is True and section["num_slots"] == 2
     assert [len(s["rows"]) for s in section["steps"]] == [2, 1]
     assert section["steps"][1]["rows"][0][2] == 6.0
-    assert section["num_bytes"] == (2 * 4 + 2 * 2 * 4 + 1) * 4
+    assert section["num_bytes"] == (2 * 3 + 2 * 2 * 3 + 1024 + 2 * 1024 + 1) * 4
 
 
 def test_call_site_names_module_and_first_frame_outside_torch() -> None:
@@ -114,3 +114,85 @@ def test_call_site_names_module_and_first_frame_outside_torch() -> None:
     module, location = Probe()()
     assert module == "probe"
     assert location is not None and location.startswith("tests/unit/test_taps.py:")
+
+
+class Attention(torch.nn.Module):
+    """Megatron numbers attention modules inside a layer too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer_number = 1
+        self.proj = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(x))
+
+
+class AttnBlock(Block):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = Attention()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.attn(x))
+
+
+class AttnNet(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([AttnBlock()])
+
+
+def test_numbered_modules_inside_a_layer_are_not_descended_into() -> None:
+    model = AttnNet()
+    chosen = [n for n, _ in tapped_modules(model, _names(model))]
+    assert "layers.0.attn" in chosen
+    assert "layers.0.attn.proj" not in chosen
+
+
+def test_operators_are_intercepted_inside_the_forward_only() -> None:
+    # (On the CPU a draw is a host draw, tapped only when copied to the device; what is checked
+    # here is where the dispatch mode is on.)
+    model = AttnNet()
+    seen: list[tuple[str, int]] = []
+    model.layers[0].attn.register_forward_hook(
+        lambda *_: seen.append(("forward", torch._C._len_torch_dispatch_stack())))
+    taps = Taps(model, _names(model), num_steps=2)
+    for step in range(2):
+        taps.begin_step(step, "eager")
+        seen.append(("step", torch._C._len_torch_dispatch_stack()))
+        model(torch.randn(3, 4)).sum().backward()
+        seen.append(("after forward", torch._C._len_torch_dispatch_stack()))
+        taps.end_step(step)
+    model(torch.randn(3, 4))  # outside a step
+    taps.close()
+    assert seen == [("step", 0), ("forward", 1), ("after forward", 0)] * 2 + [("forward", 0)]
+
+
+def test_captured_rows_count_only_in_steps_whose_replay_stamped_their_graph(monkeypatch) -> None:
+    # Capture needs a GPU; this drives the bookkeeping on the CPU by declaring the stream
+    # capturing, and plays each replay's first node (the stamp copy) by hand.
+    table = TapTable(torch.device("cpu"), num_steps=4, capacity=4, max_graphs=2)
+    table.begin_step(0, "warmup")
+    table.write("output", "eager", "forward", torch.ones(2))
+    table.end_step(0)
+    table.begin_step(1, "capture")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    table.new_capture()
+    table.write("output", "graphed", "forward", torch.ones(2))
+    monkeypatch.undo()
+    table.stamps.fill_(-1.0)  # at capture the stamp node does not run
+    table.end_step(1)
+    table.begin_step(2, "replay")
+    table.stamps[0].copy_(table.step_value)  # replay: the graph's first node
+    table.write("output", "eager", "forward", torch.full((2,), 3.0))
+    table.end_step(2)
+    table.begin_step(3, "replay")  # the graph is not replayed this step
+    table.end_step(3)
+    section = table.to_dict()
+    sites = {s["slot"]: (s["module"], s["captured"]) for s in section["sites"]}
+    assert sites == {0: ("eager", False), 1: ("graphed", True)}
+    written = {e["step"]: sorted(r[0] for r in e["rows"]) for e in section["steps"]}
+    assert written == {0: [0], 1: [], 2: [0, 1], 3: []}
