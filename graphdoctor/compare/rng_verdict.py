@@ -49,15 +49,22 @@ def _frozen_diagnosis(frozen: Any) -> Diagnosis:
 
 def _numeric_diagnosis(div: Any, impl: str) -> Diagnosis:
     what = "output" if div.kind == "output" else "gradient w.r.t. the output"
-    return Diagnosis(
-        error_type="numeric-divergence",
-        message=(f"first difference inside the step: the {what} of {_where(div)} at step "
-                 f"{div.step} (fingerprint max abs {div.max_abs:.3g}, max rel {div.max_rel:.3g}) "
-                 f"with every dropout mask and random draw identical to eager"),
-        fix=("check what this module reads that eager recomputes each step (tensor attributes "
-             "rebound between steps, host values, Python state): a graph replays the addresses "
-             f"and values it saw when {impl} captured it"),
-        module=div.module, location=div.location, step=div.step, phase="replay")
+    message = (f"first difference inside the step: the {what} of {_where(div)} at step "
+               f"{div.step} (fingerprint max abs {div.max_abs:.3g}, max rel {div.max_rel:.3g}) "
+               f"with every dropout mask and random draw identical to eager")
+    fix = ("check what this module reads that eager recomputes each step (tensor attributes "
+           "rebound between steps, host values, Python state): a graph replays the addresses "
+           f"and values it saw when {impl} captured it")
+    if impl == "transformer_engine":
+        # TE replaces the graphed modules' forwards: their hooks never fire, so the first tapped
+        # difference can sit just downstream of the graphed module that caused it.
+        message += ("; modules inside Transformer Engine's graphs are not tapped, so the "
+                    "difference may start in a graphed module that runs before this one")
+        fix = ("narrow --cuda-graph-modules (attn, mlp) to find the graphed module that differs; "
+               + fix)
+    return Diagnosis(error_type="numeric-divergence", message=message, fix=fix,
+                     module=div.module, location=div.location, step=div.step,
+                     phase=getattr(div, "phase", None) or "replay")
 
 
 def apply_forensics(result: ImplResult, forensics: Any, *, aligned_requested: bool) -> ImplResult:

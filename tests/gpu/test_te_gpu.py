@@ -31,7 +31,8 @@ def _keep(report: DiffReport, name: str) -> None:
         write_json(report, Path(folder) / f"{name}.json")
 
 
-@pytest.mark.parametrize("modules", [(), ("attn",), ("attn", "mlp")], ids=["layer", "attn", "attn+mlp"])
+@pytest.mark.parametrize("modules", [(), ("attn",), ("attn", "mlp"), ("mlp",)],
+                         ids=["layer", "attn", "attn+mlp", "mlp"])
 def test_te_graphs_with_te_spec_bf16_no_dropout(modules: tuple[str, ...]) -> None:
     report = diff(DiffConfig(impls=("transformer_engine",), dropout=0.0,
                              cuda_graph_modules=modules, **TE_SMALL))

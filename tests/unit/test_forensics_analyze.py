@@ -315,3 +315,34 @@ def test_tap_table_parses_rows_in_seq_order() -> None:
     assert [r.seq for r in parsed] == sorted(r[1] for r in rows)
     assert math.isnan(parsed[-1].stats[0]) and parsed[-1].stats[1:] == (math.inf, -math.inf)
     assert table.sites[0].kind == "dropout" and table.sites[0].p == P and not table.sites[0].captured
+
+
+def test_capture_step_without_warmup_rows_is_compared() -> None:
+    # transformer_engine: graph creation's warmups run without module hooks, so the capture step
+    # has at most the reference's rows, and a difference there is the first one.
+    seeds = [11, 12, 13]
+    ref = eager(seeds)
+    steps = [(0, "warmup", model_taps(seeds[0])),
+             (1, "capture", model_taps(seeds[1], bump={"decoder.layers.1": 0.5})),
+             (2, "replay", model_taps(seeds[2], bump={"decoder.layers.1": 0.5}))]
+    found = analyze(ref, build(steps), dropout=P)
+    assert found.skipped_steps == ()
+    div = found.first_numeric_divergence
+    assert div is not None and (div.step, div.phase, div.module) == (1, "capture", "decoder.layers.1")
+
+
+def test_te_numeric_diagnosis_says_graphed_modules_are_not_tapped() -> None:
+    from graphdoctor.compare.rng_verdict import apply_forensics
+    from graphdoctor.compare.verdict import ImplResult
+    from graphdoctor.types import Verdict
+
+    seeds = [11, 12, 13]
+    steps = [(i, "eager" if i == 0 else "replay", model_taps(s, bump={"decoder.layers.1": 0.5}))
+             for i, s in enumerate(seeds)]
+    found = analyze(eager(seeds), build(steps), dropout=P)
+    for impl, hint in (("transformer_engine", True), ("full_iteration", False)):
+        result = apply_forensics(ImplResult(impl=impl, verdict=Verdict.NUMERIC_DIVERGENCE), found,
+                                 aligned_requested=False)
+        assert result.diagnosis is not None and result.diagnosis.module == "decoder.layers.1"
+        assert ("not tapped" in result.diagnosis.message) is hint
+        assert ("--cuda-graph-modules" in (result.diagnosis.fix or "")) is hint

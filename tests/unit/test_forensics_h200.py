@@ -107,3 +107,21 @@ def test_recorded_aligned_pair_has_every_draw_equal_and_every_graph_stamped() ->
     for entry in graphed["steps"]:
         written = {r[0] for r in entry["rows"]} & captured
         assert written == (set() if entry["phase"] == "capture" else captured), entry["step"]
+
+
+def test_te_attention_graphs_first_difference_is_at_the_capture_step_after_attention() -> None:
+    # TE graphs only attention here; their modules are not tapped. The loss differs from step 2
+    # (the capture step), and the first tapped module after the graphed attention is the eager MLP.
+    doc = _load("h200_te_attn_scope")
+    assert doc["live_verdict"] == "numeric-divergence"
+    assert doc["live_first_divergence"]["step"] == 2
+    found = analyze(doc["reference"], doc["graphed"], dropout=doc["dropout"])
+    assert found.skipped_steps == ()
+    div = found.first_numeric_divergence
+    assert div is not None
+    assert (div.step, div.phase, div.module, div.kind) == (2, "capture", "decoder.layers.0.mlp", "output")
+    sites = {s["slot"]: s["module"] for s in doc["graphed"]["sites"]}
+    for entry in doc["graphed"]["steps"]:
+        tapped = {sites[r[0]] for r in entry["rows"]}
+        # eager warmups tap the attention; once TE's graphs run it, its hooks never fire
+        assert ("decoder.layers.0.self_attention" in tapped) is (entry["step"] < 2), entry["step"]
