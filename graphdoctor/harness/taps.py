@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint
+from graphdoctor.locations import short_path
 
 DEFAULT_CAPACITY = 2048
 """Rows (tap sites) in the table; sites beyond it are not tapped and the report says so."""
@@ -61,24 +62,6 @@ class Site:
         return {"slot": self.slot, "kind": self.kind, "module": self.module, "op": self.op,
                 "location": self.location, "numel": self.numel, "p": self.p,
                 "captured": self.captured}
-
-
-_PACKAGE_ROOTS = ("/megatron/", "/transformer_engine/", "/torch/", "/apex/")
-
-
-def _short(path: str) -> str:
-    """A path users recognise: package-relative for installed packages, else repo-relative."""
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    for root in _PACKAGE_ROOTS:
-        if root in path:
-            return path[path.rindex(root) + 1:]
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
 
 
 class TapTable:
@@ -212,7 +195,7 @@ def call_site(names: dict[int, str], skip: int = 2) -> tuple[str | None, str | N
         filename = frame.f_code.co_filename
         if location is None and not filename.startswith((_TORCH_DIR, _HERE_DIR)) \
                 and not filename.startswith("<"):
-            location = f"{_short(filename)}:{frame.f_lineno}"
+            location = f"{short_path(filename)}:{frame.f_lineno}"
         if module is None:
             owner = frame.f_locals.get("self")
             if owner is not None and id(owner) in names:
@@ -311,7 +294,7 @@ def _forward_location(module: torch.nn.Module) -> str | None:
     code = getattr(type(module).forward, "__code__", None)
     if code is None:
         return None
-    return f"{_short(code.co_filename)}:{code.co_firstlineno}"
+    return f"{short_path(code.co_filename)}:{code.co_firstlineno}"
 
 
 def _capture_owner() -> type:

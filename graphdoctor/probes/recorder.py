@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from graphdoctor.locations import format_location
 from graphdoctor.probes.types import Observation
 
 # Library roots whose frames are never "user code": the innermost frame outside them is reported.
@@ -61,15 +62,6 @@ def is_user_file(filename: str) -> bool:
     if any(marker in path for marker in _SITE_MARKERS):
         return False
     return not path.startswith(_LIBRARY_ROOTS)
-
-
-def format_location(filename: str, lineno: int) -> str:
-    """`path:line`, relative to the working directory when the file is under it."""
-    path = os.path.realpath(filename)
-    cwd = os.path.realpath(os.getcwd()) + os.sep
-    if path.startswith(cwd):
-        path = path[len(cwd):]
-    return f"{path}:{lineno}"
 
 
 def pick_location(frames: Iterable[tuple[str, int]]) -> tuple[str, bool]:
