@@ -29,9 +29,6 @@ STAT_NAMES: dict[str, tuple[str, str, str]] = {
 }
 """What each of the three statistics means, per kind."""
 
-KERNELS_PER_TAP: dict[str, int] = {**{k: 4 for k in DRAW_KINDS}, **{k: 2 for k in VALUE_KINDS}}
-"""Reduction kernels one tap launches on CUDA (a boolean mask's cast included)."""
-
 
 def fingerprint(tensor: torch.Tensor, kind: str, out: torch.Tensor | None = None) -> torch.Tensor:
     """The fingerprint of `tensor` as a float32 tensor of NUM_STATS elements on its device.
@@ -71,4 +68,4 @@ def fingerprint(tensor: torch.Tensor, kind: str, out: torch.Tensor | None = None
     raise ValueError(f"kind: got {kind!r}, expected one of {DRAW_KINDS + VALUE_KINDS}")
 
 
-__all__ = ["DRAW_KINDS", "KERNELS_PER_TAP", "NUM_STATS", "STAT_NAMES", "VALUE_KINDS", "fingerprint"]
+__all__ = ["DRAW_KINDS", "NUM_STATS", "STAT_NAMES", "VALUE_KINDS", "fingerprint"]

@@ -64,7 +64,7 @@ def _numeric_diagnosis(div: Any, impl: str) -> Diagnosis:
                + fix)
     return Diagnosis(error_type="numeric-divergence", message=message, fix=fix,
                      module=div.module, location=div.location, step=div.step,
-                     phase=getattr(div, "phase", None) or "replay")
+                     phase=div.phase)
 
 
 def apply_forensics(result: ImplResult, forensics: Any, *, aligned_requested: bool) -> ImplResult:

@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint
-from graphdoctor.locations import short_path
+from graphdoctor.locations import format_location
 
 DEFAULT_CAPACITY = 2048
 """Rows (tap sites) in the table; sites beyond it are not tapped and the report says so."""
@@ -195,7 +195,7 @@ def call_site(names: dict[int, str], skip: int = 2) -> tuple[str | None, str | N
         filename = frame.f_code.co_filename
         if location is None and not filename.startswith((_TORCH_DIR, _HERE_DIR)) \
                 and not filename.startswith("<"):
-            location = f"{short_path(filename)}:{frame.f_lineno}"
+            location = format_location(filename, frame.f_lineno)
         if module is None:
             owner = frame.f_locals.get("self")
             if owner is not None and id(owner) in names:
@@ -294,7 +294,7 @@ def _forward_location(module: torch.nn.Module) -> str | None:
     code = getattr(type(module).forward, "__code__", None)
     if code is None:
         return None
-    return f"{short_path(code.co_filename)}:{code.co_firstlineno}"
+    return format_location(code.co_filename, code.co_firstlineno)
 
 
 def _capture_owner() -> type:
