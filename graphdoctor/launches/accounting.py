@@ -49,9 +49,9 @@ def _gpu_by_correlation(trace: TraceEvents) -> tuple[Counter[object], dict[objec
     corrs = [(e.get("args") or _NO_ARGS).get("correlation") for e in trace.gpu_kernels]
     num_kernels = Counter(corrs)
     kernel_time: dict[object, float] = defaultdict(float)
-    for corr, event in zip(corrs, trace.gpu_kernels):
+    for corr, event in zip(corrs, trace.gpu_kernels, strict=False):
         kernel_time[corr] += float(event.get("dur", 0.0))
-    fills = {c for c, e in zip(corrs, trace.gpu_kernels) if _FILL_KERNEL_MARKER in e.get("name", "")}
+    fills = {c for c, e in zip(corrs, trace.gpu_kernels, strict=False) if _FILL_KERNEL_MARKER in e.get("name", "")}
     memops = Counter((e.get("args") or _NO_ARGS).get("correlation") for e in trace.gpu_memops)
     return num_kernels, kernel_time, memops, fills
 
@@ -68,7 +68,7 @@ def _collect_launches(trace: TraceEvents) -> tuple[_Launches, int]:
     fill_ids = {(e.get("args") or _NO_ARGS).get("External id") for e in trace.fill_ops} - {None}
     is_fill = [
         k == "kernel" and (a.get("External id") in fill_ids or c in fill_corrs)
-        for k, a, c in zip(kind, args, corrs)
+        for k, a, c in zip(kind, args, corrs, strict=False)
     ]
     launches = _Launches(
         ts=[float(e["ts"]) for e in events],
@@ -92,7 +92,7 @@ def _mark_prologue(launches: _Launches, is_fill: list[bool]) -> None:
     cudaGraphLaunch; no other launch comes in between. The count per replay depends on the torch
     version and on how many generators the graph registered, so it is observed, never assumed.
     """
-    keys = list(zip(launches.tid, launches.ts))
+    keys = list(zip(launches.tid, launches.ts, strict=False))
     order = sorted(range(len(keys)), key=keys.__getitem__)
     kind = launches.kind
     pending: list[int] = []
@@ -117,7 +117,7 @@ class _Ranges:
         ordered = sorted(events, key=lambda e: float(e["ts"]))
         self.events = ordered
         self.starts = [float(e["ts"]) for e in ordered]
-        self.ends = [s + float(e.get("dur", 0.0)) for s, e in zip(self.starts, ordered)]
+        self.ends = [s + float(e.get("dur", 0.0)) for s, e in zip(self.starts, ordered, strict=False)]
         # Running max of ends lets the backwards walk stop early even when ranges nest.
         self.max_end: list[float] = []
         running = float("-inf")
@@ -179,12 +179,12 @@ def _aggregate(slots: list[int | None], launches: _Launches, num_slots: int) -> 
     out: list[dict[str, Any]] = [
         {"launch_calls": {}, "kernels_per_graph_launch": [], "num_kernel_launches": 0} for _ in range(num_slots)
     ]
-    for (slot, name), num in Counter(zip(slots, launches.name)).items():
+    for (slot, name), num in Counter(zip(slots, launches.name, strict=False)).items():
         if slot is not None:
             out[slot]["launch_calls"][name] = num
     sums: dict[tuple[int, str], list[Any]] = {}
     for slot, kind, num_kernels, time_us, num_memops in zip(
-        slots, launches.kind, launches.num_kernels, launches.kernel_time_us, launches.num_memops
+        slots, launches.kind, launches.num_kernels, launches.kernel_time_us, launches.num_memops, strict=False
     ):
         if slot is None:
             continue
@@ -237,11 +237,11 @@ def account_events(trace: TraceEvents) -> TraceAccounting:
             host_time_us=float(e.get("dur", 0.0)),
             **fields,
         )
-        for fields, e in zip(step_fields, steps.events)
+        for fields, e in zip(step_fields, steps.events, strict=False)
     )
     phase_records = tuple(
         LaunchCount(label=e["name"], host_time_us=float(e.get("dur", 0.0)), **_phase_meta(e["name"]), **fields)
-        for fields, e in zip(phase_fields, phases.events)
+        for fields, e in zip(phase_fields, phases.events, strict=False)
     )
     host_time = sum(s.host_time_us for s in step_records) if step_records else _host_span_us(trace)
     total_record = LaunchCount(

@@ -123,7 +123,7 @@ class SnapshotBuilder:
     def free(self, address: int, *, frames: list[FrameSpec] | None = None) -> None:
         """Free the live block at address (free_requested then free_completed); merges neighbours."""
         for seg in self._segments:
-            for i, block in enumerate(seg.blocks):
+            for block in seg.blocks:
                 if block["address"] == address and block["state"] != "inactive":
                     stream = seg.raw["stream"]
                     self._record("free_requested", address, block["size"], stream, frames or [])

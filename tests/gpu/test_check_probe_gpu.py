@@ -39,7 +39,7 @@ def run_check(layer_spec: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def results() -> dict[str, subprocess.CompletedProcess[str]]:
     with ThreadPoolExecutor(max_workers=len(SPECS)) as pool:
-        return dict(zip(SPECS, pool.map(run_check, SPECS.values())))
+        return dict(zip(SPECS, pool.map(run_check, SPECS.values()), strict=False))
 
 
 def report_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
