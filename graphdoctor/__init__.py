@@ -16,7 +16,7 @@ _EXPORTS: dict[str, str] = {
     "diff": "graphdoctor.diff",
     "DiffReport": "graphdoctor.diff",
     "Verdict": "graphdoctor.types",
-    "RunRecord": "graphdoctor.types",
+    "RunRecord": "graphdoctor.protocol",
     "check": "graphdoctor.rules",
     "CheckReport": "graphdoctor.rules",
     "Finding": "graphdoctor.rules",

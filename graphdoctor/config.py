@@ -190,6 +190,17 @@ class DiffConfig:
         data["cuda_graph_modules"] = list(self.cuda_graph_modules)
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DiffConfig:
+        """Inverse of to_dict (validated again); fields this version does not know are ignored, so
+        saved reports of later versions still load."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        for key in ("impls", "cuda_graph_modules"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
 
 def _check_impls(impls: tuple[str, ...]) -> None:
     if not impls:
@@ -213,8 +224,15 @@ def check_entry_point(name: str, value: str) -> None:
         raise UsageError(f"{name}: got {value!r}, expected the form pkg.module:function")
 
 
+def entry_point_modules(config: DiffConfig) -> list[str]:
+    """The modules of the `pkg.mod:fn` values a run names (layer spec, model provider, forward step)."""
+    values = [config.layer_spec if config.layer_spec not in BUILTIN_LAYER_SPECS else None,
+              config.model_provider, config.forward_step]
+    return [v.partition(":")[0] for v in values if v]
+
+
 def resolve_entry_point(value: str, field: str = "layer_spec") -> Any:
-    """Import `pkg.mod:fn` (the working directory is importable, as for `python -m`).
+    """Import `pkg.mod:fn` (the working directory is importable, after installed packages).
 
     Args:
         value: the `pkg.mod:fn` string.
@@ -229,7 +247,8 @@ def resolve_entry_point(value: str, field: str = "layer_spec") -> Any:
     check_entry_point(field, value)
     module_name, _, attr = value.partition(":")
     if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        # Last, so that a stray torch.py or megatron/ in the working directory never shadows them.
+        sys.path.append(os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -419,6 +438,7 @@ __all__ = [
     "build_layer_spec",
     "check_entry_point",
     "diff_config_from",
+    "entry_point_modules",
     "load_run_file",
     "resolve_entry_point",
 ]

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import ChildSession, require_gpu, why_unavailable
-from graphdoctor.launches.compare import launch_section
-from graphdoctor.types import RunRecord
+from graphdoctor.diff import require_gpu, why_unavailable
+from graphdoctor.launches.compare import LaunchComparison, compare_launches
+from graphdoctor.parent.children import ChildSession
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.spec import EAGER, Role
 
 SCHEMA_VERSION = 1
 """Version of the live count JSON (docs/launches.md)."""
@@ -35,10 +37,11 @@ class CountReport:
     unavailable: dict[str, str]
     wall_s: float = 0.0
 
-    def sections(self) -> list[tuple[str, dict[str, Any]]]:
-        """(impl, launches section with eager and graphed side by side) per graphed run."""
-        eager_step = (self.eager.launches or {}).get("step")
-        return [(run.impl, launch_section(eager_step, run.launches or {})) for run in self.runs]
+    def sections(self) -> list[tuple[str, LaunchComparison]]:
+        """(impl, eager and graphed launches side by side) per graphed run that profiled."""
+        eager_step = self.eager.launches.step if self.eager.launches is not None else None
+        return [(run.impl, compare_launches(eager_step, run.launches)) for run in self.runs
+                if run.launches is not None]
 
     def exit_code(self) -> int:
         """0 when every run finished, else 1 (unavailable implementations are not failures)."""
@@ -46,16 +49,17 @@ class CountReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Versioned JSON view."""
-        sections = dict(self.sections())
+        sections = {impl: section.to_dict() for impl, section in self.sections()}
         return {
             "schema_version": SCHEMA_VERSION,
             "tool": "graphdoctor count",
             "config": self.config.to_dict(),
-            "env": dict(self.eager.env),
+            "env": self.eager.env.to_dict() if self.eager.env else {},
             "wall_s": self.wall_s,
-            "eager": {"status": self.eager.status, "launches": self.eager.launches,
+            "eager": {"status": self.eager.status,
+                      "launches": self.eager.launches.to_dict() if self.eager.launches else None,
                       "diagnosis": self.eager.diagnosis.to_dict() if self.eager.diagnosis else None},
-            "impls": [{"impl": r.impl, "status": r.status, "launches": sections[r.impl],
+            "impls": [{"impl": r.impl, "status": r.status, "launches": sections.get(r.impl),
                        "diagnosis": r.diagnosis.to_dict() if r.diagnosis else None}
                       for r in self.runs]
                      + [{"impl": impl, "status": "unavailable", "launches": None,
@@ -89,14 +93,14 @@ def count(config: DiffConfig, *, workdir: str | Path | None = None,
         Path(config.trace_dir).mkdir(parents=True, exist_ok=True)
     try:
         session = ChildSession(config, base, progress)
-        eager = session.run("none", config.dropout, "count", base)
+        eager = session.run(EAGER, config.dropout, Role.COUNT, base)
         runs, unavailable = [], {}
         for impl in config.impls:
             why_not = why_unavailable(impl, config)
             if why_not is not None:
                 unavailable[impl] = why_not
                 continue
-            runs.append(session.run(impl, config.dropout, "count", base))
+            runs.append(session.run(impl, config.dropout, Role.COUNT, base))
     finally:
         if own_dir:
             shutil.rmtree(base, ignore_errors=True)

@@ -1,4 +1,6 @@
-"""Frozen data shared by every stage of `diff`: what a child run recorded and what the comparison found.
+"""Frozen data shared by every stage of `diff`: steps, tensor comparisons, diagnoses and verdicts.
+
+What one child run reported as a whole is graphdoctor.protocol.RunRecord.
 
 Nothing here imports torch; every record round-trips through plain JSON (`to_dict` / `from_dict`).
 """
@@ -206,75 +208,4 @@ class Diagnosis:
         return cls(**data)
 
 
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """Everything a child run reports back to the parent."""
-
-    impl: str
-    """none | local | full_iteration | transformer_engine."""
-
-    dropout: float
-    """Dropout the run used."""
-
-    status: str
-    """ok | error | timeout | crashed | unavailable."""
-
-    steps: tuple[StepRecord, ...] = ()
-    """Recorded steps, in order (possibly fewer than asked when the run failed)."""
-
-    diagnosis: Diagnosis | None = None
-    """Set when status is not ok."""
-
-    wall_s: float = 0.0
-    """Wall-clock time of the child process, start to exit."""
-
-    train_s: float = 0.0
-    """Wall-clock time of the child's training loop alone (model built, steps run, no comparison)."""
-
-    compare_s: float = 0.0
-    """Wall-clock time the child spent saving or comparing reference tensors."""
-
-    memory: dict[str, Any] | None = None
-    """Memory section (graphdoctor.memory) when recorded."""
-
-    launches: dict[str, Any] | None = None
-    """Launch accounting section (graphdoctor.launches) when recorded."""
-
-    env: dict[str, Any] = field(default_factory=dict)
-    """Versions and device of the child (torch, megatron-core, GPU name, rank, world size)."""
-
-    forensics: dict[str, Any] | None = None
-    """Capture-time tap records (graphdoctor.harness.taps) when the run was tapped."""
-
-    hazards: list[dict[str, Any]] = field(default_factory=list)
-    """Run-time hazards the child saw ({"rule", "module", "message"}), e.g. GD511."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON view."""
-        return {
-            "impl": self.impl,
-            "dropout": self.dropout,
-            "status": self.status,
-            "steps": [s.to_dict() for s in self.steps],
-            "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
-            "wall_s": self.wall_s,
-            "train_s": self.train_s,
-            "compare_s": self.compare_s,
-            "memory": self.memory,
-            "launches": self.launches,
-            "env": dict(self.env),
-            "forensics": self.forensics,
-            "hazards": list(self.hazards),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
-        """Inverse of to_dict."""
-        data = dict(data)
-        data["steps"] = tuple(StepRecord.from_dict(s) for s in data.get("steps", ()))
-        if data.get("diagnosis") is not None:
-            data["diagnosis"] = Diagnosis.from_dict(data["diagnosis"])
-        return cls(**data)
-
-
-__all__ = ["Diagnosis", "RunRecord", "StepRecord", "TensorDiff", "Verdict"]
+__all__ = ["Diagnosis", "StepRecord", "TensorDiff", "Verdict"]

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from graphdoctor.errors import GraphDoctorError
+from graphdoctor.strict_json import is_non_finite_text, json_safe
 
 FORMAT_VERSION = 1
 """The `forensics` format version this module reads (and that `Forensics.to_dict` writes)."""
@@ -52,6 +53,11 @@ class Site:
     """Dropout probability (dropout sites only)."""
     captured: bool
     """Whether the tap was captured into a CUDA graph."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view (an entry of `sites`)."""
+        return {"slot": self.slot, "kind": self.kind, "module": self.module or None, "op": self.op,
+                "location": self.location, "numel": self.numel, "p": self.p, "captured": self.captured}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "site") -> Site:
@@ -123,6 +129,28 @@ class TapTable:
     steps: tuple[StepRows, ...]
     error: str | None = None
     """Why the taps failed, when they did (the run went on)."""
+    num_bytes: int = 0
+    """Device memory the taps owned."""
+    notes: tuple[str, ...] = ()
+    """What the taps could not do (a failed tap, captures beyond the stamp capacity)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The version-1 `forensics` dict (the inverse of from_dict)."""
+        out: dict[str, Any] = {
+            "version": FORMAT_VERSION, "capacity": self.capacity, "num_slots": len(self.sites),
+            "truncated": self.truncated, "num_bytes": self.num_bytes, "notes": list(self.notes),
+            "sites": [site.to_dict() for _, site in sorted(self.sites.items())],
+            "steps": [{"step": s.step, "phase": s.phase,
+                       "rows": [[r.slot, r.seq, *(json_safe(v) for v in r.stats)] for r in s.rows]}
+                      for s in self.steps]}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    @classmethod
+    def failed(cls, error: str) -> TapTable:
+        """The table of a run whose taps failed (the run went on without them)."""
+        return cls(capacity=0, truncated=False, sites={}, steps=(), error=error[:500])
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "forensics") -> TapTable:
@@ -146,7 +174,9 @@ class TapTable:
                                  f"{orphan[1].slot}, expected a slot listed in {where}.sites")
         return cls(capacity=_get(obj, "capacity", int, where), truncated=_get(obj, "truncated", bool, where),
                    sites=sites, steps=tuple(sorted(steps, key=lambda s: s.step)),
-                   error=_get(obj, "error", str, where, nullable=True))
+                   error=_get(obj, "error", str, where, nullable=True),
+                   num_bytes=int(obj.get("num_bytes") or 0),
+                   notes=tuple(str(n) for n in obj.get("notes") or ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +279,35 @@ class Forensics:
 
     def to_dict(self) -> dict[str, Any]:
         """Strict JSON: "version", then every field by name; non-finite floats as "nan"/"inf"/"-inf"."""
-        return {"version": FORMAT_VERSION, **_strict(asdict(self))}
+        return {"version": FORMAT_VERSION, **json_safe(asdict(self))}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Forensics:
+        """Inverse of to_dict (the `forensics` section of a saved diff report)."""
+        def summary(d: Mapping[str, Any]) -> SiteSummary:
+            values = _unstrict_floats(d, ("keep_rate", "expected_keep_rate", "keep_rate_sigmas"))
+            values["replay_steps"] = tuple(values.get("replay_steps", ()))
+            return SiteSummary(**values)
+
+        def divergence(d: Mapping[str, Any] | None) -> TapDivergence | None:
+            if d is None:
+                return None
+            values = _unstrict_floats(d, ("max_abs", "max_rel"))
+            values["reference"] = tuple(_stat(v, "reference") for v in d["reference"])
+            values["graphed"] = tuple(_stat(v, "graphed") for v in d["graphed"])
+            return TapDivergence(**values)
+
+        return cls(
+            compared_steps=tuple(data.get("compared_steps", ())),
+            skipped_steps=tuple(SkippedStep(**s) for s in data.get("skipped_steps", ())),
+            num_unpaired=int(data.get("num_unpaired", 0)), rng_aligned=data.get("rng_aligned"),
+            sites=tuple(summary(s) for s in data.get("sites", ())),
+            frozen=tuple(FrozenDraw(**f) for f in data.get("frozen", ())),
+            first_divergence=divergence(data.get("first_divergence")),
+            first_numeric_divergence=divergence(data.get("first_numeric_divergence")),
+            first_draw_mismatch=divergence(data.get("first_draw_mismatch")),
+            keep_rate_anomalies=tuple(summary(s) for s in data.get("keep_rate_anomalies", ())),
+            notes=tuple(data.get("notes", ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +336,10 @@ def forensics_unavailable(reference: Any, graphed: Any) -> str | None:
     for name, side in (("reference", reference), ("graphed", graphed)):
         if side is None:
             return f"{name} run reported no forensics (taps not installed)"
+        if isinstance(side, TapTable):
+            if side.error and not any(s.rows for s in side.steps):
+                return f"{name} run's forensics taps failed: {side.error}"
+            continue
         if isinstance(side, Mapping) and side.get("error"):
             steps = side.get("steps")
             if not any(isinstance(s, Mapping) and s.get("rows") for s in steps or ()):
@@ -295,8 +357,8 @@ def analyze(reference: Any, graphed: Any, *, dropout: float, rtol: float = 0.0,
     when rtol == atol == 0 or a value is not finite).
 
     Args:
-        reference: the eager run's `forensics` dict.
-        graphed: the graphed run's `forensics` dict.
+        reference: the eager run's tap table (a TapTable or its `forensics` dict).
+        graphed: the graphed run's tap table (a TapTable or its `forensics` dict).
         dropout: configured dropout probability, for dropout sites that do not record their p.
         rtol: relative tolerance for output/grad statistics.
         atol: absolute tolerance for output/grad statistics.
@@ -310,8 +372,8 @@ def analyze(reference: Any, graphed: Any, *, dropout: float, rtol: float = 0.0,
     reason = forensics_unavailable(reference, graphed)
     if reason is not None:
         raise ForensicsError(reason)
-    ref = TapTable.from_dict(reference, "reference.forensics")
-    gr = TapTable.from_dict(graphed, "graphed.forensics")
+    ref = reference if isinstance(reference, TapTable) else TapTable.from_dict(reference, "reference.forensics")
+    gr = graphed if isinstance(graphed, TapTable) else TapTable.from_dict(graphed, "graphed.forensics")
     compared, skipped, num_unpaired = _pair_steps(ref, gr)
 
     def differs(pair: _Pair) -> bool:
@@ -482,19 +544,17 @@ def _get(obj: Mapping[str, Any], name: str, expected: type | tuple[type, ...], w
 
 
 def _stat(value: Any, where: str) -> float:
-    if isinstance(value, str) and value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+    if is_non_finite_text(value):
         return float(value)
     return float(_check(value, (int, float), where))
 
 
-def _strict(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value
+def _unstrict_floats(data: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    values = dict(data)
+    for name in names:
+        if values.get(name) is not None:
+            values[name] = _stat(values[name], name)
+    return values
 
 
 __all__ = [

@@ -5,9 +5,10 @@ divergence starts, and whether an implementation aligns its RNG with eager by it
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
+from graphdoctor.compare.forensics import Forensics, FrozenDraw, TapDivergence
 from graphdoctor.compare.verdict import ImplResult
+from graphdoctor.rules import rule_fix
 from graphdoctor.types import Diagnosis, Verdict
 
 RNG_SHIFT_RULE = {"local": "GD401"}
@@ -23,13 +24,12 @@ RNG_SELF_ALIGNED = {
 """Why an implementation's draws match eager's without --align-rng."""
 
 
-def _where(item: Any) -> str:
-    module = getattr(item, "module", None) or "<no module>"
-    location = getattr(item, "location", None)
-    return f"{module}" + (f" ({location})" if location else "")
+def _where(item: FrozenDraw | TapDivergence) -> str:
+    module = item.module or "<no module>"
+    return f"{module}" + (f" ({item.location})" if item.location else "")
 
 
-def _frozen_diagnosis(frozen: Any) -> Diagnosis:
+def _frozen_diagnosis(frozen: FrozenDraw) -> Diagnosis:
     host = frozen.kind == "host-random"
     rule = "GD506" if host else "GD505"
     source = ("a host-drawn random tensor copied in through pinned memory: the capture kept the "
@@ -40,14 +40,11 @@ def _frozen_diagnosis(frozen: Any) -> Diagnosis:
         message=(f"{frozen.op} in {_where(frozen)} replays the same random values at every replay "
                  f"from step {frozen.first_step} ({frozen.num_replay_steps} replays) while eager "
                  f"draws new ones: {source}"),
-        fix=("draw random numbers on the device with a generator registered with the graph "
-             "(Megatron's RNG tracker) instead of copying them in" if host else
-             "use Megatron's graph-safe RNG tracker (use_cudagraphable_rng) for this draw"),
-        rule=rule, module=frozen.module, location=frozen.location, step=frozen.first_step,
+        fix=rule_fix(rule), rule=rule, module=frozen.module, location=frozen.location, step=frozen.first_step,
         phase="replay")
 
 
-def _numeric_diagnosis(div: Any, impl: str) -> Diagnosis:
+def _numeric_diagnosis(div: TapDivergence, impl: str) -> Diagnosis:
     what = "output" if div.kind == "output" else "gradient w.r.t. the output"
     message = (f"first difference inside the step: the {what} of {_where(div)} at step "
                f"{div.step} (fingerprint max abs {div.max_abs:.3g}, max rel {div.max_rel:.3g}) "
@@ -67,7 +64,7 @@ def _numeric_diagnosis(div: Any, impl: str) -> Diagnosis:
                      phase=div.phase)
 
 
-def apply_forensics(result: ImplResult, forensics: Any, *, aligned_requested: bool) -> ImplResult:
+def apply_forensics(result: ImplResult, forensics: Forensics, *, aligned_requested: bool) -> ImplResult:
     """The result with the forensics attached and, where they say more, a sharper verdict.
 
     Args:
@@ -100,11 +97,8 @@ def apply_forensics(result: ImplResult, forensics: Any, *, aligned_requested: bo
     for anomaly in forensics.keep_rate_anomalies:
         notes.append(f"dropout keep rate at {anomaly.module} is {anomaly.keep_rate:.4f}, expected "
                      f"{anomaly.expected_keep_rate:.4f}")
-    from graphdoctor.report.forensics import forensics_table
-
     return dataclasses.replace(result, verdict=verdict, diagnosis=diagnosis, notes=tuple(notes),
-                               forensics=forensics.to_dict(),
-                               forensics_text=forensics_table(forensics))
+                               forensics=forensics)
 
 
 __all__ = ["RNG_SHIFT_RULE", "apply_forensics"]

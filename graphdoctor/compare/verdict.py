@@ -10,7 +10,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphdoctor.types import Diagnosis, RunRecord, StepRecord, Verdict
+from graphdoctor.compare.forensics import Forensics
+from graphdoctor.launches.compare import LaunchComparison, compare_launches
+from graphdoctor.memory.sections import MemorySection
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.spec import impl_name
+from graphdoctor.types import Diagnosis, StepRecord, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,13 @@ class Divergence:
                 "max_abs": self.max_abs, "max_rel": self.max_rel,
                 "loss_max_abs": self.loss_max_abs}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Divergence:
+        """Inverse of to_dict."""
+        return cls(step=int(data["step"]), what=str(data["what"]), tensor=data.get("tensor"),
+                   max_abs=float(data["max_abs"]), max_rel=float(data["max_rel"]),
+                   loss_max_abs=float(data.get("loss_max_abs", 0.0)))
+
 
 @dataclass(frozen=True, slots=True)
 class Timing:
@@ -62,6 +74,36 @@ class Timing:
         return {"eager_ms": self.eager_ms, "graphed_ms": self.graphed_ms,
                 "num_steps": self.num_steps, "speedup": self.speedup}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Timing:
+        """Inverse of to_dict (the speedup is recomputed)."""
+        return cls(eager_ms=data.get("eager_ms"), graphed_ms=data.get("graphed_ms"),
+                   num_steps=int(data.get("num_steps", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPair:
+    """The dropout-free control pair of a divergent implementation: what it found."""
+
+    verdict: Verdict
+    first_divergence: Divergence | None = None
+    diagnosis: Diagnosis | None = None
+    dropout: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"dropout": self.dropout, "verdict": self.verdict.value,
+                "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
+                "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ControlPair:
+        """Inverse of to_dict."""
+        div, diag = data.get("first_divergence"), data.get("diagnosis")
+        return cls(verdict=Verdict(data["verdict"]), dropout=float(data.get("dropout", 0.0)),
+                   first_divergence=Divergence.from_dict(div) if div else None,
+                   diagnosis=Diagnosis.from_dict(diag) if diag else None)
+
 
 @dataclass(frozen=True, slots=True)
 class ImplResult:
@@ -72,17 +114,17 @@ class ImplResult:
     divergence: Divergence | None = None
     timing: Timing | None = None
     diagnosis: Diagnosis | None = None
-    control: dict[str, Any] | None = None
-    """The dropout-free control pair: {"verdict": match|..., "divergence": {...}} when it ran."""
+    control: ControlPair | None = None
+    """The dropout-free control pair, when it ran."""
     notes: tuple[str, ...] = ()
-    memory: dict[str, Any] | None = None
-    launches: dict[str, Any] | None = None
+    memory: MemorySection | None = None
+    """The graphed run's memory section."""
+    launches: LaunchComparison | None = None
+    """The graphed run's profiled step beside the eager one."""
     runs: tuple[RunRecord, ...] = field(default=(), repr=False)
     """The child records behind this row (graphed run, then control run)."""
-    forensics: dict[str, Any] | None = None
+    forensics: Forensics | None = None
     """RNG and localization forensics from capture-time taps (graphdoctor.compare.forensics)."""
-    forensics_text: str | None = field(default=None, repr=False)
-    """The forensics rendered as a table (shown by `diff -v`; not part of the JSON)."""
 
     def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
         """JSON view (schema in docs/diff.md)."""
@@ -93,15 +135,31 @@ class ImplResult:
             "first_divergence": self.divergence.to_dict() if self.divergence else None,
             "timing": self.timing.to_dict() if self.timing else None,
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
-            "control": self.control,
+            "control": self.control.to_dict() if self.control else None,
             "notes": list(self.notes),
-            "memory": self.memory,
-            "launches": self.launches,
-            "forensics": self.forensics,
+            "memory": self.memory.to_dict() if self.memory else None,
+            "launches": self.launches.to_dict() if self.launches else None,
+            "forensics": self.forensics.to_dict() if self.forensics else None,
         }
         if include_steps:
             data["runs"] = [r.to_dict() for r in self.runs]
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ImplResult:
+        """Inverse of to_dict; reads schema 1 rows too."""
+        def opt(key: str, load: Any) -> Any:
+            value = data.get(key)
+            return load(value) if value else None
+
+        return cls(impl=impl_name(str(data["impl"])), verdict=Verdict(data["verdict"]),
+                   divergence=opt("first_divergence", Divergence.from_dict),
+                   timing=opt("timing", Timing.from_dict), diagnosis=opt("diagnosis", Diagnosis.from_dict),
+                   control=opt("control", ControlPair.from_dict), notes=tuple(data.get("notes", ())),
+                   memory=opt("memory", MemorySection.from_dict),
+                   launches=opt("launches", LaunchComparison.from_dict),
+                   runs=tuple(RunRecord.from_dict(r) for r in data.get("runs", ())),
+                   forensics=opt("forensics", Forensics.from_dict))
 
 
 def _loss_differs(a: float, b: float, rtol: float, atol: float) -> bool:
@@ -209,8 +267,11 @@ def judge(
         return ImplResult(impl=graphed.impl, verdict=Verdict.REFERENCE_FAILED,
                           diagnosis=reference.diagnosis, runs=runs,
                           notes=("the eager reference failed; see its diagnosis",))
-    common = {"impl": graphed.impl, "memory": graphed.memory, "launches": graphed.launches,
-              "runs": runs}
+    launches = None
+    if graphed.launches is not None:
+        eager_step = reference.launches.step if reference.launches is not None else None
+        launches = compare_launches(eager_step, graphed.launches)
+    common = {"impl": graphed.impl, "memory": graphed.memory, "launches": launches, "runs": runs}
     if graphed.status != "ok":
         return ImplResult(verdict=verdict_for_failure(graphed), diagnosis=graphed.diagnosis,
                           **common)  # type: ignore[arg-type]
@@ -228,12 +289,11 @@ def judge(
 
 def _control(control_reference: RunRecord | None, control_graphed: RunRecord | None,
              warmup_steps: int, rtol: float, atol: float
-             ) -> tuple[dict[str, Any] | None, Verdict, tuple[str, ...]]:
+             ) -> tuple[ControlPair | None, Verdict, tuple[str, ...]]:
     if control_reference is not None and control_reference.status != "ok":
         diag = control_reference.diagnosis
         why = f": {diag.error_type}: {diag.message}" if diag is not None else ""
-        control = {"dropout": 0.0, "verdict": Verdict.REFERENCE_FAILED.value,
-                   "first_divergence": None, "diagnosis": diag.to_dict() if diag else None}
+        control = ControlPair(verdict=Verdict.REFERENCE_FAILED, diagnosis=diag)
         return control, Verdict.NUMERIC_DIVERGENCE, (
             f"the dropout-free control reference failed{why[:300]}, so RNG and numerics could not "
             "be told apart; treated as numeric-divergence",)
@@ -241,9 +301,8 @@ def _control(control_reference: RunRecord | None, control_graphed: RunRecord | N
         return None, Verdict.NUMERIC_DIVERGENCE, ("no dropout-free control pair ran",)
     inner = judge(control_reference, control_graphed, warmup_steps=warmup_steps, rtol=rtol,
                   atol=atol)
-    control = {"dropout": 0.0, "verdict": inner.verdict.value,
-               "first_divergence": inner.divergence.to_dict() if inner.divergence else None,
-               "diagnosis": inner.diagnosis.to_dict() if inner.diagnosis else None}
+    control = ControlPair(verdict=inner.verdict, first_divergence=inner.divergence,
+                          diagnosis=inner.diagnosis)
     if inner.verdict == Verdict.MATCH:
         return control, Verdict.RNG_DIVERGENCE, (
             "differs only with dropout on: the dropout-free control pair matches, so the "
@@ -251,5 +310,5 @@ def _control(control_reference: RunRecord | None, control_graphed: RunRecord | N
     return control, Verdict.NUMERIC_DIVERGENCE, ("the dropout-free control pair differs too",)
 
 
-__all__ = ["Divergence", "ImplResult", "Timing", "find_divergence", "judge", "steady_timing",
+__all__ = ["ControlPair", "Divergence", "ImplResult", "Timing", "find_divergence", "judge", "steady_timing",
            "verdict_for_failure"]

@@ -70,6 +70,14 @@ class GraphCensus:
             "kernel_names": dict(self.top_kernels(len(self.kernel_names))),
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GraphCensus:
+        """Inverse of to_dict (num_nodes and num_kernels are recomputed from nodes_by_type)."""
+        return cls(name=str(data["name"]), source=str(data["source"]),
+                   nodes_by_type={str(k): int(v) for k, v in data.get("nodes_by_type", {}).items()},
+                   kernel_names={str(k): int(v) for k, v in data.get("kernel_names", {}).items()},
+                   num_child_graphs=int(data.get("num_child_graphs", 0)))
+
 
 def _kernel_name_from_id_line(body: str) -> str:
     """Kernel name from the DOT `{ID | 3 (topoId: 5) | name\\<\\<\\<grid,block,smem\\>\\>\\>}` line."""

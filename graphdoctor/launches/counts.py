@@ -142,6 +142,14 @@ class LaunchCount:
         out["graph_coverage"] = round(self.graph_coverage, 6)
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LaunchCount:
+        """Inverse of to_dict (derived totals and coverage are recomputed, not read)."""
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        values["launch_calls"] = {str(k): int(v) for k, v in values.get("launch_calls", {}).items()}
+        values["kernels_per_graph_launch"] = tuple(int(n) for n in values.get("kernels_per_graph_launch", ()))
+        return cls(**values)
+
 
 def merge_counts(counts: Sequence[LaunchCount], *, label: str) -> LaunchCount:
     """Sum several LaunchCount records (e.g. one phase over several steps) into one.

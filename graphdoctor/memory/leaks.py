@@ -40,6 +40,13 @@ class PoolBytes:
         """JSON-ready dict (pool as a 2-list)."""
         return {"pool": list(self.pool), "reserved_bytes": self.reserved_bytes, "live_bytes": self.live_bytes}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PoolBytes:
+        """Inverse of to_dict."""
+        first, second = data["pool"]
+        return cls(pool=(int(first), int(second)), reserved_bytes=int(data["reserved_bytes"]),
+                   live_bytes=int(data["live_bytes"]))
+
 
 @dataclass(frozen=True, slots=True)
 class UnfreedSite:
@@ -64,6 +71,13 @@ class UnfreedSite:
             "is_suspect": self.is_suspect,
             "frames": list(self.frames),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UnfreedSite:
+        """Inverse of to_dict."""
+        return cls(site=str(data["site"]), num_allocations=int(data["num_allocations"]),
+                   live_bytes=int(data["live_bytes"]), num_steps=int(data["num_steps"]),
+                   is_suspect=bool(data["is_suspect"]), frames=tuple(data.get("frames", ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +137,17 @@ class MemoryReport:
             "phase_tags_found": self.phase_tags_found,
             "notes": list(self.notes),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryReport:
+        """Inverse of to_dict (derived fields such as `summary` are recomputed, not read)."""
+        values = {name: data[name] for name in cls.__dataclass_fields__
+                  if name not in ("graph_pools", "unfreed_replay_sites", "notes")}
+        return cls(**values,
+                   graph_pools=tuple(PoolBytes.from_dict(p) for p in data.get("graph_pools", ())),
+                   unfreed_replay_sites=tuple(UnfreedSite.from_dict(u)
+                                              for u in data.get("unfreed_replay_sites", ())),
+                   notes=tuple(data.get("notes", ())))
 
     def summary(self) -> str:
         """One line, e.g. `memory ok: graph pools 100.0 MiB, peak reserved 1.85x eager, +0 B/replay`."""

@@ -18,7 +18,8 @@ NO_FRAMES = "<no stack recorded>"
 
 _LIBRARY_DIRS = ("torch", "megatron", "transformer_engine", "apex", "triton")
 _GRAPHDOCTOR_SUBPACKAGES = frozenset(
-    {"memory", "harness", "compare", "launches", "report", "rules", "cli", "checks"}
+    {"memory", "child", "parent", "protocol", "probes", "compare", "launches", "report", "rules", "cli",
+     "checks"}
 )
 _STDLIB = re.compile(r"/lib/python\d+(\.\d+)?t?/")
 

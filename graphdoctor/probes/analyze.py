@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from graphdoctor.probes.capture_errors import CUDA_CAPTURE_ERRORS
+from graphdoctor.cuda_errors import CUDA_CAPTURE_ERRORS
 from graphdoctor.probes.types import CaptureResult, Observation
 from graphdoctor.rules.finding import Finding, Severity
 from graphdoctor.rules.registry import get_rule
@@ -71,7 +71,7 @@ def _cascade_finding(capture: CaptureResult, root: Observation | None) -> Findin
     error when the recording explains nothing, since no other finding then reports the failure."""
     rule = get_rule("GD510")
     if capture.cuda_error is not None:
-        enum_name = CUDA_CAPTURE_ERRORS[capture.cuda_error][0]
+        enum_name = CUDA_CAPTURE_ERRORS[capture.cuda_error].cuda_error
         error = f"{enum_name} ({capture.cuda_error})"
     else:
         error = f"{capture.error_type}: {capture.error_message}"

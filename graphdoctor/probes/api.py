@@ -6,37 +6,57 @@ Importing this module imports neither torch nor megatron; the work happens in ch
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from graphdoctor.config import DiffConfig, diff_config_from
 from graphdoctor.errors import NoGPUError
+from graphdoctor.parent.children import user_import_dir
+from graphdoctor.parent.runner import child_env, python_command, run_isolated
 from graphdoctor.probes.analyze import analyze
 from graphdoctor.probes.types import CaptureResult, Observation, ProbeReport
+from graphdoctor.protocol.spec import ProbeJob
 
 MAX_WORKER_RUNS = 8
 """Upper bound on fresh worker processes per probe (one more after each poisoned context)."""
 
+WORKER_MODULE = "graphdoctor.child.probe_worker"
+
+
+def probe_config(config: DiffConfig | Mapping[str, Any], **overrides: Any) -> DiffConfig:
+    """The DiffConfig to probe: `config` itself, or one built from a mapping of DiffConfig fields
+    (as `graphdoctor diff` would build it), with `overrides` (None values ignored) applied.
+
+    Raises:
+        UsageError: a field of the wrong name or value.
+    """
+    if isinstance(config, DiffConfig):
+        values = {k: v for k, v in overrides.items() if v is not None}
+        return config.replace(**values) if values else config
+    return diff_config_from(None, **{**dict(config), **overrides})
+
 
 def probe(
-    config: Any,
+    config: DiffConfig | Mapping[str, Any],
     *,
     layers: list[int] | None = None,
-    isolate: bool = True,
     timeout_s: float | None = None,
+    warmup_iters: int = 2,
     **overrides: Any,
 ) -> ProbeReport:
-    """Probe every layer of the configured GPT model for operations that are unsafe to capture.
+    """Probe every layer of the configured model for operations that are unsafe to capture.
+
+    The model is the one `graphdoctor diff` builds for the same configuration (layer spec, model
+    provider, run-file `transformer:` fields), built by the same set-up path in a child process.
 
     Args:
-        config: a DiffConfig, a ProbeSpec, a mapping or any object with the ProbeSpec field names.
+        config: a DiffConfig, or a mapping of DiffConfig fields.
         layers: decoder layer indices to probe; all when None.
-        isolate: run in child processes (the default). False runs here: this process then owns a
-            process group and CUDA context, and a poisoned context cannot be recovered.
-        timeout_s: wall-clock limit of each child; default the spec's timeout_s.
-        **overrides: ProbeSpec fields that replace the config's (None values are ignored).
+        timeout_s: wall-clock limit of each worker process; default the config's timeout_s.
+        warmup_iters: eager calls on a side stream before each capture.
+        **overrides: DiffConfig fields that replace the config's (None values are ignored).
 
     Returns:
         The ProbeReport; `exit_code` follows the CLI convention (0 clean, 1 findings, 2 tool error).
@@ -47,42 +67,37 @@ def probe(
     """
     import torch
 
-    from graphdoctor.probes.megatron import probe_layers, spec_from_config
-
-    spec = spec_from_config(config, **overrides)
+    diff_config = probe_config(config, **overrides)
     if not torch.cuda.is_available():
         raise NoGPUError("graphdoctor check --probe needs a CUDA GPU and none is visible")
-    remaining = list(range(spec.num_layers)) if layers is None else sorted(layers)
-    if not isolate:
-        return report_from_payloads([probe_layers(spec, remaining)], spec=spec.to_dict())
+    remaining = list(range(diff_config.num_layers)) if layers is None else sorted(layers)
+    import_dir = user_import_dir(diff_config)
     payloads: list[dict[str, Any]] = []
     while remaining and len(payloads) < MAX_WORKER_RUNS:
-        payload = _run_worker(spec.to_dict(), remaining, timeout_s or spec.timeout_s)
+        job = ProbeJob(config=diff_config, layers=tuple(remaining), warmup_iters=warmup_iters,
+                       import_dir=import_dir)
+        payload = _run_worker(job, timeout_s or diff_config.timeout_s)
         payloads.append(payload)
         poisoned = payload.get("poisoned_at")
         if payload.get("tool_error") or poisoned is None:
             break
         remaining = [i for i in remaining if i > poisoned]
-    return report_from_payloads(payloads, spec=spec.to_dict())
+    return report_from_payloads(payloads, spec=diff_config.to_dict())
 
 
-def _run_worker(spec: dict[str, Any], layers: list[int], timeout_s: float) -> dict[str, Any]:
+def _run_worker(job: ProbeJob, timeout_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="graphdoctor-probe-") as tmp:
-        spec_path = os.path.join(tmp, "spec.json")
-        out_path = os.path.join(tmp, "out.json")
-        with open(spec_path, "w", encoding="utf-8") as fh:
-            json.dump({"spec": spec, "layers": layers}, fh)
-        cmd = [sys.executable, "-m", "graphdoctor.probes.worker", spec_path, out_path]
-        try:
-            proc = subprocess.run(cmd, cwd=os.getcwd(), capture_output=True, text=True,
-                                  timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            return {"tool_error": f"probe worker for layers {layers} timed out after {timeout_s:g} s"}
-        if not os.path.exists(out_path):
-            tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
-            return {"tool_error": f"probe worker exited with {proc.returncode} and no result: {tail}"}
-        with open(out_path, encoding="utf-8") as fh:
-            result: dict[str, Any] = json.load(fh)
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job_path.write_text(job.to_json(), encoding="utf-8")
+        ended = run_isolated(python_command(WORKER_MODULE, str(job_path), str(out_path)),
+                             timeout_s=timeout_s, env=child_env(job.config.env))
+        if ended.timed_out:
+            return {"tool_error": f"probe worker for layers {list(job.layers)} timed out after "
+                                  f"{timeout_s:g} s"}
+        if not out_path.exists():
+            tail = "\n".join(ended.log_tail.strip().splitlines()[-8:])
+            return {"tool_error": f"probe worker {ended.describe_exit()} and no result: {tail}"}
+        result: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
         return result
 
 
@@ -109,4 +124,4 @@ def report_from_payloads(payloads: list[dict[str, Any]], *, spec: dict[str, Any]
     )
 
 
-__all__ = ["MAX_WORKER_RUNS", "probe", "report_from_payloads"]
+__all__ = ["MAX_WORKER_RUNS", "probe", "probe_config", "report_from_payloads"]

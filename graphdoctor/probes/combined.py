@@ -16,8 +16,9 @@ from graphdoctor.probes.api import probe
 from graphdoctor.probes.types import ProbeReport
 from graphdoctor.rules import CheckReport, EnvironmentFacts, MegatronArgs, check
 
-UNUSED_BY_PROBES: tuple[str, ...] = ("model_provider", "forward_step")
-"""Config fields the probes ignore: they build Megatron's GPTModel from `layer_spec`."""
+UNUSED_BY_PROBES: tuple[str, ...] = ("forward_step",)
+"""Config fields the probes do not use: they call each decoder layer on sample inputs instead of
+running the forward step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +53,8 @@ def check_with_probes(
     """Run the static rules, then probe the configured model, and merge both into one report.
 
     Args:
-        config: the model to probe: a DiffConfig (as `graphdoctor.cli.diff.build_config` makes),
-            a ProbeSpec or a mapping with ProbeSpec field names.
+        config: the model to probe: a DiffConfig (as `graphdoctor.cli.diff.build_config` makes)
+            or a mapping of DiffConfig fields; the probes build the model `graphdoctor diff` builds.
         run_file_or_mapping: static input, as for `graphdoctor.rules.check` (None: nothing static).
         megatron_args: a Megatron-LM launch line or `@path`, as for `graphdoctor.rules.check`.
         env: environment variables of the training job, as for `graphdoctor.rules.check`.
@@ -84,7 +85,8 @@ def probe_notes(config: Any, report: ProbeReport) -> list[str]:
     for name in UNUSED_BY_PROBES:
         value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
         if value is not None:
-            notes.append(f"{name} has no effect on the probes (they build a GPTModel from layer_spec)")
+            notes.append(f"{name} has no effect on the probes (they call each decoder layer on sample "
+                         "inputs, not the forward step)")
     failed = [c.unit for c in report.captures if not c.ok]
     summary = f"probe: {len(report.captures)} capture(s), {len(failed)} failed"
     if failed:

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphdoctor.report.diff import json_safe, launch_table_from_sections
+from graphdoctor.report.diff import launch_table_from_sections
+from graphdoctor.strict_json import json_safe
 
 if TYPE_CHECKING:
     from graphdoctor.count import CountReport
@@ -20,13 +21,13 @@ def render_count_text(report: CountReport) -> str:
     lines = [f"graphdoctor count: GPTModel {cfg.num_layers}x{cfg.hidden_size}, seq "
              f"{cfg.seq_length}, mbs {cfg.micro_batch_size}x{cfg.num_microbatches}, {cfg.dtype}, "
              f"one profiled step after {cfg.steps} steps",
-             f"  {env.get('gpu', '?')} | torch {env.get('torch', '?')} | megatron-core "
-             f"{env.get('megatron_core', '?')}", ""]
+             f"  {(env.gpu if env else None) or '?'} | torch {env.torch if env else '?'} | megatron-core "
+             f"{(env.megatron_core if env else None) or '?'}", ""]
     table = launch_table_from_sections(report.sections())
     if table:
         lines += [table, ""]
     for impl, section in report.sections():
-        lines.append(f"{impl}: {section.get('summary', '')}")
+        lines.append(f"{impl}: {section.summary}")
     for run in (report.eager, *report.runs):
         if run.status != "ok" and run.diagnosis is not None:
             lines.append(f"{run.impl}: {run.status}: {run.diagnosis.message}")

@@ -9,6 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
+from graphdoctor.report.forensics import forensics_table
+from graphdoctor.strict_json import json_safe
+
 if TYPE_CHECKING:
     from graphdoctor.compare.verdict import ImplResult
     from graphdoctor.diff import DiffReport
@@ -65,9 +69,9 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
             f"{cfg.dtype}, dropout {cfg.dropout:g}, {cfg.steps} steps, warmup "
             f"{cfg.cuda_graph_warmup_steps}, {policy}")
     lines = [head]
-    if env:
-        lines.append(f"  {env.get('gpu', '?')} | torch {env.get('torch', '?')} | megatron-core "
-                     f"{env.get('megatron_core', '?')} | world size {env.get('world_size', 1)}")
+    if env is not None:
+        lines.append(f"  {env.gpu or '?'} | torch {env.torch or '?'} | megatron-core "
+                     f"{env.megatron_core or '?'} | world size {env.world_size}")
     table = tabulate(summary_rows(report), headers=[
         "impl", "verdict", "first divergence", "max abs", "max rel", "eager ms", "graphed ms",
         "speedup"], tablefmt="simple")
@@ -86,14 +90,12 @@ def launch_table(report: DiffReport) -> str:
     return launch_table_from_sections([(r.impl, r.launches) for r in report.results if r.launches])
 
 
-def launch_table_from_sections(sections: list[tuple[str, dict[str, Any]]]) -> str:
-    """The launch table from (impl, launches section) pairs (diff and live count share it)."""
-    from graphdoctor.launches.compare import TABLE_ROWS, table_rows
-
+def launch_table_from_sections(sections: list[tuple[str, LaunchComparison]]) -> str:
+    """The launch table from (impl, launch comparison) pairs (diff and live count share it)."""
     if not sections:
         return ""
-    eager = next((s.get("eager") for _, s in sections if s.get("eager")), None)
-    columns = [table_rows(eager, s.get("graphed")) for _, s in sections]
+    eager = next((s.eager for _, s in sections if s.eager is not None), None)
+    columns = [table_rows(eager, s.graphed) for _, s in sections]
     rows = []
     for i, (label, _) in enumerate(TABLE_ROWS):
         row = [label, _cell(columns[0][i][1])]
@@ -134,19 +136,19 @@ def _details(report: DiffReport, *, verbose: bool) -> list[str]:
         if result.control is not None:
             ctl = result.control
             where = ""
-            if ctl.get("first_divergence"):
-                fd = ctl["first_divergence"]
-                where = f" (first at step {fd['step']} {fd['what']} {fd.get('tensor') or ''})"
-            out.append(f"{result.impl}: control pair at dropout 0: {ctl['verdict']}{where}")
+            if ctl.first_divergence is not None:
+                fd = ctl.first_divergence
+                where = f" (first at step {fd.step} {fd.what} {fd.tensor or ''})"
+            out.append(f"{result.impl}: control pair at dropout 0: {ctl.verdict.value}{where}")
         for note in result.notes:
             out.append(f"{result.impl}: note: {note}")
-        if verbose and result.forensics_text:
+        if verbose and result.forensics is not None:
             out.append(f"{result.impl}: forensics (capture-time taps):")
-            out += ["  " + line for line in result.forensics_text.splitlines()]
-        if result.memory and result.memory.get("summary"):
-            out.append(f"{result.impl}: memory: {result.memory['summary']}")
-        if result.launches and result.launches.get("summary"):
-            out.append(f"{result.impl}: launches: {result.launches['summary']}")
+            out += ["  " + line for line in forensics_table(result.forensics).splitlines()]
+        if result.memory is not None and result.memory.summary:
+            out.append(f"{result.impl}: memory: {result.memory.summary}")
+        if result.launches is not None:
+            out.append(f"{result.impl}: launches: {result.launches.summary}")
     if out:
         out.append("")
     return out
@@ -161,21 +163,6 @@ def write_json(report: DiffReport, path: str | os.PathLike[str]) -> Path:
     target.write_text(json.dumps(data, indent=2, allow_nan=False, default=str) + "\n",
                       encoding="utf-8")
     return target
-
-
-def json_safe(value: Any) -> Any:
-    """Replace non-finite floats by the strings "nan", "inf", "-inf" (strict JSON has none)."""
-    if isinstance(value, float):
-        if value != value:
-            return "nan"
-        if value in (float("inf"), float("-inf")):
-            return "inf" if value > 0 else "-inf"
-        return value
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
 
 
 __all__ = ["json_safe", "launch_table", "launch_table_from_sections", "render_text",

@@ -11,7 +11,7 @@ from graphdoctor.rules.engine import SCHEMA_VERSION, CheckReport, build_context,
 from graphdoctor.rules.facts import EnvironmentFacts, detect_facts
 from graphdoctor.rules.finding import Finding, FixAvailability, Severity, Status
 from graphdoctor.rules.megatron_args import MegatronArgs, parse_megatron_args
-from graphdoctor.rules.registry import REMOVED, all_rules, get_rule
+from graphdoctor.rules.registry import REMOVED, all_rules, get_rule, rule_fix
 
 __all__ = [
     "DOC_SECTIONS",
@@ -32,5 +32,6 @@ __all__ = [
     "check",
     "detect_facts",
     "get_rule",
+    "rule_fix",
     "parse_megatron_args",
 ]

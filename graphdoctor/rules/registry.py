@@ -75,4 +75,9 @@ def get_rule(code_or_name: str) -> Rule:
     raise UsageError(f"rule: got {code_or_name!r}, expected a code like GD101 (see `graphdoctor rules`)")
 
 
-__all__ = ["REMOVED", "all_rules", "get_rule"]
+def rule_fix(code: str) -> str:
+    """The catalogue's fix for rule `code`: its imperative fix title (diagnoses take it from here)."""
+    return get_rule(code).fix_title()
+
+
+__all__ = ["REMOVED", "all_rules", "get_rule", "rule_fix"]

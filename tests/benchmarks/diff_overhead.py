@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from graphdoctor.harness.spec import ChildSpec, free_port
+from graphdoctor.protocol.spec import ChildSpec, free_port
 
 
 def main() -> int:
@@ -47,7 +47,7 @@ def main() -> int:
             placement=dataclasses.replace(spec.placement, master_port=free_port()))
         plain_path = plain.write(work / f"plain-{path.name}")
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "graphdoctor.harness.child", str(plain_path)],
+        subprocess.run([sys.executable, "-m", "graphdoctor.child.entry", str(plain_path)],
                        check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         plain_wall += time.perf_counter() - t0
     data = json.loads(report.read_text(encoding="utf-8"))

@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.harness.runner import run_child
-from graphdoctor.harness.spec import ChildSpec, placement_for_child
+from graphdoctor.parent.runner import run_child
+from graphdoctor.protocol.spec import ChildSpec, placement_for_child
 
 
 def _run(impl: str, cfg: DiffConfig, work: Path, taps: bool, index: int) -> dict[str, object]:
@@ -35,9 +35,9 @@ def _run(impl: str, cfg: DiffConfig, work: Path, taps: bool, index: int) -> dict
         raise SystemExit(f"{impl} taps={taps}: {record.status} {record.diagnosis}")
     replay = [s.step_time_ms for s in record.steps if s.phase == "replay"][2:]
     return {"median_replay_ms": statistics.median(replay), "num_replay_steps": len(replay),
-            "end_allocated_bytes": record.env.get("end_allocated_bytes"),
-            "peak_allocated_bytes": record.env.get("peak_allocated_bytes"),
-            "end_reserved_bytes": record.env.get("end_reserved_bytes"),
+            "end_allocated_bytes": record.end_allocated_bytes,
+            "peak_allocated_bytes": record.peak_allocated_bytes,
+            "end_reserved_bytes": record.end_reserved_bytes,
             "taps_bytes": (record.forensics or {}).get("num_bytes"),
             "num_sites": (record.forensics or {}).get("num_slots")}
 

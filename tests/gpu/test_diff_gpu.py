@@ -27,12 +27,12 @@ def test_dropout_local_rng_divergence_full_iteration_match() -> None:
     by_impl = {r.impl: r for r in report.results}
     local, full = by_impl["local"], by_impl["full_iteration"]
     assert local.verdict == Verdict.RNG_DIVERGENCE, local
-    assert local.control is not None and local.control["verdict"] == "match"
+    assert local.control is not None and local.control.verdict.value == "match"
     assert local.divergence is not None and local.divergence.step >= 1
     assert full.verdict == Verdict.MATCH, full
     assert full.timing is not None and full.timing.speedup is not None
     assert report.exit_code() == 0
-    assert report.reference.env["world_size"] == 1
+    assert report.reference.env is not None and report.reference.env.world_size == 1
 
 
 def test_item_in_mlp_is_capture_failed_with_user_line() -> None:

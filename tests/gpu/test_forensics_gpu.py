@@ -57,7 +57,7 @@ def test_reassigned_scale_is_numeric_divergence_localized_to_its_layer() -> None
     diag = local.diagnosis
     assert diag is not None and diag.step == 1, diag
     assert diag.module == "decoder.layers.0.mlp", diag
-    assert local.forensics is not None and local.forensics["frozen"] == []
+    assert local.forensics is not None and local.forensics.frozen == ()
 
 
 def test_clean_dropout_is_rng_divergence_only_and_aligned_rng_matches_bitwise() -> None:
@@ -67,13 +67,13 @@ def test_clean_dropout_is_rng_divergence_only_and_aligned_rng_matches_bitwise() 
     local = shifted.results[0]
     assert local.verdict == Verdict.RNG_DIVERGENCE, local
     assert local.forensics is not None
-    assert local.forensics["frozen"] == []
-    assert local.forensics["first_numeric_divergence"] is None
-    assert local.forensics["first_draw_mismatch"] is not None
+    assert local.forensics.frozen == ()
+    assert local.forensics.first_numeric_divergence is None
+    assert local.forensics.first_draw_mismatch is not None
     assert any("GD401" in note for note in local.notes), local.notes
     aligned = diff(base.replace(align_rng=True))
     _keep(aligned, "clean_dropout_local_aligned")
     result = aligned.results[0]
     assert result.verdict == Verdict.MATCH, result
     assert result.divergence is None
-    assert result.forensics is not None and result.forensics["rng_aligned"] is True
+    assert result.forensics is not None and result.forensics.rng_aligned is True

@@ -50,10 +50,10 @@ def test_te_launch_table_census_and_memory() -> None:
     report = diff(DiffConfig(impls=("transformer_engine",), dropout=0.0, **cfg))
     _keep(report, "te_launches_memory")
     result = report.results[0]
-    assert result.launches is not None and result.launches["graphed"] is not None
-    assert result.launches["graphed"]["num_graph_launches"] > 0
-    assert result.launches["census_check"]["match"] is True, result.launches["census_check"]
-    assert result.memory is not None and result.memory.get("graph_pool_reserved_bytes", 0) > 0, result.memory
+    assert result.launches is not None and result.launches.graphed is not None
+    assert result.launches.graphed.num_graph_launches > 0
+    assert result.launches.census_check is not None and result.launches.census_check.match, result.launches.census_check
+    assert result.memory is not None and result.memory.report is not None and result.memory.report.graph_pool_reserved_bytes > 0, result.memory
 
 
 def test_te_dropout_against_local_on_the_same_model() -> None:
@@ -64,7 +64,7 @@ def test_te_dropout_against_local_on_the_same_model() -> None:
     for impl in ("transformer_engine", "local"):
         assert by_impl[impl].verdict in RAN, by_impl[impl]
         assert by_impl[impl].forensics is not None
-        assert by_impl[impl].forensics["frozen"] == []
+        assert by_impl[impl].forensics.frozen == ()
 
 
 def test_none_attention_mask_with_local_spec_is_caught() -> None:

@@ -145,7 +145,11 @@ def test_probe_tool_error_exits_2_with_the_report(monkeypatch: pytest.MonkeyPatc
 
 def test_library_check_with_probes_notes_unused_fields(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(combined, "probe", fake_probe(recorded(PLANTED_GD501), []))
-    result = check_with_probes({"model_provider": "pkg.mod:build", "num_layers": 2},
+    result = check_with_probes({"model_provider": "pkg.mod:build", "forward_step": "pkg.mod:step",
+                                "num_layers": 2},
                                {"transformer": {"cuda_graph_impl": "local", "enable_cuda_graph": True}})
     assert result.exit_code == 1 and result.report.codes()[:2] == ["GD101", "GD501"]
-    assert "model_provider has no effect on the probes (they build a GPTModel from layer_spec)" in result.report.notes
+    # The probes build the model diff builds (model provider included); only forward_step is unused.
+    assert ("forward_step has no effect on the probes (they call each decoder layer on sample inputs, "
+            "not the forward step)") in result.report.notes
+    assert not any(note.startswith("model_provider") for note in result.report.notes)

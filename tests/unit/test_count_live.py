@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from graphdoctor.cli import main
 from graphdoctor.config import DiffConfig
 from graphdoctor.count import CountReport
+from graphdoctor.protocol.record import RunRecord
 from graphdoctor.report.count import render_count_text, write_count_json
-from graphdoctor.types import RunRecord
 
 REPORT = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "diff" / \
     "h200_default_dropout0.1.json"

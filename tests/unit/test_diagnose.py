@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from graphdoctor.harness.diagnose import diagnose, is_capture_error, is_user_frame, user_location
+from graphdoctor.parent.diagnose import diagnose, is_capture_error, is_user_frame, user_location
 
 # Messages as torch 2.11 printed them on the H200 (see ../shared/notes/h200-findings.md).
 IMPLICIT = ("CUDA error: operation would make the legacy stream depend on a capturing blocking "

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 
+from graphdoctor.compare.forensics import Forensics, TapTable
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import _forensics
-from graphdoctor.types import RunRecord, Verdict
+from graphdoctor.diff import DiffRun
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.spec import EAGER, Role
+from graphdoctor.types import Verdict
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "forensics"
 
@@ -22,65 +25,65 @@ DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "forensics"
 def _pair() -> tuple[dict[str, Any], RunRecord, RunRecord]:
     with gzip.open(DATA / "h200_local_dropout_te_spec.json.gz", "rt", encoding="utf-8") as fh:
         doc = json.load(fh)
-    ref = RunRecord(impl="none", dropout=0.1, status="ok", forensics=doc["reference"])
-    graphed = RunRecord(impl="local", dropout=0.1, status="ok", forensics=doc["graphed"])
+    ref = RunRecord(impl=EAGER, dropout=0.1, status="ok", forensics=TapTable.from_dict(doc["reference"]))
+    graphed = RunRecord(impl="local", dropout=0.1, status="ok", forensics=TapTable.from_dict(doc["graphed"]))
     return doc, ref, graphed
 
 
 class RecordedSession:
     """Hands out the recorded tapped runs instead of starting children; counts the requests."""
 
-    def __init__(self, config: DiffConfig, ref: RunRecord, graphed: RunRecord) -> None:
+    def __init__(self, config: DiffConfig, ref: RunRecord, graphed: RunRecord, workdir: Path) -> None:
         self.config = config
+        self.workdir = workdir
         self.ref, self.graphed = ref, graphed
-        self.requests: list[tuple[str, str, bool]] = []
+        self.requests: list[tuple[str, Role, bool]] = []
 
-    def tapped_reference(self, ref_dir: Path) -> RunRecord:
-        self.requests.append(("none", "plain", True))
-        return self.ref
-
-    def run(self, impl: str, dropout: float, role: str, ref_dir: Path, *, hunt: bool = False,
+    def run(self, impl: str, dropout: float, role: Role, ref_dir: Path, *, hunt: bool = False,
             taps: bool = False) -> RunRecord:
         self.requests.append((impl, role, taps))
-        return self.graphed
+        return self.ref if impl == EAGER else self.graphed
 
 
-def test_auto_mode_runs_a_tapped_pair_after_a_divergence() -> None:
+def _forensics(session: RecordedSession, result: ImplResult, reference: RunRecord,
+               graphed: RunRecord) -> ImplResult:
+    return DiffRun(session).forensics(result, reference, graphed)  # type: ignore[arg-type]
+
+
+def test_auto_mode_runs_a_tapped_pair_after_a_divergence(tmp_path: Path) -> None:
     doc, ref, graphed = _pair()
-    plain_ref = RunRecord(impl="none", dropout=0.1, status="ok")
+    plain_ref = RunRecord(impl=EAGER, dropout=0.1, status="ok")
     plain = RunRecord(impl="local", dropout=0.1, status="ok")
-    session = RecordedSession(DiffConfig(impls=("local",)), ref, graphed)
-    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.RNG_DIVERGENCE),  # type: ignore[arg-type]
-                        plain_ref, plain, Path("."))
-    assert session.requests == [("none", "plain", True), ("local", "plain", True)]
-    assert result.forensics == doc["live_analysis"]
+    session = RecordedSession(DiffConfig(impls=("local",)), ref, graphed, tmp_path)
+    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.RNG_DIVERGENCE), plain_ref, plain)
+    assert session.requests == [(EAGER, Role.TAPPED, True), ("local", Role.TAPPED, True)]
+    assert result.forensics == Forensics.from_dict(doc["live_analysis"])
+    assert result.forensics is not None and result.forensics.to_dict() == doc["live_analysis"]
     assert result.runs == (ref, graphed)
     assert any("GD401" in note for note in result.notes)
 
 
 @pytest.mark.parametrize("localize, verdict", [(None, Verdict.MATCH), (False, Verdict.RNG_DIVERGENCE)])
-def test_no_taps_when_not_asked_or_not_needed(localize: bool | None, verdict: Verdict) -> None:
+def test_no_taps_when_not_asked_or_not_needed(localize: bool | None, verdict: Verdict, tmp_path: Path) -> None:
     _, ref, graphed = _pair()
-    session = RecordedSession(DiffConfig(impls=("local",), localize=localize), ref, graphed)
+    session = RecordedSession(DiffConfig(impls=("local",), localize=localize), ref, graphed, tmp_path)
     before = ImplResult(impl="local", verdict=verdict)
-    assert _forensics(session, before, ref, graphed, Path(".")) is before  # type: ignore[arg-type]
+    assert _forensics(session, before, ref, graphed) is before
     assert session.requests == []
 
 
-def test_localize_reads_the_runs_themselves() -> None:
+def test_localize_reads_the_runs_themselves(tmp_path: Path) -> None:
     doc, ref, graphed = _pair()
-    session = RecordedSession(DiffConfig(impls=("local",), localize=True), ref, graphed)
-    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.MATCH),  # type: ignore[arg-type]
-                        ref, graphed, Path("."))
+    session = RecordedSession(DiffConfig(impls=("local",), localize=True), ref, graphed, tmp_path)
+    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.MATCH), ref, graphed)
     assert session.requests == []
-    assert result.forensics == doc["live_analysis"]
+    assert result.forensics is not None and result.forensics.to_dict() == doc["live_analysis"]
 
 
-def test_a_failed_tapped_run_becomes_a_note() -> None:
+def test_a_failed_tapped_run_becomes_a_note(tmp_path: Path) -> None:
     _, ref, _ = _pair()
     failed = RunRecord(impl="local", dropout=0.1, status="error")
-    session = RecordedSession(DiffConfig(impls=("local",)), ref, failed)
-    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.NUMERIC_DIVERGENCE),  # type: ignore[arg-type]
-                        ref, failed, Path("."))
+    session = RecordedSession(DiffConfig(impls=("local",)), ref, failed, tmp_path)
+    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.NUMERIC_DIVERGENCE), ref, failed)
     assert result.forensics is None
     assert result.notes == ("forensics unavailable: the tapped local run ended with status error",)

@@ -80,9 +80,9 @@ def test_apply_forensics_on_the_recorded_pair_names_the_draw_and_the_rule() -> N
     result = apply_forensics(ImplResult(impl="local", verdict=Verdict.RNG_DIVERGENCE), found,
                              aligned_requested=False)
     assert result.verdict == Verdict.RNG_DIVERGENCE
-    assert result.forensics == doc["live_analysis"]
+    assert result.forensics is not None and result.forensics.to_dict() == doc["live_analysis"]
     assert any("embedding.embedding_dropout" in n and "GD401" in n for n in result.notes)
-    assert result.forensics_text is not None and "RNG: not aligned" in result.forensics_text
+    assert "RNG: not aligned" in forensics_table(result.forensics)
 
 
 

@@ -14,11 +14,12 @@ SCRIPT = textwrap.dedent("""
     import torch
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_layer import TransformerLayer
-    from graphdoctor.probes.megatron import ProbeSpec, build_gpt
-    from graphdoctor.harness.hazards import NoneMaskObserver
+    from graphdoctor.child.megatron_setup import build_probe_model
+    from graphdoctor.child.hazards import NoneMaskObserver
+    from graphdoctor.config import DiffConfig
     torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
-    model, _ = build_gpt(ProbeSpec(num_layers=2, hidden_size=64, num_attention_heads=4), device="cpu")
+    model, _ = build_probe_model(DiffConfig(num_layers=2, hidden_size=64, num_attention_heads=4), device="cpu")
     names = {id(m): n for n, m in model.named_modules()}
     original = TransformerLayer.__dict__["forward"]
     watch = NoneMaskObserver(model, names)
@@ -30,10 +31,10 @@ SCRIPT = textwrap.dedent("""
     print("with mask", watch.found)
     with contextlib.suppress(Exception):
         layer(hidden_states=hidden, attention_mask=None)
-    print("without mask", [(f["rule"], f["module"]) for f in watch.found])
+    print("without mask", [(f.rule, f.module) for f in watch.found])
     watch.end_step(0, "warmup")
     print("restored", TransformerLayer.__dict__["forward"] is original)
-    print("finish", [f["rule"] for f in watch.finish()["hazards"]])
+    print("finish", [f.rule for f in watch.finish()])
 """)
 
 

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
+from graphdoctor.child.probe_capture import translate_error
+from graphdoctor.cuda_errors import cuda_error_number, exception_chain
 from graphdoctor.probes import ProbeReport, report_from_payloads
 from graphdoctor.probes.analyze import PROBE_CODES, analyze, dedupe, failing_leaves
-from graphdoctor.probes.capture import translate_error
-from graphdoctor.probes.capture_errors import cuda_error_number, exception_chain
 from graphdoctor.probes.types import CaptureResult, Observation
 from graphdoctor.rules import get_rule
 from graphdoctor.rules.finding import Severity

@@ -10,9 +10,10 @@ import textwrap
 
 import pytest
 
-from graphdoctor.config import DiffConfig
+from graphdoctor.config import DiffConfig, resolve_entry_point
 from graphdoctor.errors import UsageError
-from graphdoctor.probes.megatron import ProbeSpec, load_entry_point, spec_from_config
+from graphdoctor.probes.api import probe_config
+from graphdoctor.protocol.spec import ProbeJob
 
 PLANTED = {
     "item_mlp": "GD501", "nonzero_mlp": "GD502", "default_stream_mlp": "GD503",
@@ -21,29 +22,32 @@ PLANTED = {
 }
 
 
-def test_spec_from_diff_config_takes_model_fields():
+def test_probe_config_is_the_diff_config_itself():
     config = DiffConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
-                        vocab_size=128, layer_spec="fixtures.planted.item_mlp:layer_spec")
-    spec = spec_from_config(config)
-    assert (spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size) == (2, 64, 32, 128)
-    assert spec.layer_spec == "fixtures.planted.item_mlp:layer_spec"
-    assert spec.dropout == config.dropout
+                        vocab_size=128, layer_spec="fixtures.planted.item_mlp:layer_spec",
+                        model_provider="fixtures.planted.clean:layer_spec")
+    assert probe_config(config) is config
+    assert probe_config(config, dropout=0.0).dropout == 0.0
+    job = ProbeJob(config=config, layers=(0, 1), warmup_iters=3)
+    assert ProbeJob.from_json(job.to_json()) == job
 
 
-def test_spec_from_mapping_with_overrides_and_validation():
-    spec = spec_from_config({"num_layers": 3, "not_a_probe_field": 1}, dtype="bf16")
-    assert spec.num_layers == 3 and spec.dtype == "bf16"
+def test_probe_config_from_mapping_with_overrides_and_validation():
+    config = probe_config({"num_layers": 3, "hidden_size": 64, "num_attention_heads": 4}, dtype="bf16")
+    assert config.num_layers == 3 and config.dtype == "bf16"
     with pytest.raises(UsageError, match="dtype"):
-        ProbeSpec(dtype="fp8")
+        probe_config({"dtype": "fp8"})
     with pytest.raises(UsageError, match="layer_spec"):
-        ProbeSpec(layer_spec="no colon")
+        probe_config({"layer_spec": "no colon"})
+    with pytest.raises(UsageError, match="not_a_field"):
+        probe_config({"not_a_field": 1})
 
 
-def test_load_entry_point_errors_name_the_field():
+def test_entry_point_errors_name_the_field():
     with pytest.raises(UsageError, match="cannot import"):
-        load_entry_point("fixtures.planted.no_such_module:layer_spec")
+        resolve_entry_point("fixtures.planted.no_such_module:layer_spec")
     with pytest.raises(UsageError, match="no attribute"):
-        load_entry_point("fixtures.planted.clean:no_such_fn")
+        resolve_entry_point("fixtures.planted.clean:no_such_fn")
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
@@ -51,7 +55,7 @@ def test_planted_fixture_builds_a_spec_and_marks_its_line(name: str):
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     module = importlib.import_module(f"fixtures.planted.{name}")
-    spec = load_entry_point(f"fixtures.planted.{name}:layer_spec")()
+    spec = resolve_entry_point(f"fixtures.planted.{name}:layer_spec")()
     assert isinstance(spec, ModuleSpec)
     source = inspect.getsource(module)
     code = PLANTED[name]
@@ -64,12 +68,15 @@ def test_planted_fixture_builds_a_spec_and_marks_its_line(name: str):
 BUILD_SCRIPT = textwrap.dedent("""
     import torch
     from megatron.core import parallel_state
-    from graphdoctor.probes.megatron import ProbeSpec, build_gpt
-    from graphdoctor.probes.modules import scan_hooks
+    from graphdoctor.child.megatron_setup import build_probe_model
+    from graphdoctor.child.probe_modules import scan_hooks
+    from graphdoctor.config import DiffConfig
     torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     for name in ("clean", "item_mlp", "forward_hook_mlp"):
-        model, regs = build_gpt(ProbeSpec(layer_spec=f"fixtures.planted.{name}:layer_spec"), device="cpu")
+        config = DiffConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                            vocab_size=128, layer_spec=f"fixtures.planted.{name}:layer_spec")
+        model, regs = build_probe_model(config, device="cpu")
         names = {id(m): n for n, m in model.named_modules()}
         layer = model.decoder.layers[0]
         found = scan_hooks(layer, names[id(layer)], regs)

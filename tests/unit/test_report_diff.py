@@ -11,8 +11,8 @@ import pytest
 from graphdoctor.compare.verdict import judge
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import SCHEMA_VERSION, DiffReport, _unavailable
+from graphdoctor.protocol.record import RunRecord
 from graphdoctor.report.diff import json_safe, render_text, write_json
-from graphdoctor.types import RunRecord
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "diff"
 
@@ -33,7 +33,7 @@ def build_report(strict_rng: bool = False) -> DiffReport:
                              control_graphed=control))
     return DiffReport(config=DiffConfig(strict_rng=strict_rng), results=tuple(results),
                       reference=reference, control_reference=control_ref, wall_s=75.6,
-                      child_wall_s=75.6, env=reference.env)
+                      child_wall_s=75.6)
 
 
 def test_text_summary_has_one_row_per_impl() -> None:

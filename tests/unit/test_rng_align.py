@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from graphdoctor.diff import port_taken
-from graphdoctor.harness.rng import rng_preserved
-from graphdoctor.types import Diagnosis, RunRecord
+from graphdoctor.child.rng import rng_preserved
+from graphdoctor.parent.children import port_taken
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.types import Diagnosis
 
 
 def test_rng_preserved_restores_the_cpu_generator() -> None:
@@ -21,7 +22,7 @@ def test_port_taken_only_for_setup_eaddrinuse() -> None:
     taken = Diagnosis(error_type="DistNetworkError", phase="setup",
                       message="The server socket has failed to listen on any local network "
                               "address. port: 41725, useIpv6: false, code: -98, name: EADDRINUSE")
-    assert port_taken(RunRecord(impl="none", dropout=0.1, status="error", diagnosis=taken))
+    assert port_taken(RunRecord(impl="eager", dropout=0.1, status="error", diagnosis=taken))
     other = Diagnosis(error_type="RuntimeError", phase="capture", message="EADDRINUSE in a log")
-    assert not port_taken(RunRecord(impl="none", dropout=0.1, status="error", diagnosis=other))
-    assert not port_taken(RunRecord(impl="none", dropout=0.1, status="ok"))
+    assert not port_taken(RunRecord(impl="eager", dropout=0.1, status="error", diagnosis=other))
+    assert not port_taken(RunRecord(impl="eager", dropout=0.1, status="ok"))

@@ -9,8 +9,8 @@ import json
 
 import torch
 
+from graphdoctor.child.taps import Taps, TapTable, call_site, tapped_modules
 from graphdoctor.compare.fingerprint import fingerprint
-from graphdoctor.harness.taps import Taps, TapTable, call_site, tapped_modules
 
 
 class Block(torch.nn.Module):

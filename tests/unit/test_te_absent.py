@@ -44,7 +44,7 @@ def test_te_available_says_why_without_raising() -> None:
 
 @pytest.mark.usefixtures("no_te")
 def test_have_transformer_engine_says_why_without_raising() -> None:
-    from graphdoctor.harness.build import have_transformer_engine
+    from graphdoctor.child.megatron_setup import have_transformer_engine
 
     ok, why = have_transformer_engine()
     assert ok is False

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from graphdoctor.compare.verdict import find_divergence, judge, steady_timing
-from graphdoctor.types import Diagnosis, RunRecord, StepRecord, TensorDiff, Verdict
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.types import Diagnosis, StepRecord, TensorDiff, Verdict
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "diff"
 
@@ -37,7 +38,7 @@ def test_local_with_dropout_is_rng_divergence(dropout_report: dict[str, Any]) ->
     result = judge(reference, graphed, warmup_steps=2, control_reference=control_ref,
                    control_graphed=control)
     assert result.verdict == Verdict.RNG_DIVERGENCE
-    assert result.control is not None and result.control["verdict"] == "match"
+    assert result.control is not None and result.control.verdict == Verdict.MATCH
     assert result.divergence is not None and result.divergence.step == 1
     assert result.divergence.what == "loss"
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from graphdoctor.cuda_errors import match_known
 from graphdoctor.errors import exception_chain
-from graphdoctor.harness.diagnose import match_known
 
 
 @contextmanager

@@ -1,20 +1,22 @@
-"""The training loop of one child run: Megatron steps, phase per step, CUDA-event timing, and the
-per-step save (reference) or comparison (graphed) of main_grads and parameters, reduced on the GPU.
+"""The training loop of one child run: warmup, capture and replay as Megatron steps, a phase per step,
+CUDA-event timing, and the per-step save (reference) or comparison (graphed) of main_grads and
+parameters, reduced on the GPU.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from graphdoctor.child.megatron_setup import Setup, step_batches
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
-from graphdoctor.harness.build import Setup, step_batches
-from graphdoctor.harness.spec import ChildSpec
+from graphdoctor.protocol.events import Capture, Event, Step
+from graphdoctor.protocol.spec import EAGER, ChildSpec, Role
 from graphdoctor.types import StepRecord, TensorDiff
 
 
@@ -35,7 +37,7 @@ def phase_of(impl: str, step: int, warmup_steps: int) -> str:
     replay. full_iteration: `warmup_steps` eager steps, then capture (and replay) at that call.
     transformer_engine: graphs are created before step `warmup_steps`.
     """
-    if impl == "none":
+    if impl == EAGER:
         return "eager"
     if impl == "local":
         return "capture" if step == 0 else "replay"
@@ -97,21 +99,20 @@ class ReferenceIO:
 
     def process(self, step: int, stage: str) -> TensorDiff | None:
         """Save or compare one family ('grads' or 'params') at `step`."""
-        if self.spec.role in ("plain", "count"):
+        if not self.spec.role.reference_io:
             return None
         start = time.perf_counter()
         flat = self.families.grads() if stage == "grads" else self.families.values()
         path = self._path(step).with_suffix(f".{stage}.pt")
         result = None
-        if self.spec.role == "reference":
+        if self.spec.role is Role.REFERENCE:
             torch.save({"names": self.families.layout.names, "flat": flat.cpu()}, path)
         else:
             ref = torch.load(path, map_location=flat.device, weights_only=True)
             if tuple(ref["names"]) != self.families.layout.names:
                 raise RuntimeError(f"graphed run has different {stage} than the reference")
             cfg = self.spec.config
-            result = compare_flat(flat, ref["flat"], self.families.index,
-                                  rtol=cfg["rtol"], atol=cfg["atol"])
+            result = compare_flat(flat, ref["flat"], self.families.index, rtol=cfg.rtol, atol=cfg.atol)
         self.compare_s += time.perf_counter() - start
         return result
 
@@ -130,73 +131,101 @@ def _reported_loss(losses: list[dict[str, torch.Tensor]]) -> torch.Tensor:
     return reports[:, 0].sum() / reports[:, 1].sum().clamp_min(1)
 
 
-def run_steps(
-    spec: ChildSpec,
-    setup: Setup,
-    state: LoopState,
-    emit: Callable[[dict[str, Any]], None],
-    observers: tuple[StepObserver, ...] = (),
-    taps: Any = None,
-) -> float:
-    """Train `steps` steps; emit one event per step. Returns the compare/save seconds spent."""
-    cfg = spec.config
-    families = TensorFamilies.of(setup.model)
-    io = ReferenceIO(spec=spec, families=families)
-    profile_last = bool(cfg.get("launches", True)) and spec.role != "plain"
-    start_ev = torch.cuda.Event(enable_timing=True)
-    end_ev = torch.cuda.Event(enable_timing=True)
-    for step in range(cfg["steps"] + (1 if profile_last else 0)):
-        profiled = profile_last and step == cfg["steps"]
-        state.step, state.phase = step, phase_of(spec.impl, step, cfg["cuda_graph_warmup_steps"])
-        for obs in observers:
-            obs.begin_step(step, state.phase)
-        # The batch is built before the taps start: its tokens come from a CPU generator and
-        # are not the model's random draws.
-        data = step_batches(cfg, step)
-        if taps is not None:
-            taps.begin_step(step, state.phase)
+@dataclass(slots=True)
+class StepRunner:
+    """One training step as Megatron-LM's trainer runs it, timed with CUDA events, with the per-step
+    save or comparison of main_grads and parameters."""
+
+    spec: ChildSpec
+    setup: Setup
+    io: ReferenceIO
+    taps: Any = None
+
+    def create_te_graphs(self, step: int) -> Event:
+        """transformer_engine: TECudaGraphHelper.create_cudagraphs() before step `step` (taps'
+        module hooks detached while make_graphed_callables captures)."""
+        start = time.perf_counter()
+        helper = self.setup.te_helper
+        if self.taps is not None:
+            self.taps.detach_module_hooks()
+        helper.create_cudagraphs()
+        if self.taps is not None:
+            self.taps.attach_module_hooks()
+        if getattr(self.setup.model, "use_forward_hook", False):
+            # DDP forward pre-hooks (overlap_param_gather) do not fire on graph replay.
+            helper.cuda_graph_set_manual_hooks()
+        return Capture(step=step, seconds=time.perf_counter() - start)
+
+    def begin_step(self, step: int, phase: str) -> Iterator[dict[str, torch.Tensor]]:
+        """The step's batch, then the taps' step stamp (the batch's tokens come from a CPU generator
+        and are not the model's random draws, so they are built before the taps start)."""
+        data = step_batches(self.spec.config, step)
+        if self.taps is not None:
+            self.taps.begin_step(step, phase)
+        return data
+
+    def train_step(self, step: int, phase: str, data: Iterator[dict[str, torch.Tensor]], *,
+                   profiled: bool) -> StepRecord:
+        """forward_backward and the optimizer step; grads compared before, params after the step."""
+        setup, cfg = self.setup, self.spec.config
+        start_ev, end_fb, resume, end_ev = (torch.cuda.Event(enable_timing=True) for _ in range(4))
         try:
-            if setup.te_helper is not None and step == cfg["cuda_graph_warmup_steps"]:
-                if taps is not None:
-                    taps.detach_module_hooks()
-                setup.te_helper.create_cudagraphs()
-                if taps is not None:
-                    taps.attach_module_hooks()
-                if getattr(setup.model, "use_forward_hook", False):
-                    # DDP forward pre-hooks (overlap_param_gather) do not fire on graph replay.
-                    setup.te_helper.cuda_graph_set_manual_hooks()
             setup.model.zero_grad_buffer()
             setup.optimizer.zero_grad()
             start_ev.record()
             losses = setup.forward_backward(
                 forward_step_func=setup.forward_step, data_iterator=data, model=[setup.model],
-                num_microbatches=cfg["num_microbatches"], seq_length=cfg["seq_length"],
-                micro_batch_size=cfg["micro_batch_size"], forward_only=False)
+                num_microbatches=cfg.num_microbatches, seq_length=cfg.seq_length,
+                micro_batch_size=cfg.micro_batch_size, forward_only=False)
         finally:
-            if taps is not None:
-                taps.end_step(step)
+            if self.taps is not None:
+                self.taps.end_step(step)
         loss = _reported_loss(losses).clone()
-        end_fb = torch.cuda.Event(enable_timing=True)
         end_fb.record()
-        grads = None if profiled else io.process(step, "grads")
-        resume = torch.cuda.Event(enable_timing=True)
+        grads = None if profiled else self.io.process(step, "grads")
         resume.record()
         _, grad_norm, _ = setup.optimizer.step()
         end_ev.record()
         end_ev.synchronize()
+        step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
+        params = None if profiled else self.io.process(step, "params")
+        return StepRecord(step=step, phase=phase, loss=float(loss.item()), step_time_ms=step_ms,
+                          grad_norm=None if grad_norm is None else float(grad_norm),
+                          grads=grads, params=params, profiled=profiled)
+
+
+def run_steps(
+    spec: ChildSpec,
+    setup: Setup,
+    state: LoopState,
+    emit: Callable[[Event], None],
+    observers: tuple[StepObserver, ...] = (),
+    taps: Any = None,
+) -> float:
+    """Warm up, capture and replay `steps` steps (plus one profiled step when launches are on);
+    emit one Step event per step and a Capture event where graphs were made. Returns the
+    compare/save seconds spent."""
+    cfg = spec.config
+    runner = StepRunner(spec=spec, setup=setup, io=ReferenceIO(spec=spec, families=TensorFamilies.of(setup.model)),
+                        taps=taps)
+    profile_last = cfg.launches and spec.role is not Role.TAPPED
+    te_capture_step = cfg.cuda_graph_warmup_steps if setup.te_helper is not None else None
+    for step in range(cfg.steps + (1 if profile_last else 0)):
+        state.step, state.phase = step, phase_of(spec.impl, step, cfg.cuda_graph_warmup_steps)
+        for obs in observers:
+            obs.begin_step(step, state.phase)
+        data = runner.begin_step(step, state.phase)
+        if step == te_capture_step:
+            emit(runner.create_te_graphs(step))
+        record = runner.train_step(step, state.phase, data, profiled=profile_last and step == cfg.steps)
         for obs in reversed(observers):
             obs.end_step(step, state.phase)
-        step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
-        params = None if profiled else io.process(step, "params")
-        record = StepRecord(step=step, phase=state.phase, loss=float(loss.item()),
-                            step_time_ms=step_ms,
-                            grad_norm=None if grad_norm is None else float(grad_norm),
-                            grads=grads, params=params,
-                            profiled=profiled)
         state.records.append(record)
-        emit({"event": "step", **record.to_dict()})
+        emit(Step(record=record))
+        if record.phase == "capture" and te_capture_step is None:
+            emit(Capture(step=step, seconds=record.step_time_ms / 1000.0))
     state.phase = "done"
-    return io.compare_s
+    return runner.io.compare_s
 
 
-__all__ = ["LoopState", "StepObserver", "phase_of", "run_steps", "strip_wrappers"]
+__all__ = ["LoopState", "StepObserver", "StepRunner", "phase_of", "run_steps", "strip_wrappers"]

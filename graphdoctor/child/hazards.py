@@ -12,10 +12,10 @@ import functools
 import inspect
 from typing import Any
 
-from graphdoctor.harness.observers import Observer
+from graphdoctor.protocol.events import Event, Hazard
 
 
-class NoneMaskObserver(Observer):
+class NoneMaskObserver:
     """Watches the first step's TransformerLayer calls for attention_mask=None with local attention.
 
     Patches `TransformerLayer.forward` at class level for step 0 only (a method patch, not a module
@@ -35,7 +35,7 @@ class NoneMaskObserver(Observer):
             core = getattr(getattr(module, "self_attention", None), "core_attention", None)
             if isinstance(core, DotProductAttention):
                 self._local[id(module)] = names.get(id(core), type(core).__name__)
-        self.found: list[dict[str, Any]] = []
+        self.found: list[Hazard] = []
         if self._local:
             self._install()
 
@@ -48,13 +48,10 @@ class NoneMaskObserver(Observer):
             if id(layer) in local and not found:
                 bound = signature.bind_partial(layer, *args, **kwargs)
                 if bound.arguments.get("attention_mask") is None:
-                    found.append({
-                        "rule": "GD511", "module": local[id(layer)],
-                        "message": "attention_mask=None reaches a TransformerLayer whose core "
-                                   "attention is Megatron's local DotProductAttention; "
-                                   "transformer_engine graphs replay it with an all-False mask, so "
-                                   "graphed attention is not causal",
-                    })
+                    found.append(Hazard(rule="GD511", module=local[id(layer)], message=(
+                        "attention_mask=None reaches a TransformerLayer whose core attention is "
+                        "Megatron's local DotProductAttention; transformer_engine graphs replay it "
+                        "with an all-False mask, so graphed attention is not causal")))
             return original(layer, *args, **kwargs)
 
         self._cls.forward = forward  # type: ignore[method-assign]
@@ -62,13 +59,18 @@ class NoneMaskObserver(Observer):
     def _uninstall(self) -> None:
         self._cls.forward = self._original  # type: ignore[method-assign]
 
+    def begin_step(self, step: int, phase: str) -> None:
+        """Nothing to do before a step."""
+
     def end_step(self, step: int, phase: str) -> None:
+        """Uninstall after step 0 (the patch costs a bind per layer call)."""
         if step == 0:
             self._uninstall()
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> list[Event]:
+        """One Hazard event per hazard seen."""
         self._uninstall()
-        return {"hazards": list(self.found)} if self.found else {}
+        return list(self.found)
 
 
 __all__ = ["NoneMaskObserver"]

@@ -1,9 +1,10 @@
-"""Build a real Megatron-Core training setup the way Megatron-LM's trainer does, for one child run.
+"""The one Megatron set-up path: a real Megatron-Core training setup built the way Megatron-LM's
+trainer builds it, for the diff and count children, and the same model for the probe worker.
 
 Order matters and follows megatron-core 0.19.2: process group, initialize_model_parallel, graph-safe RNG
-seeded before the model, GPTModel (local spec by default), Float16Module for bf16/fp16, Megatron DDP
-(on the shared capture stream for full_iteration), get_megatron_optimizer, the schedule (wrapped by
-FullCudaGraphWrapper for full_iteration). This module is imported only inside child processes.
+seeded before the model, GPTModel (local spec by default, or the user's model provider), Float16Module
+for bf16/fp16, Megatron DDP (on the shared capture stream for full_iteration), get_megatron_optimizer,
+the schedule (wrapped by FullCudaGraphWrapper for full_iteration). Imported only inside children.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 
 import torch
 
-from graphdoctor.config import TE_LAYER_SPECS, build_layer_spec, resolve_entry_point
+from graphdoctor.child.probe_modules import track_hook_registrations
+from graphdoctor.config import TE_LAYER_SPECS, DiffConfig, build_layer_spec, resolve_entry_point
 from graphdoctor.errors import MissingDependencyError
-from graphdoctor.harness.spec import ChildSpec
+from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement, free_port, megatron_impl
 
 
 @dataclass(slots=True)
@@ -44,11 +46,10 @@ class Setup:
     """TECudaGraphHelper for transformer_engine (None otherwise)."""
 
 
-def init_distributed(spec: ChildSpec) -> None:
-    """Process group (NCCL) and model-parallel groups, from the child's placement."""
+def init_distributed(place: Placement) -> None:
+    """Process group (NCCL) and model-parallel groups, from the child's placement (idempotent)."""
     from megatron.core import parallel_state
 
-    place = spec.placement
     torch.cuda.set_device(place.local_rank)
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(
@@ -58,22 +59,24 @@ def init_distributed(spec: ChildSpec) -> None:
             world_size=place.world_size,
             device_id=torch.device("cuda", place.local_rank),
         )
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=place.tensor_model_parallel_size,
-        pipeline_model_parallel_size=place.pipeline_model_parallel_size,
-    )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=place.tensor_model_parallel_size,
+            pipeline_model_parallel_size=place.pipeline_model_parallel_size,
+        )
 
 
-def uses_te_spec(cfg: dict[str, Any]) -> bool:
+def uses_te_spec(config: DiffConfig) -> bool:
     """True when the run builds layers from Megatron's Transformer Engine spec."""
-    return cfg.get("layer_spec") in TE_LAYER_SPECS
+    return config.layer_spec in TE_LAYER_SPECS
 
 
-def seed_everything(seed: int, impl: str, te_spec: bool = False) -> None:
+def seed_everything(seed: int, impl: str, te_spec: bool = False, *, graph_safe: bool | None = None) -> None:
     """Seed Python, CPU and CUDA RNGs and Megatron's tracker before the model is built.
 
     Megatron-LM forces TE's RNG tracker whenever graphs are on and Transformer Engine is either the
-    layer implementation or the graph implementation (training/arguments.py:1873-1879).
+    layer implementation or the graph implementation (training/arguments.py:1873-1879). The tracker
+    is graph-safe for every graphed implementation (and for probes, which capture eager layers).
     """
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -81,8 +84,8 @@ def seed_everything(seed: int, impl: str, te_spec: bool = False) -> None:
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(
         seed,
-        te_rng_tracker=(impl == "transformer_engine" or (te_spec and impl != "none")),
-        use_cudagraphable_rng=(impl != "none"),
+        te_rng_tracker=(impl == "transformer_engine" or (te_spec and impl != EAGER)),
+        use_cudagraphable_rng=(impl != EAGER) if graph_safe is None else graph_safe,
         force_reset_rng=True,
     )
 
@@ -95,53 +98,53 @@ def _dtype_flags(dtype: str) -> dict[str, Any]:
     return {"params_dtype": torch.float32}
 
 
-def transformer_config(spec: ChildSpec) -> Any:
-    """TransformerConfig for this child: run fields, then the run file's `transformer:` mapping."""
+def transformer_config(config: DiffConfig, impl: str, dropout: float) -> Any:
+    """TransformerConfig of one run: run fields, then the run file's `transformer:` mapping."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    cfg = spec.config
     fields: dict[str, Any] = {
-        "num_layers": cfg["num_layers"],
-        "hidden_size": cfg["hidden_size"],
-        "num_attention_heads": cfg["num_attention_heads"],
+        "num_layers": config.num_layers,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_attention_heads,
         "use_cpu_initialization": True,
-        "hidden_dropout": spec.dropout,
-        "attention_dropout": spec.dropout,
-        "cuda_graph_impl": spec.impl,
-        "cuda_graph_modules": list(cfg.get("cuda_graph_modules") or []),
-        "cuda_graph_warmup_steps": cfg["cuda_graph_warmup_steps"],
-        **_dtype_flags(cfg["dtype"]),
+        "hidden_dropout": dropout,
+        "attention_dropout": dropout,
+        "cuda_graph_impl": megatron_impl(impl),
+        "cuda_graph_modules": list(config.cuda_graph_modules),
+        "cuda_graph_warmup_steps": config.cuda_graph_warmup_steps,
+        **_dtype_flags(config.dtype),
     }
-    for key, value in cfg.get("transformer", {}).items():
+    for key, value in config.transformer.items():
         if key in ("hidden_dropout", "attention_dropout", "cuda_graph_impl"):
             continue  # owned by the run (dropout/control pairs, impl per child)
         fields[key] = value
-    if spec.impl == "full_iteration":
+    if impl in (EAGER, "full_iteration"):
         fields["cuda_graph_modules"] = []
     return TransformerConfig(**fields)
 
 
-def build_model(spec: ChildSpec, config: Any) -> torch.nn.Module:
-    """GPTModel (or the user's model provider), on the GPU, Float16Module-wrapped for bf16/fp16."""
+def build_model(config: DiffConfig, tconfig: Any, *, float16_wrapper: bool = True,
+                device: str = "cuda") -> torch.nn.Module:
+    """GPTModel (or the user's model provider) on the GPU; Float16Module-wrapped for bf16/fp16 unless
+    `float16_wrapper` is False (the probes call its layers directly). `device="cpu"` is for tests."""
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.module import Float16Module
 
-    cfg = spec.config
-    layer_spec = build_layer_spec(cfg.get("layer_spec"))
-    if cfg.get("model_provider"):
-        provider = resolve_entry_point(cfg["model_provider"], "model_provider")
-        model = provider(config, vocab_size=cfg["vocab_size"], max_sequence_length=cfg["seq_length"],
+    layer_spec = build_layer_spec(config.layer_spec)
+    if config.model_provider:
+        provider = resolve_entry_point(config.model_provider, "model_provider")
+        model = provider(tconfig, vocab_size=config.vocab_size, max_sequence_length=config.seq_length,
                          transformer_layer_spec=layer_spec, pre_process=True, post_process=True)
     else:
-        model = GPTModel(config=config, transformer_layer_spec=layer_spec,
-                         vocab_size=cfg["vocab_size"], max_sequence_length=cfg["seq_length"])
-    model = model.cuda(torch.cuda.current_device())
-    if cfg["dtype"] in ("bf16", "fp16"):
-        model = Float16Module(config, model)
+        model = GPTModel(config=tconfig, transformer_layer_spec=layer_spec,
+                         vocab_size=config.vocab_size, max_sequence_length=config.seq_length)
+    model = model.cuda(torch.cuda.current_device()) if device == "cuda" else model.to(device)
+    if float16_wrapper and config.dtype in ("bf16", "fp16"):
+        model = Float16Module(tconfig, model)
     return model
 
 
-def wrap_ddp(spec: ChildSpec, config: Any, model: torch.nn.Module) -> torch.nn.Module:
+def wrap_ddp(impl: str, config: Any, model: torch.nn.Module) -> torch.nn.Module:
     """Megatron DDP; for full_iteration built on the shared capture stream, as Megatron-LM does."""
     from megatron.core.distributed import (
         DistributedDataParallel,
@@ -151,7 +154,7 @@ def wrap_ddp(spec: ChildSpec, config: Any, model: torch.nn.Module) -> torch.nn.M
 
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False)
-    if spec.impl != "full_iteration":
+    if impl != "full_iteration":
         return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
     # Without this, torch 2.11 (no set_override_stale_capture_stream) fails capture with
     # cudaErrorStreamCaptureImplicit: DDP's AccumulateGrad nodes would live on another stream.
@@ -163,12 +166,11 @@ def wrap_ddp(spec: ChildSpec, config: Any, model: torch.nn.Module) -> torch.nn.M
     return ddp
 
 
-def build_optimizer(spec: ChildSpec, config: Any, model: torch.nn.Module) -> Any:
+def build_optimizer(dtype: str, config: Any, model: torch.nn.Module) -> Any:
     """get_megatron_optimizer (Adam) and the config hooks Megatron's trainer sets."""
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    dtype = spec.config["dtype"]
     opt_config = OptimizerConfig(
         optimizer="adam", lr=1e-3, weight_decay=0.01, clip_grad=1.0,
         bf16=dtype == "bf16", fp16=dtype == "fp16",
@@ -180,11 +182,11 @@ def build_optimizer(spec: ChildSpec, config: Any, model: torch.nn.Module) -> Any
     return optimizer
 
 
-def synthetic_batch(cfg: dict[str, Any], step: int, microbatch: int) -> dict[str, torch.Tensor]:
+def synthetic_batch(config: DiffConfig, step: int, microbatch: int) -> dict[str, torch.Tensor]:
     """The deterministic batch of (step, microbatch): the same on every side and every process."""
-    gen = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step * 1009 + microbatch)
-    b, s = cfg["micro_batch_size"], cfg["seq_length"]
-    data = torch.randint(0, cfg["vocab_size"], (b, s + 1), generator=gen)
+    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + microbatch)
+    b, s = config.micro_batch_size, config.seq_length
+    data = torch.randint(0, config.vocab_size, (b, s + 1), generator=gen)
     device = torch.device("cuda", torch.cuda.current_device())
     causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).view(1, 1, s, s)
     return {
@@ -196,9 +198,9 @@ def synthetic_batch(cfg: dict[str, Any], step: int, microbatch: int) -> dict[str
     }
 
 
-def step_batches(cfg: dict[str, Any], step: int) -> Iterator[dict[str, torch.Tensor]]:
+def step_batches(config: DiffConfig, step: int) -> Iterator[dict[str, torch.Tensor]]:
     """Iterator over the micro-batches of one step."""
-    return iter([synthetic_batch(cfg, step, m) for m in range(cfg["num_microbatches"])])
+    return iter([synthetic_batch(config, step, m) for m in range(config.num_microbatches)])
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[Any, Any, Any]:
@@ -235,64 +237,89 @@ def have_transformer_engine() -> tuple[bool, str]:
     return True, ""
 
 
+def require_transformer_engine(config: DiffConfig, impl: str) -> None:
+    """Raise MissingDependencyError when the run needs Transformer Engine and it does not import."""
+    if impl == "transformer_engine" or uses_te_spec(config):
+        ok, why = have_transformer_engine()
+        if not ok:
+            raise MissingDependencyError(f"transformer_engine is not importable ({why})")
+
+
 def build_setup(spec: ChildSpec) -> Setup:
     """Everything up to the first step, in Megatron-LM's order."""
     from megatron.core.full_cuda_graph import FullCudaGraphWrapper
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    te_spec = uses_te_spec(spec.config)
-    if spec.impl == "transformer_engine" or te_spec:
-        ok, why = have_transformer_engine()
-        if not ok:
-            raise MissingDependencyError(f"transformer_engine is not importable ({why})")
-    init_distributed(spec)
-    if spec.impl == "transformer_engine":
+    config, impl = spec.config, spec.impl
+    require_transformer_engine(config, impl)
+    init_distributed(spec.placement)
+    if impl == "transformer_engine":
         # Megatron-LM's initialize.py:288 leaves the legacy default stream for this impl; on it,
         # TE's backward capture fails with cudaErrorStreamCaptureImplicit (AccumulateGrad work on
         # the blocking legacy stream meets the capturing stream).
         torch.cuda.set_stream(torch.cuda.Stream())
-    seed_everything(spec.config["seed"], spec.impl, te_spec)
-    if spec.impl == "transformer_engine":
-        init_microbatches(spec)
-    config = transformer_config(spec)
-    model = build_model(spec, config)
-    model = wrap_ddp(spec, config, model)
-    optimizer = build_optimizer(spec, config, model)
+    seed_everything(config.seed, impl, uses_te_spec(config))
+    if impl == "transformer_engine":
+        init_microbatches(config, spec.placement)
+    tconfig = transformer_config(config, impl, spec.dropout)
+    model = wrap_ddp(impl, tconfig, build_model(config, tconfig))
+    optimizer = build_optimizer(config.dtype, tconfig, model)
     forward_backward = get_forward_backward_func()
-    if spec.impl == "full_iteration":
+    if impl == "full_iteration":
         forward_backward = FullCudaGraphWrapper(
-            forward_backward, cuda_graph_warmup_steps=config.cuda_graph_warmup_steps)
+            forward_backward, cuda_graph_warmup_steps=tconfig.cuda_graph_warmup_steps)
     te_helper = None
-    if spec.impl == "transformer_engine":
+    if impl == "transformer_engine":
         from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
         # Built after model and optimizer, as Megatron-LM's trainer does (training.py:3714-3721).
         te_helper = TECudaGraphHelper(
-            model=[model], config=config, seq_length=spec.config["seq_length"],
-            micro_batch_size=spec.config["micro_batch_size"], optimizers=[optimizer])
+            model=[model], config=tconfig, seq_length=config.seq_length,
+            micro_batch_size=config.micro_batch_size, optimizers=[optimizer])
     forward_step = default_forward_step
-    if spec.config.get("forward_step"):
-        forward_step = resolve_entry_point(spec.config["forward_step"], "forward_step")
-    return Setup(model=model, optimizer=optimizer, config=config,
+    if config.forward_step:
+        forward_step = resolve_entry_point(config.forward_step, "forward_step")
+    return Setup(model=model, optimizer=optimizer, config=tconfig,
                  forward_backward=forward_backward, forward_step=forward_step,
                  te_helper=te_helper)
 
 
-def init_microbatches(spec: ChildSpec) -> None:
+def build_probe_model(config: DiffConfig, *, device: str = "cuda") -> tuple[torch.nn.Module, dict[int, str]]:
+    """The model `graphdoctor diff` builds for its eager run, on one GPU, for the probes: the same
+    TransformerConfig, layer spec and model provider, with a graph-safe RNG tracker (the probes
+    capture its layers themselves) and no DDP, optimizer or Float16Module around it.
+
+    Args:
+        config: the run.
+        device: "cuda" (process group, model parallel and RNG set up here), or "cpu" for tests
+            whose caller set up the process group and model-parallel state itself.
+
+    Returns:
+        (model, hook registrations made while building it: handle id -> `path:line`).
+    """
+    require_transformer_engine(config, EAGER)
+    if device == "cuda":
+        init_distributed(Placement(master_port=free_port()))
+        seed_everything(config.seed, EAGER, uses_te_spec(config), graph_safe=True)
+    tconfig = transformer_config(config, EAGER, config.dropout)
+    with track_hook_registrations() as registrations:
+        model = build_model(config, tconfig, float16_wrapper=False, device=device)
+    return model, registrations
+
+
+def init_microbatches(config: DiffConfig, place: Placement) -> None:
     """Megatron's microbatch calculator: TECudaGraphHelper reads get_num_microbatches()."""
     from megatron.core.num_microbatches_calculator import (
         destroy_num_microbatches_calculator,
         init_num_microbatches_calculator,
     )
 
-    cfg, place = spec.config, spec.placement
-    data_parallel = place.world_size // (place.tensor_model_parallel_size
-                                         * place.pipeline_model_parallel_size)
+    data_parallel = place.data_parallel_size
     destroy_num_microbatches_calculator()
     init_num_microbatches_calculator(
         rank=place.rank, rampup_batch_size=None,
-        global_batch_size=cfg["micro_batch_size"] * cfg["num_microbatches"] * data_parallel,
-        micro_batch_size=cfg["micro_batch_size"], data_parallel_size=data_parallel)
+        global_batch_size=config.micro_batch_size * config.num_microbatches * data_parallel,
+        micro_batch_size=config.micro_batch_size, data_parallel_size=data_parallel)
 
 
 def release_graphs(setup: Setup) -> None:
@@ -304,6 +331,7 @@ def release_graphs(setup: Setup) -> None:
 
 __all__ = [
     "Setup",
+    "build_probe_model",
     "build_setup",
     "default_forward_step",
     "have_transformer_engine",

@@ -1,171 +1,34 @@
-"""Megatron side of the probes: build a 1-GPU GPTModel from a spec, record and capture each layer.
+"""The probe worker (`python -P -m graphdoctor.child.probe_worker JOB.json OUT.json`): build the model
+`graphdoctor diff` builds (graphdoctor.child.megatron_setup, the one set-up path) on one GPU, then
+record and capture each decoder layer.
 
-Setup follows Megatron's required order (process group, model parallel, graph-safe RNG tracker, model).
 Units are `decoder.layers.<i>` and, when a layer fails to capture, its submodules on the inputs they
-saw during the eager pass.
+saw during the eager pass. The worker always writes OUT.json, with `tool_error` set when the probe
+itself failed.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
+import sys
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
-from graphdoctor.config import (
-    BUILTIN_LAYER_SPECS,
-    DTYPES,
-    build_layer_spec,
-    check_entry_point,
-    resolve_entry_point,
-)
-from graphdoctor.errors import UsageError
-from graphdoctor.harness.spec import free_port
-from graphdoctor.probes.capture import capture_unit
-from graphdoctor.probes.modules import (
-    changed_attributes,
-    scan_hooks,
-    tensor_attribute_ptrs,
-    track_hook_registrations,
-)
-from graphdoctor.probes.recorder import Recorder, pick_location
+from graphdoctor.child.probe_capture import capture_unit
+from graphdoctor.child.probe_modules import changed_attributes, scan_hooks, tensor_attribute_ptrs
+from graphdoctor.child.probe_recorder import Recorder, pick_location
+from graphdoctor.config import DiffConfig
 from graphdoctor.probes.types import CaptureResult, Observation
+from graphdoctor.protocol.spec import ProbeJob
 
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_CAPTURE_DEPTH = 2
 """How far below a failing layer the probe descends (layer -> mlp -> linear_fc1)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class ProbeSpec:
-    """The model a probe builds; the DiffConfig fields it needs plus probe knobs."""
-
-    num_layers: int = 2
-    """Transformer layers of the GPT model."""
-
-    hidden_size: int = 64
-    """Hidden size."""
-
-    num_attention_heads: int = 4
-    """Attention heads."""
-
-    seq_length: int = 32
-    """Sequence length of the sample hidden_states [s, b, h]."""
-
-    micro_batch_size: int = 2
-    """Batch dimension of the sample hidden_states."""
-
-    vocab_size: int = 128
-    """Vocabulary size (only the embedding uses it)."""
-
-    dtype: str = "fp32"
-    """Parameter and activation dtype: fp32, bf16 or fp16."""
-
-    dropout: float = 0.0
-    """hidden_dropout and attention_dropout."""
-
-    seed: int = 1234
-    """Seed for the RNG tracker and the sample inputs."""
-
-    layer_spec: str | None = None
-    """`pkg.mod:fn` returning the layer ModuleSpec; default Megatron's local GPT spec."""
-
-    transformer: dict[str, Any] = field(default_factory=dict)
-    """Extra TransformerConfig fields."""
-
-    warmup_iters: int = 2
-    """Eager calls on a side stream before each capture."""
-
-    timeout_s: float = 300.0
-    """Wall-clock limit of one worker process."""
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise UsageError(f"dtype: got {self.dtype!r}, expected one of {', '.join(DTYPES)}")
-        if self.layer_spec is not None and self.layer_spec not in BUILTIN_LAYER_SPECS:
-            check_entry_point("layer_spec", self.layer_spec)
-        if self.warmup_iters < 1:
-            raise UsageError(f"warmup_iters: got {self.warmup_iters!r}, expected >= 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-data view (the worker's spec file)."""
-        return dataclasses.asdict(self)
-
-
-def spec_from_config(config: Any, **overrides: Any) -> ProbeSpec:
-    """ProbeSpec from a DiffConfig, a mapping or any object with the same field names.
-
-    Raises:
-        UsageError: a field of the wrong value (ProbeSpec validation).
-    """
-    names = [f.name for f in dataclasses.fields(ProbeSpec)]
-    if isinstance(config, ProbeSpec):
-        values = config.to_dict()
-    elif isinstance(config, dict):
-        values = {k: v for k, v in config.items() if k in names}
-    else:
-        values = {k: getattr(config, k) for k in names if hasattr(config, k)}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    unknown = sorted(set(values) - set(names))
-    if unknown:
-        raise UsageError(f"{unknown[0]}: not a probe field, expected one of {', '.join(names)}")
-    values["transformer"] = dict(values.get("transformer") or {})
-    return ProbeSpec(**values)
-
-
-def load_entry_point(value: str) -> Callable[..., Any]:
-    """Import the `--layer-spec` `pkg.mod:fn` (see graphdoctor.config.resolve_entry_point)."""
-    return resolve_entry_point(value, "layer_spec")  # type: ignore[no-any-return]
-
-
-def init_single_process(seed: int, *, backend: str = "nccl") -> None:
-    """World size 1: process group, model parallel (1, 1) and the graph-safe RNG tracker.
-
-    Idempotent: an existing process group and model-parallel state are kept; the RNG tracker is
-    always reset so that it is the cudagraph-safe one.
-    """
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    if backend == "nccl":
-        torch.cuda.set_device(0)
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-        )
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=1, pipeline_model_parallel_size=1
-        )
-    model_parallel_cuda_manual_seed(seed, use_cudagraphable_rng=True, force_reset_rng=True)
-
-
-def build_gpt(spec: ProbeSpec, *, device: str = "cuda") -> tuple[torch.nn.Module, dict[int, str]]:
-    """Build the GPTModel of `spec` (process state must be initialised).
-
-    Returns:
-        (model on `device`, hook registrations: handle id -> `path:line` of the register call).
-    """
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    dtype = _TORCH_DTYPES[spec.dtype]
-    values: dict[str, Any] = {
-        "num_layers": spec.num_layers, "hidden_size": spec.hidden_size,
-        "num_attention_heads": spec.num_attention_heads, "hidden_dropout": spec.dropout,
-        "attention_dropout": spec.dropout, "use_cpu_initialization": True, "params_dtype": dtype,
-        "bf16": spec.dtype == "bf16", "fp16": spec.dtype == "fp16",
-    }
-    values.update(spec.transformer)
-    config = TransformerConfig(**values)
-    layer_spec = build_layer_spec(spec.layer_spec)
-    with track_hook_registrations() as registrations:
-        model = GPTModel(config=config, transformer_layer_spec=layer_spec,
-                         vocab_size=spec.vocab_size, max_sequence_length=spec.seq_length)
-    return model.to(device), registrations
 
 
 def registered_generators() -> list[torch.Generator]:
@@ -179,11 +42,11 @@ def registered_generators() -> list[torch.Generator]:
     return gens
 
 
-def sample_inputs(spec: ProbeSpec, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
+def sample_inputs(config: DiffConfig, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """hidden_states [s, b, h] (requires grad) and a causal boolean mask [b, 1, s, s] (True = masked)."""
-    gen = torch.Generator(device=device).manual_seed(spec.seed)
-    s, b, h = spec.seq_length, spec.micro_batch_size, spec.hidden_size
-    hidden = torch.randn(s, b, h, device=device, generator=gen).to(_TORCH_DTYPES[spec.dtype])
+    gen = torch.Generator(device=device).manual_seed(config.seed)
+    s, b, h = config.seq_length, config.micro_batch_size, config.hidden_size
+    hidden = torch.randn(s, b, h, device=device, generator=gen).to(_TORCH_DTYPES[config.dtype])
     hidden.requires_grad_(True)
     mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=device), diagonal=1)
     return hidden, mask.view(1, 1, s, s).expand(b, 1, s, s).contiguous()
@@ -285,24 +148,39 @@ def capture_tree(name: str, module: torch.nn.Module, call: Callable[[], Any],
     return results
 
 
-def probe_layers(spec: ProbeSpec, layers: list[int] | None = None) -> dict[str, Any]:
-    """Worker body: set up, build, record and capture the chosen layers (all when None).
+def decoder_layers(model: torch.nn.Module) -> Any:
+    """`model.decoder.layers` of a GPTModel (or a user model built like one).
+
+    Raises:
+        UsageError: the model has no `decoder.layers` to probe.
+    """
+    from graphdoctor.errors import UsageError
+
+    layers = getattr(getattr(model, "decoder", None), "layers", None)
+    if layers is None:
+        raise UsageError(f"the probes call each decoder layer, and the model ({type(model).__name__}) "
+                         "has no decoder.layers")
+    return layers
+
+
+def probe_layers(job: ProbeJob) -> dict[str, Any]:
+    """Worker body: set up, build, record and capture the job's layers.
 
     Returns:
         JSON-able dict: observations, captures, recording_errors, poisoned_at (layer index whose
         capture poisoned the context, else None) and layers_done.
     """
-    init_single_process(spec.seed)
-    model, registrations = build_gpt(spec)
+    from graphdoctor.child.megatron_setup import build_probe_model
+
+    model, registrations = build_probe_model(job.config)
     module_names = {id(m): n for n, m in model.named_modules()}
     gens = registered_generators()
-    hidden, mask = sample_inputs(spec)
-    decoder_layers: Any = model.decoder.layers  # type: ignore[union-attr]
-    chosen = list(range(len(decoder_layers))) if layers is None else layers
+    hidden, mask = sample_inputs(job.config)
+    layers = decoder_layers(model)
     out: dict[str, Any] = {"observations": [], "captures": [], "recording_errors": [],
                            "poisoned_at": None, "layers_done": []}
-    for index in chosen:
-        layer = decoder_layers[index]
+    for index in job.layers:
+        layer = layers[index]
         name = module_names[id(layer)]
 
         def call(layer: Any = layer) -> Any:
@@ -311,7 +189,7 @@ def probe_layers(spec: ProbeSpec, layers: list[int] | None = None) -> dict[str, 
         out["observations"].extend(o.to_dict() for o in recording.observations)
         if recording.error:
             out["recording_errors"].append(f"{name}: {recording.error}")
-        results = capture_tree(name, layer, call, recording.inputs, gens, spec.warmup_iters)
+        results = capture_tree(name, layer, call, recording.inputs, gens, job.warmup_iters)
         out["captures"].extend(r.to_dict() for r in results)
         out["layers_done"].append(index)
         if any(r.poisoned for r in results):
@@ -320,17 +198,51 @@ def probe_layers(spec: ProbeSpec, layers: list[int] | None = None) -> dict[str, 
     return out
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Read the job, probe, write the result; exit 0 unless the output cannot be written."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        sys.stderr.write("usage: python -m graphdoctor.child.probe_worker JOB.json OUT.json\n")
+        return 2
+    job_path, out_path = args
+    result: dict[str, Any]
+    try:
+        with open(job_path, encoding="utf-8") as fh:
+            job = ProbeJob.from_json(fh.read())
+        if job.import_dir:
+            sys.path.append(job.import_dir)
+        result = probe_layers(job)
+    except Exception as exc:  # reported to the parent as a tool error, never swallowed
+        tail = traceback.format_exc().strip().splitlines()[-6:]
+        result = {"tool_error": f"{type(exc).__name__}: {exc}", "traceback": tail}
+    finally:
+        _shutdown()
+    with open(out_path, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    return 0
+
+
+def _shutdown() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        try:
+            torch.distributed.destroy_process_group()
+        except RuntimeError as exc:
+            # A poisoned context can fail teardown; the result file matters more than a clean exit.
+            sys.stderr.write(f"graphdoctor probe worker: teardown failed: {exc}\n")
+
+
 __all__ = [
     "MAX_CAPTURE_DEPTH",
     "LayerRecording",
-    "ProbeSpec",
-    "build_gpt",
     "capture_tree",
-    "init_single_process",
-    "load_entry_point",
+    "decoder_layers",
+    "main",
     "probe_layers",
     "record_layer",
     "registered_generators",
     "sample_inputs",
-    "spec_from_config",
 ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from graphdoctor.probes.capture_errors import MESSAGE_CODES, cuda_error_number, exception_chain
-from graphdoctor.probes.recorder import traceback_location
+from graphdoctor.child.probe_recorder import traceback_location
+from graphdoctor.cuda_errors import cuda_error_number, exception_chain, rule_of_text
 from graphdoctor.probes.types import CaptureResult
 
 
@@ -35,7 +35,7 @@ def translate_error(unit: str, phase: str, exc: BaseException, seconds: float) -
         if cuda_error is None:
             cuda_error = cuda_error_number(text)
         if code is None:
-            code = next((c for fragment, c in MESSAGE_CODES if fragment in text), None)
+            code = rule_of_text(text)
         if location is None:
             location = traceback_location(item)
     first_line = (str(root).strip().splitlines() or [""])[0][:300]

@@ -1,21 +1,26 @@
-"""Step observers a child attaches to its training loop: phase ranges, memory, launches.
+"""Step observers a child attaches to its training loop: phase ranges, memory, launches, hazards.
 
-Each observer sees begin_step/end_step with the step's phase and returns its report section from
-finish(); the section lands in the child's `end` event and then in the report's JSON. An observer
-that fails records its error in its section; it never ends the training run.
+Each observer sees begin_step/end_step with the step's phase and returns its events from finish()
+(a Memory, Launches or Hazard event of graphdoctor.protocol). An observer that fails records its
+error in its section; it never ends the training run.
 """
 
 from __future__ import annotations
 
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from graphdoctor.harness.spec import ChildSpec
+from graphdoctor.child.hazards import NoneMaskObserver
+from graphdoctor.launches.census import GraphCensus
+from graphdoctor.launches.compare import LaunchSection
+from graphdoctor.memory.sections import MemorySection, MemoryStats
+from graphdoctor.protocol.events import Event, Launches, Memory
+from graphdoctor.protocol.spec import ChildSpec, Role
 
 
-class Observer:
-    """Base observer: does nothing, reports nothing."""
+class Observer(Protocol):
+    """What the loop calls on an observer (subclasses get these do-nothing defaults)."""
 
     def begin_step(self, step: int, phase: str) -> None:
         """Called before a step's forward_backward."""
@@ -23,15 +28,15 @@ class Observer:
     def end_step(self, step: int, phase: str) -> None:
         """Called after a step's optimizer step."""
 
-    def finish(self) -> dict[str, Any]:
-        """Report section(s) to merge into the child's end event."""
-        return {}
+    def finish(self) -> list[Event]:
+        """The events this observer reports at the end of the run."""
+        return []
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
+def _error(exc: BaseException) -> str:
     last = traceback.extract_tb(exc.__traceback__)[-1:] or []
     where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
-    return {"error": f"{type(exc).__name__}: {exc}"[:500] + where}
+    return f"{type(exc).__name__}: {exc}"[:500] + where
 
 
 class PhaseObserver(Observer):
@@ -68,11 +73,11 @@ class MemoryObserver(Observer):
 
         self.spec = spec
         self.recorder = recorder
-        self.graphed = spec.impl != "none"
+        self.graphed = spec.graphed
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.num_replay_steps = 0
         self.replay_live_bytes: list[int] = []
-        self.failure: dict[str, Any] | None = None
+        self.failure: str | None = None
         recorder.reset_peaks()
         if self.graphed:
             recorder.start_history()
@@ -105,54 +110,49 @@ class MemoryObserver(Observer):
         except Exception as exc:  # noqa: BLE001 - recorded in the report, run goes on
             self.failure = _error(exc)
 
-    def finish(self) -> dict[str, Any]:
-        stats = self.recorder.pool_bytes_from_stats()
-        section: dict[str, Any] = {"stats": stats}
-        if not self.graphed:
-            return {"memory": section}
+    def finish(self) -> list[Event]:
+        stats = MemoryStats.from_dict(self.recorder.pool_bytes_from_stats())
+        if not self.graphed or self.failure:
+            return [Memory(section=MemorySection(stats=stats, error=self.failure))]
         try:
-            if self.failure:
-                return {"memory": {**section, **self.failure}}
             after = self.snapshots.pop("after_replays", None)
             if after is None:
                 after = self.recorder.take_snapshot()
                 self.recorder.stop_history()
-            section.update(self._analyze(after, stats))
+            section = self._analyze(after, stats)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
-            section.update(_error(exc))
-        return {"memory": section}
+            section = MemorySection(stats=stats, error=_error(exc))
+        return [Memory(section=section)]
 
-    def _analyze(self, after: dict[str, Any], stats: dict[str, int]) -> dict[str, Any]:
+    def _analyze(self, after: dict[str, Any], stats: MemoryStats) -> MemorySection:
         from graphdoctor.memory.leaks import analyze_run
 
-        eager = self.spec.eager_memory or {}
+        eager = self.spec.eager_memory
         report = analyze_run(
             self.snapshots["before_capture"], self.snapshots["after_capture"], after,
             num_replay_steps=max(1, min(self.num_replay_steps, HISTORY_REPLAY_STEPS)),
-            eager_peak_allocated_bytes=eager.get("peak_allocated_bytes"),
-            eager_peak_reserved_bytes=eager.get("peak_reserved_bytes"),
-            peak_allocated_bytes=stats["peak_allocated_bytes"],
-            peak_reserved_bytes=stats["peak_reserved_bytes"],
+            eager_peak_allocated_bytes=eager.peak_allocated_bytes if eager else None,
+            eager_peak_reserved_bytes=eager.peak_reserved_bytes if eager else None,
+            peak_allocated_bytes=stats.peak_allocated_bytes,
+            peak_reserved_bytes=stats.peak_reserved_bytes,
             replay_live_bytes=self.replay_live_bytes)
-        section = report.to_dict()
         snapshot_reserved = sum(int(s["total_size"]) for s in after.get("segments", []))
-        stats_reserved = stats["reserved_bytes"]
-        section["snapshot_reserved_bytes"] = snapshot_reserved
-        section["stats_reserved_bytes"] = stats_reserved
-        section["snapshot_vs_stats_pct"] = (
-            round(100.0 * abs(snapshot_reserved - stats_reserved) / stats_reserved, 4)
-            if stats_reserved else None)
-        if self.spec.keep_snapshots and self.spec.config.get("snapshot_dir"):
+        stats_reserved = stats.reserved_bytes
+        if self.spec.keep_snapshots and self.spec.config.snapshot_dir:
             self._dump(after)
-        return section
+        return MemorySection(
+            stats=stats, report=report, snapshot_reserved_bytes=snapshot_reserved,
+            stats_reserved_bytes=stats_reserved,
+            snapshot_vs_stats_pct=(round(100.0 * abs(snapshot_reserved - stats_reserved) / stats_reserved, 4)
+                                   if stats_reserved else None))
 
     def _dump(self, after: dict[str, Any]) -> None:
         import gzip
         import pickle
 
-        base = Path(self.spec.config["snapshot_dir"])
+        base = Path(str(self.spec.config.snapshot_dir))
         for name, snap in (*self.snapshots.items(), ("after_replays", after)):
-            path = base / f"snapshot-{self.spec.impl}-d{self.spec.dropout}-{name}.pickle.gz"
+            path = base / f"snapshot-{self.spec.name}-{name}.pickle.gz"
             with gzip.open(path, "wb") as fh:
                 pickle.dump(snap, fh, protocol=4)
 
@@ -169,13 +169,12 @@ class LaunchObserver(Observer):
         self.model = model
         # One extra step after the compared ones is profiled: the profile holds a pure training
         # step, without graphdoctor's comparison work.
-        self.last_step = spec.config["steps"]
+        self.last_step = spec.config.steps
         self.profiler: Any = None
-        self.failure: dict[str, Any] | None = None
-        self.trace_path = Path(spec.artifacts_dir or ".") / (
-            f"trace-{spec.impl}-{spec.role}-d{spec.dropout}.json.gz")
+        self.failure: str | None = None
+        self.trace_path = Path(spec.artifacts_dir or ".") / f"trace-{spec.name}.json.gz"
         prepare_profiler_for_graphs()
-        self._keep = keep_graphs() if spec.impl != "none" else None
+        self._keep = keep_graphs() if spec.graphed else None
         self._kept: Any = None
         if self._keep is not None:
             self._kept = self._keep.__enter__()
@@ -207,73 +206,71 @@ class LaunchObserver(Observer):
         finally:
             self.profiler = None
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> list[Event]:
         if self._keep is not None:
             self._keep.__exit__(None, None, None)
         if self.failure:
-            return {"launches": dict(self.failure)}
-        section: dict[str, Any] = {"profiled_step": self.last_step, "trace": str(self.trace_path)}
+            return [Launches(section=LaunchSection(profiled_step=self.last_step, error=self.failure))]
         try:
-            section.update(_account(self.trace_path, self.spec.impl))
+            step = _account(self.trace_path, self.spec.impl)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
-            section.update(_error(exc))
-        if self.spec.impl != "none":
+            return [Launches(section=LaunchSection(profiled_step=self.last_step, trace=str(self.trace_path),
+                                                   error=_error(exc)))]
+        census, census_error = None, None
+        if self.spec.graphed:
             try:
-                section["census"] = (_census_kept(self._kept) if self.spec.impl ==
-                                     "transformer_engine" else _census(self.model))
+                census = (_census_kept(self._kept) if self.spec.impl == "transformer_engine"
+                          else _census(self.model))
             except Exception as exc:  # noqa: BLE001 - recorded in the report
-                section["census"] = _error(exc)
-        return {"launches": section}
+                census_error = _error(exc)
+        return [Launches(section=LaunchSection(profiled_step=self.last_step, trace=str(self.trace_path),
+                                               step=step, census=census, census_error=census_error))]
 
 
-def _account(path: Path, impl: str) -> dict[str, Any]:
+def _account(path: Path, impl: str) -> Any:
     from graphdoctor.launches.accounting import account_trace
 
     accounting = account_trace(path)
     steps = [p for p in accounting.phases if p.impl == impl]
-    count = steps[-1] if steps else accounting.total
-    return {"step": count.to_dict()}
+    return steps[-1] if steps else accounting.total
 
 
-def _census(model: Any) -> dict[str, Any]:
+def _census(model: Any) -> tuple[GraphCensus, ...]:
     from graphdoctor.launches.kept import census_megatron
 
-    graphs = census_megatron(model)
-    return {name: census.to_dict() for name, census in graphs.items()}
+    return tuple(census for _, census in census_megatron(model).items())
 
 
-def _census_kept(kept: Any) -> dict[str, Any]:
+def _census_kept(kept: Any) -> tuple[GraphCensus, ...]:
     """Census of every graph created during the run (Transformer Engine keeps its graphs inside
     the graphed callables it returns, one forward and one backward graph per layer and micro-batch)."""
     from graphdoctor.launches.census import CensusError, census_graph
 
-    result: dict[str, Any] = {}
+    result: list[GraphCensus] = []
     for i, graph in enumerate(kept.graphs if kept is not None else []):
         try:
-            result[f"transformer_engine/graph{i}"] = census_graph(graph, name=f"graph{i}").to_dict()
+            result.append(census_graph(graph, name=f"transformer_engine/graph{i}"))
         except CensusError as exc:
             # On the H200 (TE 2.20.2) a kept CUDAGraph raised "cannot access the raw
             # cudaGraph_t until capture_end()": a graph object that was never captured. Only
             # captured graphs are replayed, so only they belong in the census.
             if "capture_end" not in str(exc):
                 raise
-    return result
+    return tuple(result)
 
 
 def make_observers(spec: ChildSpec, model: Any,
                    names: dict[int, str] | None = None) -> tuple[Observer, ...]:
-    """Observers this child needs, from its spec (plain runs get none)."""
-    if spec.role == "plain":
+    """Observers this child needs, from its spec (tapped runs get none)."""
+    if spec.role is Role.TAPPED:
         return ()
     observers: list[Observer] = []
-    if spec.config.get("launches", True):
+    if spec.config.launches:
         observers.append(LaunchObserver(spec, model))
     observers.append(PhaseObserver(spec.impl))
-    if spec.config.get("memory", True) and spec.role != "count":
+    if spec.config.memory and spec.role is not Role.COUNT:
         observers.append(MemoryObserver(spec))
     if spec.impl == "transformer_engine" and names is not None:
-        from graphdoctor.harness.hazards import NoneMaskObserver
-
         observers.append(NoneMaskObserver(model, names))
     return tuple(observers)
 

@@ -16,7 +16,6 @@ captures: that is where draws happen, and it keeps Python off the eager backward
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint
 from graphdoctor.locations import format_location
+from graphdoctor.strict_json import json_safe
 
 DEFAULT_CAPACITY = 2048
 """Rows (tap sites) in the table; sites beyond it are not tapped and the report says so."""
@@ -170,20 +170,12 @@ class TapTable:
         for step, phase in sorted(self.phases.items()):
             if step >= len(history):
                 continue
-            rows = [[slot, slot, *[_num(v) for v in row]] for slot, row in enumerate(history[step])
+            rows = [[slot, slot, *json_safe(row)] for slot, row in enumerate(history[step])
                     if self._written(slot, step, stamp_history[step])]
             steps.append({"step": step, "phase": phase, "rows": rows})
         return {"version": 1, "capacity": self.capacity, "num_slots": len(self.sites),
                 "truncated": self.truncated, "num_bytes": self.num_bytes, "notes": list(self.notes),
                 "sites": [s.to_dict() for s in self.sites], "steps": steps}
-
-
-def _num(value: float) -> float | str:
-    if math.isnan(value):
-        return "nan"
-    if value in (float("inf"), float("-inf")):
-        return "inf" if value > 0 else "-inf"
-    return value
 
 
 def call_site(names: dict[int, str], skip: int = 2) -> tuple[str | None, str | None]:

@@ -1,0 +1,205 @@
+"""Entry point of one isolated diff or count child run: `python -P -m graphdoctor.child SPEC.json`.
+
+Megatron keeps process-global graph state (graph records, mempools, RNG tracker, FullCudaGraphWrapper
+class state), so every implementation trains in its own process. Events go to a JSON-lines file as
+they happen (graphdoctor.protocol.events), so a crash, CUDA error or hang still leaves the steps done
+so far for the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from graphdoctor.protocol.events import Error, EventWriter, RunEnv, Started, Taps
+from graphdoctor.protocol.spec import ChildSpec
+
+EXIT_OK = 0
+EXIT_ERROR = 3
+
+
+def _frames(tb: TracebackType | None) -> tuple[tuple[str, int, str], ...]:
+    return tuple((f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(tb))
+
+
+def _module_on_stack(tb: TracebackType | None, names: dict[int, str]) -> str | None:
+    """Qualified name of the innermost nn.Module whose method is on the failing stack."""
+    found = None
+    while tb is not None:
+        obj = tb.tb_frame.f_locals.get("self")
+        if obj is not None and id(obj) in names:
+            found = names[id(obj)]
+        tb = tb.tb_next
+    return found
+
+
+def run_env(spec: ChildSpec) -> RunEnv:
+    """Versions and device of this child."""
+    import torch
+
+    try:
+        import megatron.core
+
+        megatron_version: str | None = megatron.core.__version__
+    except ImportError:
+        megatron_version = None
+    gpu, capability = None, None
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(spec.placement.local_rank)
+        major, minor = torch.cuda.get_device_capability(spec.placement.local_rank)
+        capability = (major, minor)
+    return RunEnv(torch=torch.__version__, pid=os.getpid(), rank=spec.placement.rank,
+                  world_size=spec.placement.world_size, megatron_core=megatron_version, gpu=gpu,
+                  capability=capability)
+
+
+def deterministic_algorithms() -> None:
+    """Atomics-based kernels (embedding backward, index_add) make eager differ from eager;
+    graphdoctor must not blame graphs for that. Uninitialised memory stays unfilled so graphs are not
+    given extra fill kernels."""
+    import torch
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+@dataclass(slots=True)
+class ChildRun:
+    """One child's run, step by step: set up, attach observers and taps, train, report, release."""
+
+    spec: ChildSpec
+    events: EventWriter
+    names: dict[int, str]
+
+    def train(self, state: Any) -> None:
+        """Everything from the model build to the end event."""
+        from graphdoctor.child.culprit import sync_errors_during_capture
+        from graphdoctor.child.loop import run_steps, strip_wrappers
+        from graphdoctor.child.megatron_setup import build_setup
+        from graphdoctor.child.observers import make_observers
+
+        started = time.perf_counter()
+        if self.spec.config.deterministic:
+            deterministic_algorithms()
+        setup = build_setup(self.spec)
+        self.names.update({id(m): strip_wrappers(n) for n, m in setup.model.named_modules()})
+        observers = make_observers(self.spec, setup.model, self.names)
+        taps = self._install_taps(setup)
+        undo_align = _align(self.spec)
+        t0 = time.perf_counter()
+        hunt = sync_errors_during_capture() if self.spec.hunt_culprit else contextlib.nullcontext()
+        with hunt:
+            compare_s = run_steps(self.spec, setup, state, self.events.emit, observers, taps)
+        train_s = time.perf_counter() - t0 - compare_s
+        for observer in observers:
+            for event in observer.finish():
+                self.events.emit(event)
+        if taps is not None:
+            self.events.emit(Taps(table=_close_taps(taps)))
+        undo_align()
+        self.events.emit(_end_event(setup, train_s=train_s, compare_s=compare_s, setup_s=t0 - started))
+
+    def _install_taps(self, setup: Any) -> Any:
+        if not self.spec.taps:
+            return None
+        from graphdoctor.child.taps import Taps as TapsInstaller
+        from graphdoctor.compare.forensics import TapTable
+
+        try:
+            return TapsInstaller(setup.model, self.names, num_steps=self.spec.config.steps + 1)
+        except Exception as exc:  # noqa: BLE001 - training still runs; the report says why no taps
+            self.events.emit(Taps(table=TapTable.failed(f"installing taps: {type(exc).__name__}: {exc}")))
+            return None
+
+    def fail(self, exc: BaseException, state: Any) -> None:
+        """The error event for whatever ended the run (its root cause, when the chain names one)."""
+        from graphdoctor.child.culprit import root_exception
+        from graphdoctor.errors import MissingDependencyError
+
+        root = root_exception(exc)
+        tb = root.__traceback__
+        self.events.emit(Error(
+            error_type=type(root).__name__, message=str(root)[:4000],
+            final_error=None if root is exc else f"{type(exc).__name__}: {exc}"[:1000],
+            frames=_frames(tb), module=_module_on_stack(tb, self.names), step=state.step,
+            phase=state.phase, unavailable=isinstance(exc, MissingDependencyError)))
+
+
+def _close_taps(taps: Any) -> Any:
+    from graphdoctor.compare.forensics import TapTable
+
+    try:
+        return TapTable.from_dict(taps.close(), "taps")
+    except Exception as exc:  # noqa: BLE001 - the run's other results still count
+        return TapTable.failed(f"{type(exc).__name__}: {exc}")
+
+
+def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float) -> Any:
+    """Peak and reserved while the graphs (and their pools) are alive; allocated once they are not."""
+    import torch
+
+    from graphdoctor.child.megatron_setup import release_graphs
+    from graphdoctor.protocol.events import End
+
+    peak = int(torch.cuda.max_memory_allocated())
+    reserved = int(torch.cuda.memory_reserved())
+    release_graphs(setup)
+    return End(train_s=train_s, compare_s=compare_s, setup_s=setup_s, peak_allocated_bytes=peak,
+               end_reserved_bytes=reserved, end_allocated_bytes=int(torch.cuda.memory_allocated()))
+
+
+def _align(spec: ChildSpec) -> Callable[[], None]:
+    if not spec.graphed or not spec.config.align_rng:
+        return lambda: None
+    from graphdoctor.child.rng import align_rng
+
+    return align_rng(spec.impl)
+
+
+def run(spec_path: str) -> int:
+    """Run one child; always leaves an `end` or `error` event behind (unless killed)."""
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = ChildSpec.from_json(fh.read())
+    if spec.import_dir:
+        sys.path.append(spec.import_dir)
+    events = EventWriter(spec.events_path)
+    # The parent already placed the run file's env: and the deterministic settings in our
+    # environment (before CUDA could start); nothing to set here.
+    import warnings
+
+    warnings.filterwarnings("ignore")  # megatron and torch warn at every import and step
+    from graphdoctor.child.loop import LoopState
+
+    events.emit(Started(env=run_env(spec)))
+    child = ChildRun(spec=spec, events=events, names={})
+    state = LoopState()
+    try:
+        child.train(state)
+        return EXIT_OK
+    except BaseException as exc:  # noqa: BLE001 - every failure must become an event
+        child.fail(exc, state)
+        return EXIT_ERROR
+
+
+def main() -> None:
+    """CLI entry: exit without running atexit/NCCL teardown, which can hang after a CUDA error."""
+    if len(sys.argv) != 2:
+        print("usage: python -m graphdoctor.child SPEC.json", file=sys.stderr)
+        os._exit(2)
+    code = run(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,1 +1,0 @@
-"""graphdoctor.harness."""

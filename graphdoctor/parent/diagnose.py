@@ -1,0 +1,110 @@
+"""Turn an exception from a child run into a Diagnosis: CUDA error name, meaning, rule and fix (from
+the catalogue), user file:line.
+
+Pure Python over plain frame tuples, so it is tested on CPU with recorded messages from the H200.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+
+from graphdoctor.cuda_errors import CUDA_CAPTURE_ERRORS, KnownError, match_known
+from graphdoctor.protocol.events import Frame
+from graphdoctor.rules import rule_fix
+from graphdoctor.types import Diagnosis
+
+_LIBRARY_MARKERS = (
+    f"{os.sep}torch{os.sep}", f"{os.sep}megatron{os.sep}", f"{os.sep}transformer_engine{os.sep}",
+    f"{os.sep}graphdoctor{os.sep}", f"{os.sep}nvtx{os.sep}", f"{os.sep}apex{os.sep}",
+    f"{os.sep}click{os.sep}", f"{os.sep}_pytest{os.sep}", f"{os.sep}pluggy{os.sep}",
+)
+_STDLIB_DIRS = tuple(
+    d for d in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")} if d
+)
+
+
+def is_user_frame(filename: str) -> bool:
+    """True for frames from the user's code: not torch, megatron, TE, graphdoctor nor the stdlib."""
+    if filename.startswith("<"):
+        return False
+    norm = os.path.normpath(filename)
+    if any(marker in norm for marker in _LIBRARY_MARKERS):
+        return False
+    return not any(norm.startswith(d + os.sep) for d in _STDLIB_DIRS)
+
+
+def user_location(frames: list[Frame]) -> str | None:
+    """`file:line` of the innermost user frame, or None when the stack is all library code."""
+    for filename, line, _ in reversed(frames):
+        if is_user_frame(filename):
+            return f"{_short_path(filename)}:{line}"
+    return None
+
+
+def _short_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+def known_fix(known: KnownError) -> str | None:
+    """The fix of a recognised error: its rule's, from the catalogue, else the table's own."""
+    return rule_fix(known.rule) if known.rule is not None else known.fix
+
+
+def is_capture_error(error_type: str, message: str, frames: list[Frame]) -> bool:
+    """True when the failure happened while capturing (by message or by the functions on the stack)."""
+    known = match_known(message)
+    if known is not None and known.number in CUDA_CAPTURE_ERRORS:
+        return True
+    capture_functions = {"create_fwd_graph", "create_bwd_graph", "_create_cudagraphs",
+                         "capture_begin", "capture_end", "make_graphed_callables",
+                         "_make_graphed_callables", "create_cudagraphs"}
+    return any(fn in capture_functions for _, _, fn in frames)
+
+
+def diagnose(
+    error_type: str,
+    message: str,
+    frames: list[Frame],
+    *,
+    module: str | None = None,
+    step: int | None = None,
+    phase: str | None = None,
+) -> Diagnosis:
+    """Build a Diagnosis from an exception's type, message and frames (outermost first).
+
+    Args:
+        error_type: exception class name.
+        message: full exception message.
+        frames: traceback frames, outermost first.
+        module: qualified name of the innermost module on the stack, when known.
+        step: step at which it failed.
+        phase: phase at which it failed.
+
+    Returns:
+        The diagnosis with CUDA error name, meaning and fix where the message is recognised, and the
+        user's file:line when the stack reaches user code.
+    """
+    known = match_known(message)
+    first_line = next((ln.strip() for ln in message.splitlines() if ln.strip()), error_type)
+    tail = [f"{_short_path(f)}:{ln} in {fn}" for f, ln, fn in frames[-8:]]
+    return Diagnosis(
+        error_type=error_type,
+        message=first_line[:400],
+        cuda_error=known.cuda_error if known else None,
+        meaning=known.meaning if known else None,
+        fix=known_fix(known) if known else None,
+        rule=known.rule if known else None,
+        module=module,
+        location=user_location(frames),
+        step=step,
+        phase=phase,
+        traceback_tail=tail,
+    )
+
+
+__all__ = ["diagnose", "is_capture_error", "is_user_frame", "known_fix", "user_location"]

@@ -1,0 +1,151 @@
+"""The one subprocess runner: every child graphdoctor starts (diff and count children, probe workers,
+the Transformer Engine import check) runs through run_isolated.
+
+A child runs in its own process session with a wall-clock limit; on timeout its whole process group
+is killed (SIGTERM, then SIGKILL), so nothing it started is left running. Its output goes to a log
+file whose tail comes back with the result. Children start with `python -P`, so the working directory
+is not put first on their import path (a stray `torch.py` or `sitecustomize.py` there is not imported).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DETERMINISTIC_ENV = {
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+}
+"""Placed in every child's environment unless the user set them (what upstream bitwise tests set)."""
+
+STDERR_TAIL_BYTES = 4000
+"""How much of a child's log comes back with its result."""
+
+KILL_GRACE_S = 10.0
+"""How long a child has to exit after SIGTERM before SIGKILL."""
+
+PORT_RETRIES = 2
+"""Re-runs of a child whose rendezvous port was taken between picking and binding it."""
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    """How one child process ended."""
+
+    returncode: int | None
+    """Exit status (negative: killed by that signal; None: it did not exit)."""
+    timed_out: bool
+    """True when the wall-clock limit ran out and the process group was killed."""
+    wall_s: float
+    """Start to exit."""
+    log_tail: str
+    """The last STDERR_TAIL_BYTES of its output (stdout and stderr together)."""
+    stdout: str = ""
+    """Its standard output, when captured (capture_stdout=True)."""
+
+    def describe_exit(self) -> str:
+        """`exited with code N`, `killed by SIGKILL`, ... for messages."""
+        code = self.returncode
+        if code is None:
+            return "did not exit"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with code {code}"
+
+
+def python_command(module: str, *args: str) -> list[str]:
+    """`python -P -m module args...` with this interpreter."""
+    return [sys.executable, "-P", "-m", module, *args]
+
+
+def child_env(run_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A child's environment: ours, the deterministic defaults, then the run file's `env:`."""
+    env = dict(os.environ)
+    for key, value in DETERMINISTIC_ENV.items():
+        env.setdefault(key, value)
+    env.update(run_env or {})
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = None,
+                 env: Mapping[str, str] | None = None, capture_stdout: bool = False) -> ProcessResult:
+    """Run `argv` in its own process session; kill its process group when `timeout_s` runs out.
+
+    Args:
+        argv: the command.
+        timeout_s: wall-clock limit.
+        log_path: where its output goes (default: a temporary file, removed afterwards).
+        env: its environment (default: ours).
+        capture_stdout: keep standard output apart and return it (stderr still goes to the log).
+
+    Returns:
+        How it ended; never raises for a failing child.
+    """
+    own_log = log_path is None
+    path = Path(tempfile.mkstemp(prefix="graphdoctor-", suffix=".log")[1]) if own_log else Path(log_path)  # type: ignore[arg-type]
+    start = time.perf_counter()
+    timed_out = False
+    try:
+        with open(path, "wb") as log:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else log,
+                                    stderr=log if capture_stdout else subprocess.STDOUT,
+                                    env=dict(env) if env is not None else None, start_new_session=True)
+            try:
+                out, _ = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                kill_group(proc)
+                out, _ = proc.communicate()
+        wall_s = time.perf_counter() - start
+        tail = path.read_bytes()[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
+    finally:
+        if own_log:
+            path.unlink(missing_ok=True)
+    stdout = out.decode("utf-8", "replace") if capture_stdout and out else ""
+    return ProcessResult(returncode=proc.returncode, timed_out=timed_out, wall_s=wall_s, log_tail=tail,
+                         stdout=stdout)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL, to the child's whole process group; returns once it is gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=KILL_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def with_port_retries[T](run: Callable[[int], T], port_taken: Callable[[T], bool],
+                         retries: int = PORT_RETRIES) -> tuple[T, list[T]]:
+    """Run `run(attempt)` again while its rendezvous port was taken (up to `retries` more times).
+
+    Returns:
+        (the last result, the earlier results that failed on a taken port).
+    """
+    failed: list[T] = []
+    result = run(0)
+    for attempt in range(1, retries + 1):
+        if not port_taken(result):
+            break
+        failed.append(result)
+        result = run(attempt)
+    return result, failed
+
+
+__all__ = ["DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "child_env", "kill_group",
+           "python_command", "run_isolated", "with_port_retries"]

@@ -1,0 +1,76 @@
+"""The child protocol: what the parent asks a child run to do and every event the child sends back.
+
+- graphdoctor.protocol.spec: ChildSpec (diff and count children), ProbeJob (probe workers), Role,
+  Placement, run_name(), and the eager/`none` implementation names.
+- graphdoctor.protocol.events: the typed events (started, step, capture, memory, launches, taps,
+  hazard, error, end) with the one encoder and decoder.
+- graphdoctor.protocol.record: RunRecord, the events of one run folded into one typed record.
+
+docs/protocol.md describes the events and the files a run leaves in `--workdir`.
+"""
+
+from __future__ import annotations
+
+from graphdoctor.protocol.events import (
+    Capture,
+    End,
+    Error,
+    Event,
+    EventLog,
+    EventWriter,
+    Hazard,
+    Launches,
+    Memory,
+    RunEnv,
+    Started,
+    Step,
+    Taps,
+    decode,
+    encode,
+    read_events,
+)
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.spec import (
+    EAGER,
+    ChildSpec,
+    EagerMemory,
+    Placement,
+    ProbeJob,
+    ProtocolError,
+    Role,
+    impl_name,
+    megatron_impl,
+    placement_for_child,
+    run_name,
+)
+
+__all__ = [
+    "EAGER",
+    "Capture",
+    "ChildSpec",
+    "EagerMemory",
+    "End",
+    "Error",
+    "Event",
+    "EventLog",
+    "EventWriter",
+    "Hazard",
+    "Launches",
+    "Memory",
+    "Placement",
+    "ProbeJob",
+    "ProtocolError",
+    "Role",
+    "RunEnv",
+    "RunRecord",
+    "Started",
+    "Step",
+    "Taps",
+    "decode",
+    "encode",
+    "impl_name",
+    "megatron_impl",
+    "placement_for_child",
+    "read_events",
+    "run_name",
+]

@@ -1,0 +1,268 @@
+"""Every event a child run sends back, with the one encoder and decoder for them.
+
+A child appends one JSON object per line to its events file as things happen (so a crash, a CUDA
+error or a kill still leaves what came before); the parent decodes the file into these types. Each
+line carries `"event": <kind>` and the event's fields; docs/protocol.md lists them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import IO, Any, ClassVar
+
+from graphdoctor.compare.forensics import TapTable
+from graphdoctor.launches.compare import LaunchSection
+from graphdoctor.memory.sections import MemorySection
+from graphdoctor.protocol.spec import ProtocolError
+from graphdoctor.types import StepRecord
+
+Frame = tuple[str, int, str]
+"""(filename, line, function) of one traceback frame, outermost first."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnv:
+    """Versions and device of a child run."""
+
+    torch: str
+    pid: int
+    rank: int = 0
+    world_size: int = 1
+    megatron_core: str | None = None
+    gpu: str | None = None
+    capability: tuple[int, int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"torch": self.torch, "pid": self.pid, "rank": self.rank,
+                "world_size": self.world_size, "megatron_core": self.megatron_core, "gpu": self.gpu,
+                "capability": list(self.capability) if self.capability else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunEnv:
+        """Inverse of to_dict (keys this version does not know are ignored)."""
+        cap = data.get("capability")
+        return cls(torch=str(data.get("torch", "")), pid=int(data.get("pid", 0)),
+                   rank=int(data.get("rank", 0)), world_size=int(data.get("world_size", 1)),
+                   megatron_core=data.get("megatron_core"), gpu=data.get("gpu"),
+                   capability=(int(cap[0]), int(cap[1])) if cap else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The child is up: versions and device."""
+
+    kind: ClassVar[str] = "started"
+    env: RunEnv
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One training step finished."""
+
+    kind: ClassVar[str] = "step"
+    record: StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """Graphs were captured during `step` (local and full_iteration at the end of that step's
+    forward-backward; transformer_engine by TECudaGraphHelper.create_cudagraphs before it)."""
+
+    kind: ClassVar[str] = "capture"
+    step: int
+    seconds: float
+    """Wall time of the step (local, full_iteration) or of graph creation (transformer_engine)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """The memory observer's section."""
+
+    kind: ClassVar[str] = "memory"
+    section: MemorySection
+
+
+@dataclass(frozen=True, slots=True)
+class Launches:
+    """The launch observer's section."""
+
+    kind: ClassVar[str] = "launches"
+    section: LaunchSection
+
+
+@dataclass(frozen=True, slots=True)
+class Taps:
+    """The capture-time tap table (forensics)."""
+
+    kind: ClassVar[str] = "taps"
+    table: TapTable
+
+
+@dataclass(frozen=True, slots=True)
+class Hazard:
+    """A run-time hazard the child saw in how the model is called (a catalogue rule)."""
+
+    kind: ClassVar[str] = "hazard"
+    rule: str
+    module: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """The run failed; what was raised, where and when."""
+
+    kind: ClassVar[str] = "error"
+    error_type: str
+    message: str
+    frames: tuple[Frame, ...] = ()
+    final_error: str | None = None
+    """The exception that ended the run, when the culprit is an earlier one in its chain."""
+    module: str | None = None
+    """Qualified name of the innermost nn.Module on the failing stack."""
+    step: int = -1
+    phase: str = "setup"
+    unavailable: bool = False
+    """The implementation cannot run here (a missing dependency), not a failure of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The run finished; its timings and end-of-run memory figures."""
+
+    kind: ClassVar[str] = "end"
+    train_s: float
+    compare_s: float
+    setup_s: float
+    peak_allocated_bytes: int | None = None
+    """torch.cuda.max_memory_allocated while the graphs were alive."""
+    end_reserved_bytes: int | None = None
+    """Reserved bytes while the graphs were alive."""
+    end_allocated_bytes: int | None = None
+    """Allocated bytes after the graphs were released."""
+
+
+Event = Started | Step | Capture | Memory | Launches | Taps | Hazard | Error | End
+EVENT_TYPES: dict[str, type[Any]] = {
+    cls.kind: cls for cls in (Started, Step, Capture, Memory, Launches, Taps, Hazard, Error, End)
+}
+
+
+def encode(event: Event) -> str:
+    """One JSON line (no newline) for `event`: its kind, then its fields (a step record's and a
+    run environment's fields are written flat, as schema 1 reports hold them)."""
+    data: dict[str, Any] = {"event": event.kind}
+    for f in fields(event):
+        value = getattr(event, f.name)
+        if isinstance(value, StepRecord | RunEnv):
+            data.update(value.to_dict())
+        elif isinstance(value, MemorySection | LaunchSection | TapTable):
+            data[f.name] = value.to_dict()
+        elif f.name == "frames":
+            data[f.name] = [list(frame) for frame in value]
+        else:
+            data[f.name] = value
+    return json.dumps(data, default=str)
+
+
+def decode(line: str) -> Event:
+    """The event of one line written by encode().
+
+    Raises:
+        ProtocolError: not an event of this version (unknown kind, missing or mistyped field).
+    """
+    try:
+        data = json.loads(line)
+        kind = data.pop("event")
+        cls = EVENT_TYPES[kind]
+        if cls is Started:
+            return Started(env=RunEnv.from_dict(data))
+        if cls is Step:
+            return Step(record=StepRecord.from_dict(data))
+        if cls is Memory:
+            return Memory(section=MemorySection.from_dict(data["section"]))
+        if cls is Launches:
+            return Launches(section=LaunchSection.from_dict(data["section"]))
+        if cls is Taps:
+            return Taps(table=TapTable.from_dict(data["table"], "taps.table"))
+        if cls is Error:
+            data["frames"] = tuple((str(f), int(n), str(fn)) for f, n, fn in data.get("frames", ()))
+        event: Event = cls(**data)
+        return event
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"event {line[:80]!r}: {type(exc).__name__}: {exc}") from None
+
+
+class EventWriter:
+    """Append-only writer of one child's events file, flushed per event."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._fh: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the whole child
+
+    def emit(self, event: Event) -> None:
+        """Write one event and flush it (a kill right after still leaves it behind)."""
+        self._fh.write(encode(event) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        """Close the file (a child that ends with os._exit need not)."""
+        self._fh.close()
+
+
+@dataclass(frozen=True, slots=True)
+class EventLog:
+    """What the parent read back from one events file."""
+
+    events: tuple[Event, ...]
+    problems: tuple[str, ...] = ()
+    """Lines that did not decode (a torn last line after a kill is expected, and is listed here)."""
+
+    def of(self, cls: type[Any]) -> list[Any]:
+        """Every event of one type, in order."""
+        return [e for e in self.events if isinstance(e, cls)]
+
+    def first(self, cls: type[Any]) -> Any:
+        """The first event of one type, or None."""
+        return next((e for e in self.events if isinstance(e, cls)), None)
+
+
+def read_events(path: str | Path) -> EventLog:
+    """Decode a child's events file; a missing file is an empty log."""
+    file = Path(path)
+    if not file.exists():
+        return EventLog(events=())
+    events: list[Event] = []
+    problems: list[str] = []
+    for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            events.append(decode(line))
+        except ProtocolError as exc:
+            problems.append(str(exc))
+    return EventLog(events=tuple(events), problems=tuple(problems))
+
+
+__all__ = [
+    "EVENT_TYPES",
+    "Capture",
+    "End",
+    "Error",
+    "Event",
+    "EventLog",
+    "EventWriter",
+    "Frame",
+    "Hazard",
+    "Launches",
+    "Memory",
+    "RunEnv",
+    "Started",
+    "Step",
+    "Taps",
+    "decode",
+    "encode",
+    "read_events",
+]

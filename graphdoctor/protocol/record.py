@@ -1,0 +1,119 @@
+"""RunRecord: everything one child run reported, folded from its events, typed section by section.
+
+It round-trips through the diff report's JSON (`to_dict` / `from_dict`); `from_dict` also reads the
+reports of schema 1 (eager called `none`, end-of-run memory figures inside `env`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from graphdoctor.compare.forensics import TapTable
+from graphdoctor.launches.compare import LaunchSection
+from graphdoctor.memory.sections import MemorySection
+from graphdoctor.protocol.events import Hazard, RunEnv
+from graphdoctor.protocol.spec import impl_name
+from graphdoctor.types import Diagnosis, StepRecord
+
+END_MEMORY_FIELDS: tuple[str, ...] = ("peak_allocated_bytes", "end_reserved_bytes", "end_allocated_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """Everything a child run reports back to the parent."""
+
+    impl: str
+    """eager | local | full_iteration | transformer_engine."""
+
+    dropout: float
+    """Dropout the run used."""
+
+    status: str
+    """ok | error | timeout | crashed | unavailable."""
+
+    steps: tuple[StepRecord, ...] = ()
+    """Recorded steps, in order (possibly fewer than asked when the run failed)."""
+
+    diagnosis: Diagnosis | None = None
+    """Set when status is not ok."""
+
+    wall_s: float = 0.0
+    """Wall-clock time of the child process, start to exit."""
+
+    train_s: float = 0.0
+    """Wall-clock time of the child's training loop alone (model built, steps run, no comparison)."""
+
+    compare_s: float = 0.0
+    """Wall-clock time the child spent saving or comparing reference tensors."""
+
+    memory: MemorySection | None = None
+    """Memory section when recorded."""
+
+    launches: LaunchSection | None = None
+    """Launch section when recorded."""
+
+    env: RunEnv | None = None
+    """Versions and device of the child (torch, megatron-core, GPU name, rank, world size)."""
+
+    forensics: TapTable | None = None
+    """Capture-time tap table when the run was tapped."""
+
+    hazards: tuple[Hazard, ...] = ()
+    """Run-time hazards the child saw, e.g. GD511."""
+
+    peak_allocated_bytes: int | None = None
+    """torch.cuda.max_memory_allocated at the end of the run, graphs alive."""
+
+    end_reserved_bytes: int | None = None
+    """Reserved bytes at the end of the run, graphs alive."""
+
+    end_allocated_bytes: int | None = None
+    """Allocated bytes at the end of the run, after the graphs were released."""
+
+    name: str = ""
+    """run_name() of the child (names its files in the work directory)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {
+            "impl": self.impl,
+            "name": self.name,
+            "dropout": self.dropout,
+            "status": self.status,
+            "steps": [s.to_dict() for s in self.steps],
+            "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
+            "wall_s": self.wall_s,
+            "train_s": self.train_s,
+            "compare_s": self.compare_s,
+            "memory": self.memory.to_dict() if self.memory else None,
+            "launches": self.launches.to_dict() if self.launches else None,
+            "env": self.env.to_dict() if self.env else {},
+            "forensics": self.forensics.to_dict() if self.forensics else None,
+            "hazards": [{"rule": h.rule, "module": h.module, "message": h.message} for h in self.hazards],
+            **{key: getattr(self, key) for key in END_MEMORY_FIELDS},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """Inverse of to_dict; reads schema 1 records too."""
+        env = dict(data.get("env") or {})
+        memory, launches, forensics = data.get("memory"), data.get("launches"), data.get("forensics")
+        return cls(
+            impl=impl_name(str(data["impl"])), dropout=float(data["dropout"]), status=str(data["status"]),
+            steps=tuple(StepRecord.from_dict(s) for s in data.get("steps", ())),
+            diagnosis=Diagnosis.from_dict(data["diagnosis"]) if data.get("diagnosis") else None,
+            wall_s=float(data.get("wall_s", 0.0)), train_s=float(data.get("train_s", 0.0)),
+            compare_s=float(data.get("compare_s", 0.0)),
+            memory=MemorySection.from_dict(memory) if memory else None,
+            launches=LaunchSection.from_dict(launches) if launches else None,
+            env=RunEnv.from_dict(env) if env else None,
+            forensics=TapTable.from_dict(forensics) if forensics else None,
+            hazards=tuple(Hazard(rule=str(h.get("rule")), module=str(h.get("module")),
+                                 message=str(h.get("message"))) for h in data.get("hazards", ())),
+            name=str(data.get("name", "")),
+            **{key: data.get(key, env.get(key)) for key in END_MEMORY_FIELDS},
+        )
+
+
+__all__ = ["END_MEMORY_FIELDS", "RunRecord"]

@@ -1,0 +1,277 @@
+"""What a child run is asked to do: ChildSpec (diff and count children) and ProbeJob (probe workers),
+written by the parent as one JSON file and read back by the child with the same types.
+
+Distributed placement comes from torchrun's environment when present (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT); every child of one rank gets its own rendezvous port so runs never collide.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.errors import GraphDoctorError
+
+EAGER = "eager"
+"""The implementation name of the eager reference (no CUDA graphs)."""
+
+LEGACY_EAGER = "none"
+"""What reports before schema 2 called the eager reference; read, never written."""
+
+
+def impl_name(value: str) -> str:
+    """An implementation name as current code writes it (`none` from old reports reads as `eager`)."""
+    return EAGER if value == LEGACY_EAGER else value
+
+
+def megatron_impl(impl: str) -> str:
+    """TransformerConfig.cuda_graph_impl for one of our implementation names (eager is Megatron's
+    `none`)."""
+    return LEGACY_EAGER if impl == EAGER else impl
+
+
+class Role(enum.StrEnum):
+    """Why a child runs; it decides what the child does besides training."""
+
+    REFERENCE = "reference"
+    """Eager (or a control pair's eager): saves per-step reference tensors for graphed runs."""
+
+    GRAPHED = "graphed"
+    """Compares its main_grads and parameters against a reference's, step by step."""
+
+    TAPPED = "tapped"
+    """Trains with capture-time taps only: no reference I/O, no memory or launch observers."""
+
+    COUNT = "count"
+    """Launch accounting only (live `graphdoctor count`): no reference I/O, no memory recording."""
+
+    @property
+    def reference_io(self) -> bool:
+        """Whether this role saves or compares per-step tensors."""
+        return self in (Role.REFERENCE, Role.GRAPHED)
+
+
+class ProtocolError(GraphDoctorError):
+    """A spec or event file does not have the shape this version of graphdoctor writes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a child runs inside a (possibly multi-process) job."""
+
+    rank: int = 0
+    """Global rank."""
+
+    world_size: int = 1
+    """Number of processes."""
+
+    local_rank: int = 0
+    """CUDA device index on this host."""
+
+    master_addr: str = "127.0.0.1"
+    """Rendezvous host."""
+
+    master_port: int = 29500
+    """Rendezvous port for this child's process group."""
+
+    tensor_model_parallel_size: int = 1
+    """TP degree passed to initialize_model_parallel."""
+
+    pipeline_model_parallel_size: int = 1
+    """PP degree passed to initialize_model_parallel."""
+
+    @property
+    def data_parallel_size(self) -> int:
+        """world_size / (TP x PP)."""
+        return self.world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size)
+
+
+def free_port() -> int:
+    """An unused TCP port on this host (for single-process runs)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def placement_for_child(child_index: int, *, tp: int = 1, pp: int = 1) -> Placement:
+    """Placement of the `child_index`-th child of this process.
+
+    Under torchrun every rank computes the same port (MASTER_PORT + 1 + child_index), so the ranks'
+    children of one run meet; alone, a free port is picked.
+    """
+    env = os.environ
+    if "WORLD_SIZE" in env and "RANK" in env:
+        base = int(env.get("MASTER_PORT", "29500"))
+        return Placement(
+            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=base + 1 + child_index,
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        )
+    return Placement(master_port=free_port(), tensor_model_parallel_size=tp,
+                     pipeline_model_parallel_size=pp)
+
+
+@dataclass(frozen=True, slots=True)
+class EagerMemory:
+    """Peak figures of the eager reference; a graphed child measures its memory cost against them."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+
+
+def run_name(impl: str, dropout: float, role: Role, *, attempt: int = 0, hunt: bool = False,
+             taps: bool = False) -> str:
+    """The one name of a child run: its files in the work directory are `<kind>-<name>.<ext>`.
+
+    Every distinct run of one diff gets a distinct name (a culprit hunt is not the graphed run it
+    repeats; a retry after a taken port is another attempt).
+    """
+    name = f"{impl}-{role.value}-d{dropout:g}"
+    if hunt:
+        name += "-hunt"
+    if taps:
+        name += "-taps"
+    if attempt:
+        name += f"-attempt{attempt}"
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    """One child run: an implementation, a dropout, a role, and where to put or find reference tensors."""
+
+    impl: str
+    """eager | local | full_iteration | transformer_engine."""
+
+    dropout: float
+    """hidden_dropout and attention_dropout of this run."""
+
+    config: DiffConfig
+    """The whole diff's configuration (model, steps, tolerances, run-file sections)."""
+
+    role: Role
+    """What the child does besides training (see Role)."""
+
+    name: str
+    """run_name() of this run; names its files and trace."""
+
+    events_path: str
+    """JSON-lines file the child appends its events to (graphdoctor.protocol.events)."""
+
+    reference_dir: str
+    """Directory of per-step reference tensors (written by the eager run, read by graphed runs)."""
+
+    placement: Placement = field(default_factory=Placement)
+    """Distributed placement."""
+
+    artifacts_dir: str | None = None
+    """Where the child may write snapshots and traces (None: write none)."""
+
+    hunt_culprit: bool = False
+    """Run every capture under sync-debug "error" so the first unsafe op raises at its own line."""
+
+    eager_memory: EagerMemory | None = None
+    """Peak figures of the eager reference (memory cost of graphs is measured against them)."""
+
+    keep_snapshots: bool = False
+    """Write the memory snapshots (gzip pickles) into config.snapshot_dir."""
+
+    taps: bool = False
+    """Install capture-time taps (dropout masks, random draws, module outputs and gradients)."""
+
+    import_dir: str | None = None
+    """A directory the child appends to its import path (last) for the user's `pkg.mod:fn`."""
+
+    @property
+    def graphed(self) -> bool:
+        """True for every implementation but eager."""
+        return self.impl != EAGER
+
+    def to_json(self) -> str:
+        """Serialise (the inverse of from_json)."""
+        data = asdict(self)
+        data["config"] = self.config.to_dict()
+        data["role"] = self.role.value
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ChildSpec:
+        """Deserialise what to_json wrote.
+
+        Raises:
+            ProtocolError: the text is not a spec this version writes.
+        """
+        try:
+            data = json.loads(text)
+            data["config"] = DiffConfig.from_dict(data["config"])
+            data["placement"] = Placement(**data["placement"])
+            data["role"] = Role(data["role"])
+            if data.get("eager_memory") is not None:
+                data["eager_memory"] = EagerMemory(**data["eager_memory"])
+            return cls(**data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"child spec: {type(exc).__name__}: {exc}") from None
+
+    def write(self, path: Path) -> Path:
+        """Write to `path` and return it."""
+        path.write_text(self.to_json(), encoding="utf-8")
+        return path
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeJob:
+    """What one probe worker does: build the diff's model (the same set-up path) and probe layers."""
+
+    config: DiffConfig
+    """The model to build, exactly as `graphdoctor diff` would build it."""
+
+    layers: tuple[int, ...]
+    """Decoder layer indices to record and capture, in order."""
+
+    warmup_iters: int = 2
+    """Eager calls on a side stream before each capture."""
+
+    import_dir: str | None = None
+    """A directory the worker appends to its import path (last) for the user's `pkg.mod:fn`."""
+
+    def to_json(self) -> str:
+        """Serialise (the inverse of from_json)."""
+        return json.dumps({"config": self.config.to_dict(), "layers": list(self.layers),
+                           "warmup_iters": self.warmup_iters, "import_dir": self.import_dir},
+                          sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeJob:
+        """Deserialise what to_json wrote; raises ProtocolError."""
+        try:
+            data: dict[str, Any] = json.loads(text)
+            return cls(config=DiffConfig.from_dict(data["config"]),
+                       layers=tuple(int(i) for i in data["layers"]),
+                       warmup_iters=int(data["warmup_iters"]), import_dir=data.get("import_dir"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"probe job: {type(exc).__name__}: {exc}") from None
+
+
+__all__ = [
+    "EAGER",
+    "LEGACY_EAGER",
+    "ChildSpec",
+    "EagerMemory",
+    "Placement",
+    "ProbeJob",
+    "ProtocolError",
+    "Role",
+    "free_port",
+    "impl_name",
+    "megatron_impl",
+    "placement_for_child",
+    "run_name",
+]
