@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint
+from graphdoctor.compare.forensics import Site
 from graphdoctor.locations import format_location
 from graphdoctor.strict_json import json_safe
 
@@ -44,28 +44,8 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _HERE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@dataclass(slots=True)
-class Site:
-    """One table row's meaning."""
-
-    slot: int
-    kind: str
-    module: str | None
-    op: str
-    location: str | None
-    numel: int
-    p: float | None
-    captured: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON view (the `sites` entries of the forensics section)."""
-        return {"slot": self.slot, "kind": self.kind, "module": self.module, "op": self.op,
-                "location": self.location, "numel": self.numel, "p": self.p,
-                "captured": self.captured}
-
-
-class TapTable:
-    """The owned table, the graph stamps, their per-step history and the site list."""
+class TapBuffer:
+    """The owned device table, the graph stamps, their per-step history and the site list."""
 
     def __init__(self, device: torch.device, num_steps: int, capacity: int = DEFAULT_CAPACITY,
                  max_graphs: int = MAX_GRAPHS) -> None:
@@ -132,7 +112,7 @@ class TapTable:
                 self.truncated = True
                 return None
             slot = len(self.sites)
-            self.sites.append(Site(slot=slot, kind=kind, module=module, op=op, location=location,
+            self.sites.append(Site(slot=slot, kind=kind, module=module or "", op=op, location=location,
                                    numel=tensor.numel(), p=p, captured=capturing))
             self._slots[key] = slot
             if capturing:
@@ -200,7 +180,7 @@ def call_site(names: dict[int, str], skip: int = 2) -> tuple[str | None, str | N
 class DrawMode(TorchDispatchMode):
     """Sees every operator: taps random draws on the device, and device copies of host random draws."""
 
-    def __init__(self, table: TapTable, names: dict[int, str]) -> None:
+    def __init__(self, table: TapBuffer, names: dict[int, str]) -> None:
         super().__init__()
         self.table = table
         self.names = names
@@ -307,7 +287,7 @@ class Taps:
     def __init__(self, model: torch.nn.Module, names: dict[int, str], num_steps: int,
                  capacity: int = DEFAULT_CAPACITY) -> None:
         device = next(model.parameters()).device
-        self.table = TapTable(device, num_steps, capacity)
+        self.table = TapBuffer(device, num_steps, capacity)
         self.mode = DrawMode(self.table, names)
         self._mode_depth = 0
         self._in_step = False
@@ -404,5 +384,5 @@ class Taps:
         return self.table.to_dict()
 
 
-__all__ = ["DEFAULT_CAPACITY", "MAX_GRAPHS", "DrawMode", "Site", "TapTable", "Taps", "call_site",
+__all__ = ["DEFAULT_CAPACITY", "MAX_GRAPHS", "DrawMode", "Site", "TapBuffer", "Taps", "call_site",
            "tapped_modules"]

@@ -17,6 +17,7 @@ def test_live_count_small_model() -> None:
     sections = dict(report.sections())
     for impl, graphs in (("local", 4), ("full_iteration", 1)):
         section = sections[impl]
-        assert section["graphed"]["num_graph_launches"] == graphs
-        assert section["census_check"]["match"]
-        assert section["graphed"]["num_host_launches"] < section["eager"]["num_host_launches"]
+        assert section.graphed is not None and section.eager is not None
+        assert section.graphed.num_graph_launches == graphs
+        assert section.census_check is not None and section.census_check.match
+        assert section.graphed.num_host_launches < section.eager.num_host_launches

@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from graphdoctor.child.taps import Taps, TapTable, call_site, tapped_modules
+from graphdoctor.child.taps import TapBuffer, Taps, call_site, tapped_modules
 from graphdoctor.compare.fingerprint import fingerprint
 
 
@@ -90,7 +90,7 @@ def test_hooks_and_capture_patch_are_removed_on_close() -> None:
 
 
 def test_table_rows_only_for_the_step_that_wrote_them_and_capacity_truncates() -> None:
-    table = TapTable(torch.device("cpu"), num_steps=2, capacity=2)
+    table = TapBuffer(torch.device("cpu"), num_steps=2, capacity=2)
     table.begin_step(0, "eager")
     table.write("output", "a", "forward", torch.ones(3))
     table.write("output", "b", "forward", torch.ones(3))
@@ -173,7 +173,7 @@ def test_operators_are_intercepted_inside_the_forward_only() -> None:
 def test_captured_rows_count_only_in_steps_whose_replay_stamped_their_graph(monkeypatch) -> None:
     # Capture needs a GPU; this drives the bookkeeping on the CPU by declaring the stream
     # capturing, and plays each replay's first node (the stamp copy) by hand.
-    table = TapTable(torch.device("cpu"), num_steps=4, capacity=4, max_graphs=2)
+    table = TapBuffer(torch.device("cpu"), num_steps=4, capacity=4, max_graphs=2)
     table.begin_step(0, "warmup")
     table.write("output", "eager", "forward", torch.ones(2))
     table.end_step(0)
