@@ -48,12 +48,14 @@ def build_config(config_path: str | None, values: dict[str, Any]) -> Any:
 @click_options(DIFF_OPTIONS)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Write the full JSON report (schema in docs/diff.md). Default: none.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Write one self-contained HTML page of the run (docs/report.md). Default: none.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Keep child specs, events and logs here. Default: a temporary directory.")
 @click.option("-v", "--verbose", is_flag=True, default=False,
               help="Show traceback tails of failures. Default: off.")
-def diff_command(config_path: str | None, json_path: str | None, workdir: str | None,
-                 verbose: bool, **values: Any) -> None:
+def diff_command(config_path: str | None, json_path: str | None, html_path: str | None,
+                 workdir: str | None, verbose: bool, **values: Any) -> None:
     """Train a real Megatron-Core GPT model eager and graphed side by side on the GPU and give a
     verdict per implementation (match, rng-divergence, numeric-divergence, capture-failed,
     crashed, timeout, unavailable).
@@ -71,9 +73,15 @@ def diff_command(config_path: str | None, json_path: str | None, workdir: str | 
     report = diff(config, workdir=workdir, progress=progress)
     if json_path:
         write_json(report, json_path)
+    if html_path:
+        from graphdoctor.report.html import render_payload, write_html
+
+        write_html(render_payload(report.to_dict()), html_path)
     click.echo(render_text(report, verbose=verbose))
     if json_path:
         click.echo(f"report written to {json_path}")
+    if html_path:
+        click.echo(f"page written to {html_path}")
     sys.exit(report.exit_code())
 
 
