@@ -43,7 +43,7 @@ border:1px solid transparent}
 .badge.bad{background:var(--badbg);color:var(--bad);border-color:#fca5a5}
 .badge.na{background:var(--nabg);color:var(--na);border-color:#d1d5db}
 .diag{background:#f9fafb;border:1px solid var(--line);border-radius:5px;padding:6px 9px;margin-top:6px}
-.diag b{font-weight:600}.fix{color:var(--ok)}
+.diag b{font-weight:600}.diag span{overflow-wrap:anywhere}.fix{color:var(--ok)}
 ul.notes{margin:6px 0 0;padding-left:18px;color:#374151;font-size:12.8px}
 .tiles{display:flex;flex-wrap:wrap;gap:10px;margin:4px 0 10px}
 .tile{border:1px solid var(--line);border-radius:6px;padding:7px 12px;min-width:150px;background:#fafafa}
@@ -53,7 +53,7 @@ ul.notes{margin:6px 0 0;padding-left:18px;color:#374151;font-size:12.8px}
 figure{margin:6px 0 8px}figcaption{font-size:12.5px;color:var(--muted);margin:2px 0 4px;font-weight:550}
 table{border-collapse:collapse;margin:6px 0;width:100%;font-size:13px}
 th{text-align:left;color:var(--muted);font-weight:600;border-bottom:2px solid var(--line);padding:4px 8px}
-td{border-bottom:1px solid var(--line);padding:4px 8px;vertical-align:top}
+td{border-bottom:1px solid var(--line);padding:4px 8px;vertical-align:top;overflow-wrap:anywhere}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.hl td{background:#fff7ed}
 svg.chart{width:100%;height:auto;display:block}
