@@ -215,7 +215,7 @@ def _first_tensors_section(view: ReportView) -> str:
     return ('<section id="tensors"><h2>First differing tensors</h2><p class="muted small">For each run of steps '
             "with the same first differing parameter: the steps, how many tensors differ, and the largest "
             "differences over those steps. The first row of each implementation is its first divergence.</p>"
-            f"{table(headers, rows, numeric=(4, 5, 6), highlight=first_rows)}</section>")
+            f"{table(headers, rows, numeric=(4, 5, 6), highlight=first_rows, wrap=(3,))}</section>")
 
 
 def _tensor_groups(run: RunView, family: str) -> list[list[object]]:

@@ -42,7 +42,7 @@ border:1px solid transparent}
 .badge.warn{background:var(--warnbg);color:var(--warn);border-color:#fcd34d}
 .badge.bad{background:var(--badbg);color:var(--bad);border-color:#fca5a5}
 .badge.na{background:var(--nabg);color:var(--na);border-color:#d1d5db}
-.diag{background:#f9fafb;border:1px solid var(--line);border-radius:5px;padding:6px 9px;margin-top:6px}
+.diag{background:#f9fafb;border:1px solid var(--line);border-radius:5px;padding:6px 9px;margin-top:6px;font-size:12.8px}
 .diag b{font-weight:600}.diag span{overflow-wrap:anywhere}.fix{color:var(--ok)}
 ul.notes{margin:6px 0 0;padding-left:18px;color:#374151;font-size:12.8px}
 .tiles{display:flex;flex-wrap:wrap;gap:10px;margin:4px 0 10px}
@@ -53,9 +53,13 @@ ul.notes{margin:6px 0 0;padding-left:18px;color:#374151;font-size:12.8px}
 figure{margin:6px 0 8px}figcaption{font-size:12.5px;color:var(--muted);margin:2px 0 4px;font-weight:550}
 table{border-collapse:collapse;margin:6px 0;width:100%;font-size:13px}
 th{text-align:left;color:var(--muted);font-weight:600;border-bottom:2px solid var(--line);padding:4px 8px}
-td{border-bottom:1px solid var(--line);padding:4px 8px;vertical-align:top;overflow-wrap:anywhere}
+td{border-bottom:1px solid var(--line);padding:4px 8px;vertical-align:top}
+td.w{overflow-wrap:anywhere}
+table.compact{width:auto;min-width:420px}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.hl td{background:#fff7ed}
+.chart-empty{border:1px dashed #d1d5db;border-radius:6px;padding:28px 12px;text-align:center;color:var(--muted);
+margin:4px 0}.chart-empty.equal{border-color:#6ee7b7;background:#f0fdf4;color:var(--ok);font-weight:600}
 svg.chart{width:100%;height:auto;display:block}
 svg.chart.heat{width:100%}
 svg text{font-size:11px;fill:#374151;font-family:system-ui,"DejaVu Sans",sans-serif}
@@ -92,13 +96,27 @@ def badge(verdict: str, *, extra: str = "") -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, numeric: Sequence[int] = (),
-          highlight: Sequence[int] = (), cls: str = "") -> str:
-    """An escaped HTML table; `numeric` column indexes are right-aligned, `highlight` row indexes tinted."""
-    num = set(numeric)
-    head = "".join(f'<th{" class=n" if i in num else ""}>{escape(h)}</th>' for i, h in enumerate(headers))
+          highlight: Sequence[int] = (), wrap: Sequence[int] = (), cls: str = "") -> str:
+    """An escaped HTML table.
+
+    Args:
+        headers: column headers.
+        rows: cell values (str() of each is escaped).
+        numeric: column indexes right-aligned with tabular digits.
+        highlight: row indexes tinted.
+        wrap: column indexes whose long names (paths, modules) may break anywhere to fit the page.
+        cls: CSS class of the table.
+
+    Returns:
+        The <table> element.
+    """
+    classes = {i: "n" for i in numeric} | {i: "w" for i in wrap}
+    head = "".join(f'<th{f" class={classes[i]}" if i in classes else ""}>{escape(h)}</th>'
+                   for i, h in enumerate(headers))
     body = []
     for r, row in enumerate(rows):
-        cells = "".join(f'<td{" class=n" if i in num else ""}>{escape(str(c))}</td>' for i, c in enumerate(row))
+        cells = "".join(f'<td{f" class={classes[i]}" if i in classes else ""}>{escape(str(c))}</td>'
+                        for i, c in enumerate(row))
         body.append(f'<tr{" class=hl" if r in highlight else ""}>{cells}</tr>')
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 

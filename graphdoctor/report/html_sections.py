@@ -24,10 +24,20 @@ def _g(value: float | None, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def short_path(location: str | None) -> str | None:
+    """A recorded file:line without the interpreter's install prefix (.../site-packages/megatron/... -> megatron/...)."""
+    if not location:
+        return location
+    for marker in ("site-packages/", "/site/"):
+        if marker in location:
+            return location.split(marker, 1)[1]
+    return location
+
+
 def _where(d: TapDivergenceView | None) -> str:
     if d is None:
         return "none"
-    loc = f" ({d.location})" if d.location else ""
+    loc = f" ({short_path(d.location)})" if d.location else ""
     return (f"step {d.step}, {d.kind} of {d.module or '(no module)'} [{d.op}]{loc}: max abs {_g(d.max_abs)}, "
             f"max rel {_g(d.max_rel)}")
 
@@ -39,7 +49,7 @@ def _site_row(s: TapSiteView, frozen: set[str]) -> list[object]:
     state = "FROZEN" if s.module in frozen and s.kind in DRAW_KINDS and s.repeats_across_replays else (
         "repeats" if s.repeats_across_replays else "-")
     identical = f"{s.num_steps_identical}/{s.num_steps_compared}"
-    return [s.module or "(no module)", s.kind, s.op, s.location or "-", keep, identical, state,
+    return [s.module or "(no module)", s.kind, s.op, short_path(s.location) or "-", keep, identical, state,
             "graph" if s.captured else "eager"]
 
 
@@ -66,7 +76,7 @@ def _forensics_block(impl: ImplView, f: ForensicsView) -> str:
     notes = "".join(f"<li>{escape(n)}</li>" for n in f.notes)
     return (f'<h3 class="mono">{escape(impl.impl)}</h3><div class="tiles">{tiles}</div><div class="diag">{facts}</div>'
             + table(("site (module)", "kind", "op", "file:line", "keep rate (expected)", "identical steps",
-                     "across replays", "ran in"), rows, numeric=(5,), highlight=marked)
+                     "across replays", "ran in"), rows, numeric=(5,), highlight=marked, wrap=(0, 3))
             + (f'<p class="muted small">{more} more sites not shown.</p>' if more > 0 else "")
             + (f'<ul class="notes">{notes}</ul>' if notes else ""))
 
@@ -123,12 +133,12 @@ def memory_section(view: ReportView) -> str:
                      "SUSPECT" if s.is_suspect else "settled", " < ".join(s.frames[:3]))
                     for s in m.leak_sites]
             blocks.append(table(("site kept alive after replay", "allocations", "live", "steps", "status",
-                                 "innermost frames"), rows, numeric=(1, 2, 3),
+                                 "innermost frames"), rows, numeric=(1, 2, 3), wrap=(0, 5),
                                 highlight=[i for i, s in enumerate(m.leak_sites) if s.is_suspect]))
         if m.graph_pools:
             blocks.append(table(("graph pool", "reserved", "live"),
                                 [(p.pool, fmt_bytes(p.reserved_bytes), fmt_bytes(p.live_bytes)) for p in m.graph_pools],
-                                numeric=(1, 2)))
+                                numeric=(1, 2), cls="compact"))
         if m.notes:
             blocks.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in m.notes) + "</ul>")
     return f'<section id="memory"><h2>Memory by phase</h2>{"".join(blocks)}</section>'
@@ -194,7 +204,7 @@ def _census(items: Sequence[tuple[str, LaunchesView]]) -> str:
         return '<h3>Graph census</h3><p class="muted">No graph was counted.</p>'
     check = "".join(f'<p class="small">{escape(c)}</p>' for c in checks)
     return ("<h3>Graph census</h3>" + table(("impl", "graph", "nodes", "kernels", "nodes by type", "counted by"),
-                                            rows, numeric=(2, 3)) + check)
+                                            rows, numeric=(2, 3), wrap=(1,)) + check)
 
 
-__all__ = ["DRAW_KINDS", "MAX_SITE_ROWS", "forensics_section", "launches_section", "memory_section"]
+__all__ = ["DRAW_KINDS", "MAX_SITE_ROWS", "forensics_section", "short_path", "launches_section", "memory_section"]

@@ -28,7 +28,7 @@ def timeline_svg(tl: Timeline) -> str:
     if not tl.event_index:
         return '<p class="muted">No allocator history in this snapshot (record with start_history).</p>'
     chart = timeline_chart(tl.event_index, [float(b) for b in tl.allocated_bytes], tl.label_index, tl.labels,
-                           title="allocated bytes over time", y_format=lambda v: fmt_bytes(v),
+                           title="allocated bytes over time", y_format=lambda v: fmt_bytes(v), byte_axis=True,
                            x_label=f"allocator event (of {tl.num_events})")
     return chart + f'<p class="muted small">coloured by {escape(tl.color_by)}</p>'
 
@@ -40,7 +40,7 @@ def sites_svg(sites: Sequence[SiteBytes]) -> str:
     labels = [s.site if len(s.site) <= _SITE_CHARS else "..." + s.site[-(_SITE_CHARS - 3):] for s in sites]
     series = Series("live bytes", tuple(float(s.live_bytes) for s in sites), PALETTE[0])
     return bar_chart(labels, [series], title="top sites", value_format=lambda v: fmt_bytes(v), width=1080,
-                     label_width=500)
+                     label_width=min(500, 7 * max(len(label) for label in labels) + 20))
 
 
 def _diff_html(report: TriageReport) -> str:

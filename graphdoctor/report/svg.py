@@ -114,8 +114,10 @@ def line_chart(series: Sequence[Series], x_values: Sequence[int | float], *, tit
     finite = [v for s in series for v in s.values if v is not None and math.isfinite(v)]
     positive = [v for v in finite if v > 0]
     if not x_values or not finite or (log_y and not positive):
-        note = "every value is 0 (bitwise equal)" if finite else "no values recorded"
-        return f'<p class="muted chart-empty">{escape(title)}: {note}.</p>'
+        if finite:
+            return ('<div class="chart-empty equal" role="img" aria-label="' + escape(title) + '">\u2713 every value '
+                    "is 0: bitwise equal at every step</div>")
+        return f'<div class="chart-empty" role="img" aria-label="{escape(title)}">no values recorded</div>'
     legend, top = _legend(series, width)
     left, right, bottom = 62, 14, 34
     zero_band = log_y and any(v <= 0 for v in finite)
@@ -237,10 +239,33 @@ def bar_chart(groups: Sequence[str], series: Sequence[Series], *, title: str, va
     return "".join(parts)
 
 
+def byte_ticks(top: float, num: int = 5) -> list[float]:
+    """Axis ticks for byte counts: multiples of a power of two (1, 2, 4 or 8 times 2**k), from 0 past top."""
+    if top <= 0:
+        return [0.0, 1.0]
+    raw = top / num
+    mag = 1 << max(0, int(raw).bit_length() - 1)
+    step = next(m * mag for m in (1, 2, 4, 8) if m * mag >= raw)
+    return [float(v) for v in range(0, int(top) + step + 1, step) if v < top + step]
+
+
+def _runs(label_index: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) index ranges of consecutive points with the same label."""
+    runs, start = [], 0
+    for i in range(1, len(label_index) + 1):
+        if i == len(label_index) or label_index[i] != label_index[start]:
+            runs.append((start, i))
+            start = i
+    return runs
+
+
 def timeline_chart(x_values: Sequence[int], y_values: Sequence[float], label_index: Sequence[int],
                    labels: Sequence[str], *, title: str, y_format: Formatter = fmt_num, x_label: str = "",
-                   width: int = 1080, height: int = 300) -> str:
+                   byte_axis: bool = False, width: int = 1080, height: int = 300) -> str:
     """A dense line without markers, coloured by the label of each point (phases of a memory history).
+
+    A track above the plot names each label run wide enough to hold its name, and dashed lines mark
+    every change, so the phases read without colour.
 
     Args:
         x_values: x of every point (event index), increasing.
@@ -250,6 +275,7 @@ def timeline_chart(x_values: Sequence[int], y_values: Sequence[float], label_ind
         title: accessible name.
         y_format: tick label formatter.
         x_label: x axis caption.
+        byte_axis: y ticks at multiples of powers of two (byte counts).
         width: viewBox width.
         height: viewBox height of the plot area.
 
@@ -258,15 +284,18 @@ def timeline_chart(x_values: Sequence[int], y_values: Sequence[float], label_ind
     """
     series = [Series(name, (), PALETTE[i % len(PALETTE)]) for i, name in enumerate(labels)]
     legend, top = _legend(series, width)
+    top += 16  # the phase track
     left, right, bottom = 78, 14, 30
     plot_h = height - bottom - 8
-    ticks = _nice_ticks(0.0, max(max(y_values, default=0), 1))
+    y_top = max(max(y_values, default=0.0), 1.0)
+    ticks = byte_ticks(y_top) if byte_axis else _nice_ticks(0.0, y_top)
     x_lo, x_hi = (x_values[0], x_values[-1]) if x_values else (0, 1)
 
+    def px(i: int) -> float:
+        return left + (x_values[i] - x_lo) / ((x_hi - x_lo) or 1) * (width - left - right)
+
     def xy(i: int) -> str:
-        x = left + (x_values[i] - x_lo) / ((x_hi - x_lo) or 1) * (width - left - right)
-        y = top + plot_h - y_values[i] / (ticks[-1] or 1) * plot_h
-        return f"{x:.1f},{y:.1f}"
+        return f"{px(i):.1f},{top + plot_h - y_values[i] / (ticks[-1] or 1) * plot_h:.1f}"
 
     total_h = top + plot_h + bottom
     parts = [f'<svg class="chart" viewBox="0 0 {width} {total_h}" role="img" aria-label="{escape(title)}">', legend]
@@ -274,14 +303,19 @@ def timeline_chart(x_values: Sequence[int], y_values: Sequence[float], label_ind
         y = top + plot_h - tick / (ticks[-1] or 1) * plot_h
         parts.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}"/>'
                      f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{y_format(tick)}</text>')
-    start = 0
-    for i in range(1, len(x_values) + 1):
-        if i == len(x_values) or label_index[i] != label_index[start]:
-            # Each run extends to the next point so the line stays continuous across colours.
-            points = " ".join(xy(j) for j in range(start, min(i + 1, len(x_values))))
-            colour = PALETTE[label_index[start] % len(PALETTE)]
-            parts.append(f'<polyline class="line" stroke="{colour}" points="{points}"/>')
-            start = i
+    for start, end in _runs(label_index):
+        x0, x1 = px(start), px(min(end, len(x_values) - 1))
+        name = labels[label_index[start]]
+        if start:
+            parts.append(f'<line class="zero" x1="{x0:.1f}" x2="{x0:.1f}" y1="{top - 14}" y2="{top + plot_h}"/>')
+        if x1 - x0 > 7 * len(name) + 8:
+            parts.append(f'<text class="axis" x="{(x0 + x1) / 2:.1f}" y="{top - 4}" text-anchor="middle">'
+                         f"{escape(name)}</text>")
+        # Each run extends to the next point so the line stays continuous across colours.
+        points = " ".join(xy(j) for j in range(start, min(end + 1, len(x_values))))
+        colour = PALETTE[label_index[start] % len(PALETTE)]
+        parts.append(f'<polyline class="line" stroke="{colour}" points="{points}"><title>{escape(name)}</title>'
+                     "</polyline>")
     parts.append(f'<text class="tick" x="{left}" y="{total_h - 4}">{x_lo:g}</text>'
                  f'<text class="tick" x="{width - right}" y="{total_h - 4}" text-anchor="end">{x_hi:g}</text>'
                  f'<text class="axis" x="{(left + width - right) / 2:.0f}" y="{total_h - 4}" text-anchor="middle">'
@@ -350,5 +384,5 @@ def heat_strip(rows: Sequence[tuple[str, Sequence[HeatCell]]], columns: Sequence
     return "".join(parts)
 
 
-__all__ = ["EAGER_COLOUR", "PALETTE", "HeatCell", "Series", "bar_chart", "fmt_num", "heat_colour", "heat_strip",
+__all__ = ["EAGER_COLOUR", "PALETTE", "HeatCell", "Series", "bar_chart", "byte_ticks", "fmt_num", "heat_colour", "heat_strip",
            "line_chart", "series_style", "timeline_chart"]
