@@ -42,12 +42,15 @@ def series_style(index: int) -> tuple[str, str, str]:
 
 
 def fmt_num(value: float) -> str:
-    """Short axis label: 3 significant digits, exponent form for very small or large values."""
-    if value == 0:
-        return "0"
-    if abs(value) >= 1e5 or abs(value) < 1e-3:
-        mantissa, exponent = f"{value:.0e}".split("e")
+    """Short label, 3 significant digits: 0.0489, 7.04, 1234, 2.41e7, 1e-4."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    if abs(value) >= 1e4 or abs(value) < 1e-3:
+        mantissa, exponent = f"{value:.2e}".split("e")
+        mantissa = mantissa.rstrip("0").rstrip(".")
         return f"{mantissa}e{int(exponent)}"
+    if abs(value) >= 1000:
+        return f"{value:.0f}"
     return f"{value:.3g}"
 
 
@@ -121,7 +124,7 @@ def line_chart(series: Sequence[Series], x_values: Sequence[int | float], *, tit
     legend, top = _legend(series, width)
     left, right, bottom = 62, 14, 34
     zero_band = log_y and any(v <= 0 for v in finite)
-    plot_h = height - bottom - 8 - (22 if zero_band else 0)
+    plot_h = height - bottom - 8 - (26 if zero_band else 0)
     x_lo, x_hi = min(x_values), max(x_values)
     x_span = (x_hi - x_lo) or 1
 
@@ -144,8 +147,8 @@ def line_chart(series: Sequence[Series], x_values: Sequence[int | float], *, tit
         def py(v: float) -> float:
             return top + plot_h - (v - lo_t) / ((hi_t - lo_t) or 1) * plot_h
 
-    zero_y = top + plot_h + 18
-    total_h = top + plot_h + bottom + (22 if zero_band else 0)
+    zero_y = top + plot_h + 22
+    total_h = top + plot_h + bottom + (26 if zero_band else 0)
     parts = [f'<svg class="chart" viewBox="0 0 {width} {total_h}" role="img" aria-label="{escape(title)}">', legend]
     for tick in ticks:
         y = py(tick)
