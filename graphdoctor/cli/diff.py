@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -64,6 +65,10 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     1 otherwise, 2 for usage, config or environment errors (no GPU).
     """
     config = build_config(config_path, values)
+    if html_path and json_path and Path(html_path).resolve() == Path(json_path).resolve():
+        from graphdoctor.errors import UsageError
+
+        raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
     from graphdoctor.diff import diff
     from graphdoctor.report.diff import render_text, write_json
 
@@ -73,14 +78,14 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     report = diff(config, workdir=workdir, progress=progress)
     if json_path:
         write_json(report, json_path)
-    if html_path:
-        from graphdoctor.report.html import render_payload, write_html
-
-        write_html(render_payload(report.to_dict()), html_path)
     click.echo(render_text(report, verbose=verbose))
     if json_path:
         click.echo(f"report written to {json_path}")
     if html_path:
+        # After the text, so a page that cannot be written never hides the run's results.
+        from graphdoctor.report.html import render_payload, write_html
+
+        write_html(render_payload(report.to_dict()), html_path)
         click.echo(f"page written to {html_path}")
     sys.exit(report.exit_code())
 

@@ -166,3 +166,10 @@ def test_cli_never_overwrites_the_input(tmp_path: Path) -> None:
 def test_diff_help_lists_html() -> None:
     result = CliRunner().invoke(main, ["diff", "--help"])
     assert result.exit_code == 0 and "--html PATH" in result.stdout
+
+
+def test_diff_refuses_html_over_its_json_before_running(tmp_path: Path) -> None:
+    same = str(tmp_path / "r.json")
+    result = CliRunner().invoke(main, ["diff", "--json", same, "--html", same])
+    assert result.exit_code == 2 and "same file as --json" in result.stderr
+    assert not (tmp_path / "r.json").exists()
