@@ -282,8 +282,9 @@ def _status(view: ReportView, passed: bool) -> str:
     cls = "ok" if passed else "bad"
     code = f" (exit {view.exit_code})" if view.exit_code is not None else ""
     num = sum(i.verdict != "unavailable" for i in view.impls)
+    mark = "\u2713" if passed else "\u2717"
     return (f'<span class="badge {cls}" id="overall" data-verdict="{word.lower()}">'
-            f"{'\u2713' if passed else '\u2717'} {word}{code}: {num} implementation(s) compared</span>")
+            f"{mark} {word}{code}: {num} implementation(s) compared</span>")
 
 
 def render_payload(payload: Mapping[str, Any], *, source: str = "") -> str:

@@ -85,8 +85,8 @@ def render_html(report: TriageReport) -> str:
     if report.diff is not None:
         toc.append(("diff", "diff"))
     num_suspects = len(report.leak_suspects)
-    status = (f'<span class="badge {"bad" if num_suspects else "ok"}" id="overall">'
-              f'{"\u2717" if num_suspects else "\u2713"} {num_suspects} leak suspect(s)</span>'
+    mark, cls = ("\u2717", "bad") if num_suspects else ("\u2713", "ok")
+    status = (f'<span class="badge {cls}" id="overall">{mark} {num_suspects} leak suspect(s)</span>'
               if report.diff is not None else "")
     return page(title=f"graphdoctor memory triage: {s.path}", heading="graphdoctor memory triage",
                 subtitle=s.path, status_html=status, toc=toc, body="".join(body),

@@ -131,22 +131,7 @@ def line_chart(series: Sequence[Series], x_values: Sequence[int | float], *, tit
     def px(x: float) -> float:
         return left + (x - x_lo) / x_span * (width - left - right)
 
-    if log_y:
-        lo_dec, hi_dec = math.floor(math.log10(min(positive))), math.ceil(math.log10(max(positive)))
-        hi_dec = max(hi_dec, lo_dec + 1)
-        step = max(1, math.ceil((hi_dec - lo_dec) / 6))
-        ticks = [10.0 ** d for d in range(lo_dec, hi_dec + 1, step)]
-        lo_t, hi_t = math.log10(ticks[0]), math.log10(ticks[-1]) if len(ticks) > 1 else hi_dec
-
-        def py(v: float) -> float:
-            return top + plot_h - (math.log10(v) - lo_t) / ((hi_t - lo_t) or 1) * plot_h
-    else:
-        ticks = _nice_ticks(min(finite), max(finite))
-        lo_t, hi_t = ticks[0], ticks[-1]
-
-        def py(v: float) -> float:
-            return top + plot_h - (v - lo_t) / ((hi_t - lo_t) or 1) * plot_h
-
+    ticks, py = _y_scale(finite, log_y, top, plot_h)
     zero_y = top + plot_h + 22
     total_h = top + plot_h + bottom + (26 if zero_band else 0)
     parts = [f'<svg class="chart" viewBox="0 0 {width} {total_h}" role="img" aria-label="{escape(title)}">', legend]
@@ -168,6 +153,29 @@ def line_chart(series: Sequence[Series], x_values: Sequence[int | float], *, tit
         parts.append(_polyline(s, x_values, px, py, zero_y if zero_band else None, log_y, point_titles))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _y_scale(finite: Sequence[float], log_y: bool, top: float,
+             plot_h: float) -> tuple[list[float], Callable[[float], float]]:
+    """Tick values and the value -> y pixel map (log: whole decades over the positive values)."""
+    if log_y:
+        positive = [v for v in finite if v > 0]
+        lo_dec, hi_dec = math.floor(math.log10(min(positive))), math.ceil(math.log10(max(positive)))
+        hi_dec = max(hi_dec, lo_dec + 1)
+        step = max(1, math.ceil((hi_dec - lo_dec) / 6))
+        ticks = [10.0 ** d for d in range(lo_dec, hi_dec + 1, step)]
+        lo_t, hi_t = math.log10(ticks[0]), math.log10(ticks[-1])
+
+        def log_py(v: float) -> float:
+            return top + plot_h - (math.log10(v) - lo_t) / ((hi_t - lo_t) or 1) * plot_h
+
+        return ticks, log_py
+    ticks = _nice_ticks(min(finite), max(finite))
+
+    def lin_py(v: float) -> float:
+        return top + plot_h - (v - ticks[0]) / ((ticks[-1] - ticks[0]) or 1) * plot_h
+
+    return ticks, lin_py
 
 
 def _polyline(s: Series, x_values: Sequence[int | float], px: Callable[[float], float],
@@ -262,6 +270,14 @@ def _runs(label_index: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def _phase_mark(name: str, x0: float, x1: float, top: float, plot_h: float, *, first: bool) -> str:
+    """A dashed boundary where a label run starts, and its name above the plot when it fits."""
+    out = "" if first else f'<line class="zero" x1="{x0:.1f}" x2="{x0:.1f}" y1="{top - 14}" y2="{top + plot_h}"/>'
+    if x1 - x0 > 7 * len(name) + 8:
+        out += f'<text class="axis" x="{(x0 + x1) / 2:.1f}" y="{top - 4}" text-anchor="middle">{escape(name)}</text>'
+    return out
+
+
 def timeline_chart(x_values: Sequence[int], y_values: Sequence[float], label_index: Sequence[int],
                    labels: Sequence[str], *, title: str, y_format: Formatter = fmt_num, x_label: str = "",
                    byte_axis: bool = False, width: int = 1080, height: int = 300) -> str:
@@ -307,13 +323,8 @@ def timeline_chart(x_values: Sequence[int], y_values: Sequence[float], label_ind
         parts.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}"/>'
                      f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{y_format(tick)}</text>')
     for start, end in _runs(label_index):
-        x0, x1 = px(start), px(min(end, len(x_values) - 1))
         name = labels[label_index[start]]
-        if start:
-            parts.append(f'<line class="zero" x1="{x0:.1f}" x2="{x0:.1f}" y1="{top - 14}" y2="{top + plot_h}"/>')
-        if x1 - x0 > 7 * len(name) + 8:
-            parts.append(f'<text class="axis" x="{(x0 + x1) / 2:.1f}" y="{top - 4}" text-anchor="middle">'
-                         f"{escape(name)}</text>")
+        parts.append(_phase_mark(name, px(start), px(min(end, len(x_values) - 1)), top, plot_h, first=not start))
         # Each run extends to the next point so the line stays continuous across colours.
         points = " ".join(xy(j) for j in range(start, min(end + 1, len(x_values))))
         colour = PALETTE[label_index[start] % len(PALETTE)]
