@@ -45,7 +45,7 @@ def _register() -> None:
     from graphdoctor.cli import diff as _diff
 
     main.add_command(_diff.diff_command)
-    for name in ("check", "triage", "count"):
+    for name in ("check", "triage", "count", "report"):
         try:
             module = __import__(f"graphdoctor.cli.{name}", fromlist=["command"])
         except ModuleNotFoundError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -48,12 +49,14 @@ def build_config(config_path: str | None, values: dict[str, Any]) -> Any:
 @click_options(DIFF_OPTIONS)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Write the full JSON report (schema in docs/diff.md). Default: none.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Write one self-contained HTML page of the run (docs/report.md). Default: none.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Keep child specs, events and logs here. Default: a temporary directory.")
 @click.option("-v", "--verbose", is_flag=True, default=False,
               help="Show traceback tails of failures. Default: off.")
-def diff_command(config_path: str | None, json_path: str | None, workdir: str | None,
-                 verbose: bool, **values: Any) -> None:
+def diff_command(config_path: str | None, json_path: str | None, html_path: str | None,
+                 workdir: str | None, verbose: bool, **values: Any) -> None:
     """Train a real Megatron-Core GPT model eager and graphed side by side on the GPU and give a
     verdict per implementation (match, rng-divergence, numeric-divergence, capture-failed,
     crashed, timeout, unavailable).
@@ -62,6 +65,10 @@ def diff_command(config_path: str | None, json_path: str | None, workdir: str | 
     1 otherwise, 2 for usage, config or environment errors (no GPU).
     """
     config = build_config(config_path, values)
+    if html_path and json_path and Path(html_path).resolve() == Path(json_path).resolve():
+        from graphdoctor.errors import UsageError
+
+        raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
     from graphdoctor.diff import diff
     from graphdoctor.report.diff import render_text, write_json
 
@@ -74,6 +81,12 @@ def diff_command(config_path: str | None, json_path: str | None, workdir: str | 
     click.echo(render_text(report, verbose=verbose))
     if json_path:
         click.echo(f"report written to {json_path}")
+    if html_path:
+        # After the text, so a page that cannot be written never hides the run's results.
+        from graphdoctor.report.html import render_payload, write_html
+
+        write_html(render_payload(report.to_dict()), html_path)
+        click.echo(f"page written to {html_path}")
     sys.exit(report.exit_code())
 
 
