@@ -108,8 +108,8 @@ def test_non_finite_strings_read_back_as_floats() -> None:
 
 def test_newer_schema_and_non_reports_are_refused() -> None:
     payload = _payload()
-    payload["schema_version"] = 2
-    with pytest.raises(InputFileError, match="schema_version 2"):
+    payload["schema_version"] = 3
+    with pytest.raises(InputFileError, match="schema_version 3"):
         parse_report(payload)
     with pytest.raises(InputFileError, match="no impls"):
         parse_report({"schema_version": 1})

@@ -1,0 +1,55 @@
+"""Saved diff reports load as typed DiffReports: schema 1 (recorded on the H200 before the child
+protocol) and schema 2 (recorded on the H200 with it); what loads writes back the same JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphdoctor.diff import SCHEMA_VERSION, DiffReport, load_report
+from graphdoctor.errors import InputFileError
+from graphdoctor.protocol import EAGER
+from graphdoctor.strict_json import json_safe
+
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "diff"
+REPORTS = sorted(DATA.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=lambda p: p.stem)
+def test_every_recorded_report_loads_typed(path: Path) -> None:
+    report = load_report(path)
+    assert report.reference.impl == EAGER
+    assert report.results and all(r.impl != "none" for r in report.results)
+    for result in report.results:
+        if result.launches is not None and result.launches.graphed is not None:
+            assert result.launches.summary.startswith("host launches")
+        if result.memory is not None and result.memory.report is not None:
+            assert result.memory.summary is not None and result.memory.summary.startswith("memory ")
+
+
+@pytest.mark.parametrize("path", [p for p in REPORTS if "schema2" in p.name], ids=lambda p: p.stem)
+def test_schema2_reports_write_back_what_they_read(path: Path) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["schema_version"] == SCHEMA_VERSION
+    report = DiffReport.from_dict(data)
+    again = json_safe(report.to_dict())
+    for key in ("config", "env", "reference", "control_reference", "exit_code"):
+        assert again[key] == data[key], key
+    for mine, theirs in zip(again["impls"], data["impls"], strict=True):
+        assert mine == theirs
+
+
+def test_schema1_reports_read_the_eager_run_and_the_memory_figures() -> None:
+    report = load_report(DATA / "h200_default_dropout0.1.json")
+    local = next(r for r in report.results if r.impl == "local")
+    assert local.control is not None and local.control.verdict.value == "match"
+    assert report.reference.env is not None and report.reference.env.gpu == "NVIDIA H200"
+
+
+def test_a_file_that_is_not_a_report_is_one_clean_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema_version": 9}', encoding="utf-8")
+    with pytest.raises(InputFileError, match="not a graphdoctor diff report"):
+        load_report(bad)
