@@ -92,6 +92,10 @@ class DiffConfig:
     timeout_s: float = 300.0
     """Wall-clock limit for each child run; a run that exceeds it gets the verdict `timeout`."""
 
+    jobs: int = 0
+    """Child runs at a time: 0 decides (one per GPU when several are visible, two on one GPU when
+    its memory holds both, else one); 1 runs them in series."""
+
     layer_spec: str | None = None
     """`local` (Megatron's local GPT spec, the default), `te` (get_gpt_layer_with_transformer_engine_spec,
     needs Transformer Engine) or `pkg.mod:fn` returning the transformer layer ModuleSpec."""
@@ -163,6 +167,8 @@ class DiffConfig:
         for name in ("rtol", "atol"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name}: got {getattr(self, name)!r}, expected >= 0")
+        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 0:
+            raise UsageError(f"jobs: got {self.jobs!r}, expected an integer >= 0 (0: decide)")
         if self.timeout_s <= 0:
             raise UsageError(f"timeout_s: got {self.timeout_s!r}, expected > 0")
         for name in ("layer_spec", "model_provider", "forward_step"):

@@ -18,15 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.compare.forensics import analyze
+from graphdoctor.compare.prints import differing_steps
 from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge
 from graphdoctor.config import TE_LAYER_SPECS, DiffConfig
 from graphdoctor.errors import MissingDependencyError, NoGPUError
-from graphdoctor.parent.children import ChildSession
+from graphdoctor.parent.children import ChildRequest, ChildSession
+from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.runner import python_command, run_isolated
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.protocol.spec import EAGER, EagerMemory, Role
+from graphdoctor.protocol.spec import EAGER, Role
 from graphdoctor.rules import get_rule, rule_fix
 from graphdoctor.types import Diagnosis, Verdict
 
@@ -202,7 +204,10 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
     base = Path(tempfile.mkdtemp(prefix="graphdoctor-")) if workdir is None else Path(workdir)
     base.mkdir(parents=True, exist_ok=True)
     try:
-        run = DiffRun(ChildSession(config, base, progress))
+        plan = plan_jobs(config)
+        if progress is not None:
+            progress(plan.reason)
+        run = DiffRun(ChildSession(config, base, progress, plan))
         report = run.run_all()
     finally:
         if own_dir:
@@ -218,108 +223,134 @@ def _scratch_dir(workdir: Path, name: str) -> Path:
 
 
 class DiffRun:
-    """One diff's decision tree, as named steps: reference, then per implementation graphed run,
-    culprit hunt, control pair, eager noise floor, forensics and hazards."""
+    """One diff's decision tree, as named steps: the reference and every implementation (at once when
+    the plan allows), then per implementation the culprit hunt, the control pair, the targeted
+    re-runs that measure a divergence, the eager noise floor, forensics and hazards."""
 
     def __init__(self, session: ChildSession) -> None:
         self.session = session
         self.config = session.config
         self.ref_dir = _scratch_dir(session.workdir, "ref")
-        self.ctl_dir: Path | None = None
-        self.reference: RunRecord | None = None
         self.control_reference: RunRecord | None = None
         self._tapped_reference: RunRecord | None = None
 
     def run_all(self) -> DiffReport:
-        """Reference, then every implementation; scratch directories removed afterwards."""
+        """Reference and implementations, judged; scratch directories removed afterwards."""
         try:
             for folder in (self.config.trace_dir, self.config.snapshot_dir):
                 if folder:
                     Path(folder).mkdir(parents=True, exist_ok=True)
-            reference = self.run_reference()
-            results = [self.judge_impl(impl, reference) for impl in self.config.impls]
+            runnable = [impl for impl in self.config.impls if why_unavailable(impl, self.config) is None]
+            first = self.session.run_many(
+                [self.request(EAGER, self.config.dropout, Role.REFERENCE, taps=self.config.localize is True)]
+                + [self.request(impl, self.config.dropout, Role.GRAPHED, taps=self.config.localize is True)
+                   for impl in runnable])
+            reference, graphed = first[0], dict(zip(runnable, first[1:], strict=True))
+            results = [self.judge_impl(impl, reference, graphed.get(impl)) for impl in self.config.impls]
         finally:
             shutil.rmtree(self.ref_dir, ignore_errors=True)
-            if self.ctl_dir is not None:
-                shutil.rmtree(self.ctl_dir, ignore_errors=True)
         return DiffReport(config=self.config, results=tuple(results), reference=reference,
                           control_reference=self.control_reference,
                           child_wall_s=self.session.child_wall_s)
 
-    def run_reference(self) -> RunRecord:
-        """The eager reference; its peak memory becomes the graphed runs' baseline."""
-        reference = self.session.run(EAGER, self.config.dropout, Role.REFERENCE, self.ref_dir,
-                                     taps=self.config.localize is True)
-        if reference.memory is not None:
-            stats = reference.memory.stats
-            self.session.eager_memory = EagerMemory(peak_allocated_bytes=stats.peak_allocated_bytes,
-                                                    peak_reserved_bytes=stats.peak_reserved_bytes)
-        self.reference = reference
-        return reference
+    def request(self, impl: str, dropout: float, role: Role, **kwargs: Any) -> ChildRequest:
+        """A child request against this diff's scratch directory."""
+        return ChildRequest(impl, dropout, role, self.ref_dir, **kwargs)
 
-    def judge_impl(self, impl: str, reference: RunRecord) -> ImplResult:
+    def judge(self, reference: RunRecord, graphed: RunRecord, **kwargs: Any) -> ImplResult:
+        """judge() with this diff's warmup and tolerances."""
+        cfg = self.config
+        return judge(reference, graphed, warmup_steps=cfg.cuda_graph_warmup_steps, rtol=cfg.rtol,
+                     atol=cfg.atol, **kwargs)
+
+    def judge_impl(self, impl: str, reference: RunRecord, graphed: RunRecord | None) -> ImplResult:
         """The row of one implementation."""
         cfg = self.config
         why_not = why_unavailable(impl, cfg)
-        if why_not is not None:
-            return _unavailable(impl, why_not)
+        if why_not is not None or graphed is None:
+            return _unavailable(impl, why_not or "not run")
         if reference.status != "ok":
-            return dataclasses.replace(
-                judge(reference, reference, warmup_steps=cfg.cuda_graph_warmup_steps), impl=impl,
-                notes=("not run: the eager reference failed; see its diagnosis",))
-        graphed = self.session.run(impl, cfg.dropout, Role.GRAPHED, self.ref_dir, taps=cfg.localize is True)
-        result = judge(reference, graphed, warmup_steps=cfg.cuda_graph_warmup_steps, rtol=cfg.rtol, atol=cfg.atol)
+            return dataclasses.replace(self.judge(reference, reference), impl=impl,
+                                       notes=("not run: the eager reference failed; see its diagnosis",))
+        graphed = self.measure(reference, graphed)
+        result = _with_eager_memory(self.judge(reference, graphed), reference)
         if result.verdict == Verdict.CAPTURE_FAILED:
             return self.hunt_culprit(result, impl)
         if result.divergence is not None and cfg.dropout > 0:
             result = self.control_pair(impl, reference, graphed)
         if result.verdict == Verdict.NUMERIC_DIVERGENCE:
-            result = self.eager_noise(result)
+            result = self.eager_noise(result, reference)
         result = self.forensics(result, reference, graphed)
         return _hazards(result, graphed)
 
+    def measure(self, reference: RunRecord, graphed: RunRecord) -> RunRecord:
+        """Where the fingerprints differ, measure by how much: a re-run pair that saves (eager) and
+        compares element by element (graphed) only those steps, and ends there. Bitwise: the first
+        differing step; with --rtol/--atol: every differing step (the tolerance decides there)."""
+        if reference.status != "ok" or graphed.status != "ok":
+            return graphed
+        names = graphed.tensor_names or reference.tensor_names
+        steps = differing_steps(names, reference.steps, graphed.steps)
+        if not steps:
+            return graphed
+        io_steps = steps if not self.config.bitwise else steps[:1]
+        dropout = graphed.dropout
+        rerun = dict(io_steps=io_steps, stop_after=max(io_steps))
+        saved = self.session.run_request(self.request(EAGER, dropout, Role.REFERENCE, **rerun))
+        if saved.status != "ok":
+            return graphed
+        compared = self.session.run_request(self.request(graphed.impl, dropout, Role.GRAPHED, **rerun))
+        measured = {s.step: s for s in compared.steps if s.step in io_steps}
+        if compared.status != "ok" or len(measured) != len(io_steps):
+            return graphed
+        steps_out = tuple(dataclasses.replace(s, grads=measured[s.step].grads, params=measured[s.step].params)
+                          if s.step in measured else s for s in graphed.steps)
+        return dataclasses.replace(graphed, steps=steps_out)
+
     def control_pair(self, impl: str, reference: RunRecord, graphed: RunRecord) -> ImplResult:
-        """Judge again with a dropout-free control pair (the control reference runs once per diff)."""
-        cfg = self.config
+        """Judge again with a dropout-free control pair (the control reference runs once per diff,
+        alongside the first control run when the plan allows)."""
         if self.control_reference is None:
-            self.ctl_dir = _scratch_dir(self.session.workdir, "control")
-            self.control_reference = self.session.run(EAGER, 0.0, Role.REFERENCE, self.ctl_dir)
-        assert self.ctl_dir is not None
+            self.control_reference, control = self.session.run_many([
+                self.request(EAGER, 0.0, Role.REFERENCE), self.request(impl, 0.0, Role.GRAPHED)])
+        else:
+            control = self.session.run_request(self.request(impl, 0.0, Role.GRAPHED))
         # Without its reference the control run has nothing to compare against.
-        control = (self.session.run(impl, 0.0, Role.GRAPHED, self.ctl_dir)
-                   if self.control_reference.status == "ok" else None)
-        result = judge(reference, graphed, warmup_steps=cfg.cuda_graph_warmup_steps, rtol=cfg.rtol,
-                       atol=cfg.atol, control_reference=self.control_reference, control_graphed=control)
+        control_graphed = (self.measure(self.control_reference, control)
+                           if self.control_reference.status == "ok" else None)
+        result = _with_eager_memory(self.judge(reference, graphed, control_reference=self.control_reference,
+                                               control_graphed=control_graphed), reference)
         if result.verdict == Verdict.RNG_DIVERGENCE and impl in IMPL_NOTES:
             result = _add_note(result, IMPL_NOTES[impl])
         return result
 
-    def eager_noise(self, result: ImplResult) -> ImplResult:
-        """Run eager again against the same reference: is eager itself bitwise reproducible here?"""
+    def eager_noise(self, result: ImplResult, reference: RunRecord) -> ImplResult:
+        """Run eager again: is eager itself bitwise reproducible here (fingerprints against the
+        reference, or the control reference when dropout is on)?"""
         cfg = self.config
-        use_control = cfg.dropout > 0 and self.ctl_dir is not None
-        reference = self.control_reference if use_control else self.reference
-        ref_dir = self.ctl_dir if use_control else self.ref_dir
-        if reference is None or ref_dir is None:
-            return result
-        again = self.session.run(EAGER, 0.0 if use_control else cfg.dropout, Role.GRAPHED, ref_dir)
+        base = self.control_reference if cfg.dropout > 0 and self.control_reference is not None else reference
+        again = self.session.run_request(self.request(EAGER, base.dropout, Role.GRAPHED))
         if again.status != "ok":
             return result
-        noise = find_divergence(reference, again, rtol=cfg.rtol, atol=cfg.atol)
+        noise = find_divergence(base, again, rtol=cfg.rtol, atol=cfg.atol)
         if noise is None:
             return _add_note(result, "eager repeated against eager is bitwise reproducible here, so "
                                      "the difference comes from the graphed run")
         return dataclasses.replace(result, runs=(*result.runs, again), notes=(
             *result.notes, f"eager is not reproducible run to run here (eager vs eager first differs "
-                           f"at step {noise.step} {noise.what}, max abs {noise.max_abs:.3g}); compare "
-                           f"with --atol at or above that noise floor"))
+                           f"at step {noise.step} {noise.what}{', max abs ' + format(noise.max_abs, '.3g') if noise.measured else ''}); "
+                           f"compare with --atol at or above that noise floor"))
 
-    def tapped_reference(self) -> RunRecord:
-        """The eager run with taps (run once per diff, shared by every implementation)."""
+    def tapped_pair(self, impl: str) -> tuple[RunRecord, RunRecord]:
+        """The eager run with taps (once per diff, shared by every implementation) and `impl`'s."""
+        cfg = self.config
         if self._tapped_reference is None:
-            self._tapped_reference = self.session.run(EAGER, self.config.dropout, Role.TAPPED,
-                                                      self.ref_dir, taps=True)
-        return self._tapped_reference
+            self._tapped_reference, tapped = self.session.run_many([
+                self.request(EAGER, cfg.dropout, Role.TAPPED, taps=True),
+                self.request(impl, cfg.dropout, Role.TAPPED, taps=True)])
+            return self._tapped_reference, tapped
+        return self._tapped_reference, self.session.run_request(
+            self.request(impl, cfg.dropout, Role.TAPPED, taps=True))
 
     def forensics(self, result: ImplResult, reference: RunRecord, graphed: RunRecord) -> ImplResult:
         """Tap analysis: from the runs themselves (--localize) or, after a divergence, from an extra
@@ -331,8 +362,7 @@ class DiffRun:
         if cfg.localize is True:
             tapped_ref, tapped = reference, graphed
         else:
-            tapped_ref = self.tapped_reference()
-            tapped = self.session.run(graphed.impl, cfg.dropout, Role.TAPPED, self.ref_dir, taps=True)
+            tapped_ref, tapped = self.tapped_pair(graphed.impl)
             result = dataclasses.replace(result, runs=(*result.runs, tapped_ref, tapped))
         problem = _tap_problem(tapped_ref, tapped)
         if problem is not None:
@@ -353,7 +383,7 @@ class DiffRun:
         if diag is None or (diag.location is not None and diag.cuda_error !=
                             "cudaErrorStreamCaptureInvalidated"):
             return result
-        hunt = self.session.run(impl, self.config.dropout, Role.GRAPHED, self.ref_dir, hunt=True)
+        hunt = self.session.run_request(self.request(impl, self.config.dropout, Role.GRAPHED, hunt=True))
         found = hunt.diagnosis
         if hunt.status != "error" or found is None or found.location is None:
             return _add_note(result, "culprit hunt (sync errors raised during capture) found no "
@@ -370,6 +400,13 @@ class DiffRun:
         return dataclasses.replace(result, diagnosis=merged, runs=(*result.runs, hunt), notes=(
             *result.notes, "the failing operation was located by re-running the capture with "
                            "torch.cuda.set_sync_debug_mode('error')"))
+
+
+def _with_eager_memory(result: ImplResult, reference: RunRecord) -> ImplResult:
+    """The row's memory section measured against the eager reference's peaks."""
+    if result.memory is None or reference.memory is None:
+        return result
+    return dataclasses.replace(result, memory=result.memory.against_eager(reference.memory.stats))
 
 
 def _hazards(result: ImplResult, graphed: RunRecord) -> ImplResult:

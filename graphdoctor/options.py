@@ -79,6 +79,10 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("atol", "atol", float, "Absolute tolerance (0 and rtol 0: bitwise).", "X"),
     Option("strict-rng", "strict_rng", bool, "Count rng-divergence as a failure.", ""),
     Option("timeout", "timeout_s", float, "Seconds allowed for each child run.", "SECONDS"),
+    Option("jobs", "jobs", int,
+           "Child runs at a time (eager and graphed together; timed steps still run alone on their "
+           "GPU); 1: in series.", "N",
+           default_text="one per GPU, two on one GPU when both fit in its memory, else one"),
     Option("layer-spec", "layer_spec", str,
            "local (Megatron's local GPT spec), te (its Transformer Engine spec) or pkg.mod:fn "
            "returning the transformer layer ModuleSpec.", "SPEC", default_text="local"),

@@ -71,6 +71,10 @@ class TensorDiff:
     first_tensor_max_abs: float = 0.0
     """Largest absolute difference inside `first_tensor`."""
 
+    measured: bool = True
+    """False when only fingerprints were compared: which tensors differ is known, by how much is not
+    (max_abs, max_rel and first_tensor_max_abs are then 0)."""
+
     @property
     def equal(self) -> bool:
         """True when every tensor agreed."""
@@ -85,12 +89,36 @@ class TensorDiff:
             "max_rel": self.max_rel,
             "first_tensor": self.first_tensor,
             "first_tensor_max_abs": self.first_tensor_max_abs,
+            "measured": self.measured,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TensorDiff:
         """Inverse of to_dict."""
         return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPrints:
+    """Bitwise fingerprints of one step (graphdoctor.compare.bitprint): two 64-bit lanes per tensor,
+    for every main_grad (after the backward) and every parameter (after the optimizer step)."""
+
+    grads: tuple[int, ...]
+    """Lanes of each tensor in order: tensor 0 lane 0, tensor 0 lane 1, tensor 1 lane 0, ..."""
+
+    params: tuple[int, ...]
+    """Likewise for the parameters."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view: lanes as 16-digit hex strings (exact in every JSON reader)."""
+        return {"grads": [f"{v & (2**64 - 1):016x}" for v in self.grads],
+                "params": [f"{v & (2**64 - 1):016x}" for v in self.params]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepPrints:
+        """Inverse of to_dict."""
+        return cls(grads=tuple(int(v, 16) for v in data["grads"]),
+                   params=tuple(int(v, 16) for v in data["params"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +149,12 @@ class StepRecord:
     profiled: bool = False
     """Step ran under torch.profiler (excluded from steady-state timing)."""
 
+    quiet: bool = True
+    """No other graphdoctor child used the GPU while this step ran (its time is comparable)."""
+
+    prints: StepPrints | None = None
+    """Bitwise fingerprints of the step's main_grads and parameters (not in the report JSON)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -132,7 +166,14 @@ class StepRecord:
             "grad_norm": self.grad_norm,
             "grads": self.grads.to_dict() if self.grads else None,
             "params": self.params.to_dict() if self.params else None,
+            "quiet": self.quiet,
         }
+
+    def to_event(self) -> dict[str, Any]:
+        """The step event's fields: the JSON view plus the fingerprints."""
+        data = self.to_dict()
+        data["prints"] = self.prints.to_dict() if self.prints else None
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
@@ -141,6 +182,8 @@ class StepRecord:
         for key in ("grads", "params"):
             if data.get(key) is not None:
                 data[key] = TensorDiff.from_dict(data[key])
+        if data.get("prints") is not None:
+            data["prints"] = StepPrints.from_dict(data["prints"])
         return cls(**data)
 
 
@@ -208,4 +251,4 @@ class Diagnosis:
         return cls(**data)
 
 
-__all__ = ["Diagnosis", "StepRecord", "TensorDiff", "Verdict"]
+__all__ = ["Diagnosis", "StepPrints", "StepRecord", "TensorDiff", "Verdict"]

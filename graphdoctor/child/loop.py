@@ -5,6 +5,8 @@ parameters, reduced on the GPU.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,10 +16,11 @@ from typing import Any, Protocol
 import torch
 
 from graphdoctor.child.megatron_setup import Setup, step_batches
+from graphdoctor.child.quiet import GpuTurn
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
-from graphdoctor.protocol.events import Capture, Event, Step
+from graphdoctor.protocol.events import Capture, Event, Step, Tensors
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Role
-from graphdoctor.types import StepRecord, TensorDiff
+from graphdoctor.types import StepPrints, StepRecord, TensorDiff
 
 
 class StepObserver(Protocol):
@@ -55,27 +58,71 @@ def strip_wrappers(name: str) -> str:
 
 @dataclass(slots=True)
 class TensorFamilies:
-    """The model's parameters and their main_grads, in a fixed order with a reusable segment index."""
+    """The model's parameters and their main_grads, in a fixed order; the flat copies and the segment
+    index that an element-by-element comparison needs are made only at the steps that need them."""
 
     params: list[tuple[str, torch.nn.Parameter]]
     layout: FlatLayout
-    index: SegmentIndex
+    _index: SegmentIndex | None = None
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> TensorFamilies:
         params = [(strip_wrappers(n), p) for n, p in model.named_parameters() if p.requires_grad]
         layout = FlatLayout(tuple(n for n, _ in params), tuple(p.numel() for _, p in params))
-        device = params[0][1].device
-        return cls(params=params, layout=layout, index=SegmentIndex(layout, device))
+        return cls(params=params, layout=layout)
 
-    def grads(self) -> torch.Tensor:
-        return flatten([(n, _main_grad(p)) for n, p in self.params])[1]
+    @property
+    def index(self) -> SegmentIndex:
+        """Per-element segment ids (8 bytes per parameter: built on first use, at a measured step)."""
+        if self._index is None:
+            self._index = SegmentIndex(self.layout, self.params[0][1].device)
+        return self._index
+
+    def main_grads(self) -> list[torch.Tensor]:
+        """Every main_grad (or grad), in layout order, without copying."""
+        return [_main_grad(p) for _, p in self.params]
 
     def values(self) -> torch.Tensor:
         by_dtype = {p.dtype for _, p in self.params}
         if len(by_dtype) == 1:
             return flatten([(n, p) for n, p in self.params])[1]
         return flatten([(n, p.float()) for n, p in self.params])[1]
+
+    def grads(self) -> torch.Tensor:
+        return flatten([(n, _main_grad(p)) for n, p in self.params])[1]
+
+
+class StepPrinter:
+    """Bitwise fingerprints of every main_grad and parameter, on the device, every step
+    (graphdoctor.compare.bitprint); only [num_tensors, 2] lanes per family reach the host."""
+
+    def __init__(self, families: TensorFamilies) -> None:
+        from graphdoctor.compare.bitprint import BitFingerprinter
+
+        params = [p for _, p in families.params]
+        grads = families.main_grads()
+        device = params[0].device
+        self.families = families
+        self._grads = BitFingerprinter([(n, g.numel(), g.dtype) for (n, _), g in zip(families.params, grads,
+                                                                                      strict=True)], device)
+        self._params = BitFingerprinter([(n, p.numel(), p.dtype) for n, p in families.params], device)
+
+    @property
+    def extra_bytes(self) -> int:
+        """Peak device bytes the fingerprints use during a call."""
+        return max(self._grads.peak_extra_bytes, self._params.peak_extra_bytes)
+
+    def grads(self) -> torch.Tensor:
+        """Lanes of the main_grads (asynchronous)."""
+        return self._grads.fingerprint(self.families.main_grads())
+
+    def params(self) -> torch.Tensor:
+        """Lanes of the parameters (asynchronous)."""
+        return self._params.fingerprint([p for _, p in self.families.params])
+
+
+def _lanes(fingerprints: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(v) for v in fingerprints.cpu().reshape(-1).tolist())
 
 
 def _main_grad(param: torch.nn.Parameter) -> torch.Tensor:
@@ -98,8 +145,9 @@ class ReferenceIO:
         return Path(self.spec.reference_dir) / f"step{step:05d}.rank{rank}.pt"
 
     def process(self, step: int, stage: str) -> TensorDiff | None:
-        """Save or compare one family ('grads' or 'params') at `step`."""
-        if not self.spec.role.reference_io:
+        """Save or compare one family ('grads' or 'params') at `step`, when `step` is one of the
+        spec's io_steps (a targeted re-run); every other step is only fingerprinted."""
+        if not self.spec.role.reference_io or step not in self.spec.io_steps:
             return None
         start = time.perf_counter()
         flat = self.families.grads() if stage == "grads" else self.families.values()
@@ -139,6 +187,7 @@ class StepRunner:
     spec: ChildSpec
     setup: Setup
     io: ReferenceIO
+    printer: StepPrinter
     taps: Any = None
 
     def create_te_graphs(self, step: int) -> Event:
@@ -182,16 +231,28 @@ class StepRunner:
                 self.taps.end_step(step)
         loss = _reported_loss(losses).clone()
         end_fb.record()
+        grad_prints = None if profiled else self.printer.grads()
         grads = None if profiled else self.io.process(step, "grads")
         resume.record()
         _, grad_norm, _ = setup.optimizer.step()
         end_ev.record()
         end_ev.synchronize()
         step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
+        prints = None
+        if grad_prints is not None:
+            prints = StepPrints(grads=_lanes(grad_prints), params=_lanes(self.printer.params()))
         params = None if profiled else self.io.process(step, "params")
         return StepRecord(step=step, phase=phase, loss=float(loss.item()), step_time_ms=step_ms,
                           grad_norm=None if grad_norm is None else float(grad_norm),
-                          grads=grads, params=params, profiled=profiled)
+                          grads=grads, params=params, profiled=profiled, prints=prints)
+
+
+def timed_steps(spec: ChildSpec) -> range:
+    """The steps whose time counts (steady state: from warmup + 1 + SETTLE_STEPS to the last compared
+    step); a child sharing its GPU runs them alone (graphdoctor.child.quiet)."""
+    from graphdoctor.compare.verdict import SETTLE_STEPS
+
+    return range(spec.config.cuda_graph_warmup_steps + 1 + SETTLE_STEPS, spec.config.steps)
 
 
 def run_steps(
@@ -206,20 +267,29 @@ def run_steps(
     emit one Step event per step and a Capture event where graphs were made. Returns the
     compare/save seconds spent."""
     cfg = spec.config
-    runner = StepRunner(spec=spec, setup=setup, io=ReferenceIO(spec=spec, families=TensorFamilies.of(setup.model)),
-                        taps=taps)
-    profile_last = cfg.launches and spec.role is not Role.TAPPED
+    families = TensorFamilies.of(setup.model)
+    runner = StepRunner(spec=spec, setup=setup, io=ReferenceIO(spec=spec, families=families),
+                        printer=StepPrinter(families), taps=taps)
+    emit(Tensors(names=families.layout.names))
+    profile_last = cfg.launches and spec.role is not Role.TAPPED and spec.stop_after is None
+    last = cfg.steps + (1 if profile_last else 0) - 1 if spec.stop_after is None else spec.stop_after
     te_capture_step = cfg.cuda_graph_warmup_steps if setup.te_helper is not None else None
-    for step in range(cfg.steps + (1 if profile_last else 0)):
+    turn = GpuTurn(spec.gpu_turn) if spec.gpu_turn else None
+    timed = timed_steps(spec)
+    for step in range(last + 1):
         state.step, state.phase = step, phase_of(spec.impl, step, cfg.cuda_graph_warmup_steps)
-        for obs in observers:
-            obs.begin_step(step, state.phase)
-        data = runner.begin_step(step, state.phase)
-        if step == te_capture_step:
-            emit(runner.create_te_graphs(step))
-        record = runner.train_step(step, state.phase, data, profiled=profile_last and step == cfg.steps)
-        for obs in reversed(observers):
-            obs.end_step(step, state.phase)
+        quiet = turn is None or step in timed
+        use = contextlib.nullcontext() if turn is None else (turn.exclusive() if step in timed else turn.shared())
+        with use:
+            for obs in observers:
+                obs.begin_step(step, state.phase)
+            data = runner.begin_step(step, state.phase)
+            if step == te_capture_step:
+                emit(runner.create_te_graphs(step))
+            record = runner.train_step(step, state.phase, data, profiled=profile_last and step == cfg.steps)
+            for obs in reversed(observers):
+                obs.end_step(step, state.phase)
+        record = dataclasses.replace(record, quiet=quiet)
         state.records.append(record)
         emit(Step(record=record))
         if record.phase == "capture" and te_capture_step is None:
@@ -228,4 +298,4 @@ def run_steps(
     return runner.io.compare_s
 
 
-__all__ = ["LoopState", "StepObserver", "StepRunner", "phase_of", "run_steps", "strip_wrappers"]
+__all__ = ["LoopState", "StepObserver", "StepRunner", "phase_of", "run_steps", "strip_wrappers", "timed_steps"]

@@ -127,12 +127,12 @@ class MemoryObserver(Observer):
     def _analyze(self, after: dict[str, Any], stats: MemoryStats) -> MemorySection:
         from graphdoctor.memory.leaks import analyze_run
 
-        eager = self.spec.eager_memory
+        # The eager reference's peaks are filled in by the parent (MemorySection.against_eager):
+        # children may run at the same time.
         report = analyze_run(
             self.snapshots["before_capture"], self.snapshots["after_capture"], after,
             num_replay_steps=max(1, min(self.num_replay_steps, HISTORY_REPLAY_STEPS)),
-            eager_peak_allocated_bytes=eager.peak_allocated_bytes if eager else None,
-            eager_peak_reserved_bytes=eager.peak_reserved_bytes if eager else None,
+            eager_peak_allocated_bytes=None, eager_peak_reserved_bytes=None,
             peak_allocated_bytes=stats.peak_allocated_bytes,
             peak_reserved_bytes=stats.peak_reserved_bytes,
             replay_live_bytes=self.replay_live_bytes)

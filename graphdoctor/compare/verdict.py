@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphdoctor.compare.forensics import Forensics
+from graphdoctor.compare.prints import FAMILIES, family_diff
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import impl_name
-from graphdoctor.types import Diagnosis, StepRecord, Verdict
+from graphdoctor.types import Diagnosis, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,45 +41,118 @@ class Divergence:
     loss_max_abs: float
     """Largest absolute loss difference over every step."""
 
+    measured: bool = True
+    """The first differing tensors were compared element by element (max abs / max rel include
+    them); False when only their fingerprints are known to differ."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {"step": self.step, "what": self.what, "tensor": self.tensor,
                 "max_abs": self.max_abs, "max_rel": self.max_rel,
-                "loss_max_abs": self.loss_max_abs}
+                "loss_max_abs": self.loss_max_abs, "measured": self.measured}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Divergence:
         """Inverse of to_dict."""
         return cls(step=int(data["step"]), what=str(data["what"]), tensor=data.get("tensor"),
                    max_abs=float(data["max_abs"]), max_rel=float(data["max_rel"]),
-                   loss_max_abs=float(data.get("loss_max_abs", 0.0)))
+                   loss_max_abs=float(data.get("loss_max_abs", 0.0)), measured=bool(data.get("measured", True)))
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """Median, min and max CUDA-event time of one run's steady-state steps."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    num_steps: int
+
+    @classmethod
+    def of(cls, times: list[float]) -> StepTimes | None:
+        """The statistics of `times` (None when there is none)."""
+        if not times:
+            return None
+        return cls(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times),
+                   num_steps=len(times))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms,
+                "num_steps": self.num_steps}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepTimes:
+        """Inverse of to_dict."""
+        return cls(median_ms=float(data["median_ms"]), min_ms=float(data["min_ms"]),
+                   max_ms=float(data["max_ms"]), num_steps=int(data["num_steps"]))
 
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """Steady-state step time (median CUDA-event time over replay steps; capture excluded)."""
+    """Steady-state step time of eager and graphed (CUDA events over replay steps after the first
+    SETTLE_STEPS; capture, warmup and profiled steps excluded) and the speedup with its spread."""
 
-    eager_ms: float | None
-    graphed_ms: float | None
-    num_steps: int
+    eager: StepTimes | None
+    graphed: StepTimes | None
+    quiet: bool = True
+    """Every timed step ran while no other graphdoctor child used that GPU."""
+
+    @property
+    def eager_ms(self) -> float | None:
+        """Median eager step time."""
+        return self.eager.median_ms if self.eager else None
+
+    @property
+    def graphed_ms(self) -> float | None:
+        """Median graphed step time."""
+        return self.graphed.median_ms if self.graphed else None
+
+    @property
+    def num_steps(self) -> int:
+        """Graphed steps timed."""
+        return self.graphed.num_steps if self.graphed else 0
 
     @property
     def speedup(self) -> float | None:
-        """eager / graphed, when both are known."""
+        """eager median / graphed median, when both are known."""
         if not self.eager_ms or not self.graphed_ms:
             return None
         return self.eager_ms / self.graphed_ms
 
+    @property
+    def speedup_range(self) -> tuple[float, float] | None:
+        """(eager min / graphed max, eager max / graphed min): the spread of the speedup."""
+        if self.eager is None or self.graphed is None or not self.graphed.min_ms or not self.graphed.max_ms:
+            return None
+        return self.eager.min_ms / self.graphed.max_ms, self.eager.max_ms / self.graphed.min_ms
+
+    @property
+    def measurable(self) -> bool:
+        """False when the speedup's spread straddles 1.0 (no measurable speedup or slowdown)."""
+        spread = self.speedup_range
+        return spread is not None and not (spread[0] <= 1.0 <= spread[1])
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON view."""
-        return {"eager_ms": self.eager_ms, "graphed_ms": self.graphed_ms,
-                "num_steps": self.num_steps, "speedup": self.speedup}
+        """JSON view (eager_ms, graphed_ms and num_steps as in schema 1, plus the spread)."""
+        spread = self.speedup_range
+        return {"eager_ms": self.eager_ms, "graphed_ms": self.graphed_ms, "num_steps": self.num_steps,
+                "speedup": self.speedup,
+                "speedup_min": spread[0] if spread else None, "speedup_max": spread[1] if spread else None,
+                "measurable": self.measurable, "quiet": self.quiet,
+                "eager": self.eager.to_dict() if self.eager else None,
+                "graphed": self.graphed.to_dict() if self.graphed else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Timing:
-        """Inverse of to_dict (the speedup is recomputed)."""
-        return cls(eager_ms=data.get("eager_ms"), graphed_ms=data.get("graphed_ms"),
-                   num_steps=int(data.get("num_steps", 0)))
+        """Inverse of to_dict; a schema 1 timing (medians only) reads as a spread of zero width."""
+        def side(key: str) -> StepTimes | None:
+            if data.get(key):
+                return StepTimes.from_dict(data[key])
+            median = data.get(f"{key}_ms")
+            return None if median is None else StepTimes(median, median, median, int(data.get("num_steps", 0)))
+
+        return cls(eager=side("eager"), graphed=side("graphed"), quiet=bool(data.get("quiet", True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +244,18 @@ def _loss_differs(a: float, b: float, rtol: float, atol: float) -> bool:
 
 def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0.0,
                     atol: float = 0.0) -> Divergence | None:
-    """First step where `graphed` leaves `reference`, with overall maxima; None when they agree."""
+    """First step where `graphed` leaves `reference`, with maxima over what was measured; None when
+    they agree.
+
+    Losses compare by value (bitwise, or within rtol/atol). main_grads and parameters compare by the
+    steps' bitwise fingerprints, or element by element where the graphed run measured them (a
+    targeted re-run); only measured comparisons contribute max abs / max rel.
+    """
     ref_steps = {s.step: s for s in reference.steps}
+    names = graphed.tensor_names or reference.tensor_names
     first: tuple[int, str, str | None] | None = None
     max_abs = max_rel = loss_max = 0.0
+    measured = True
     for rec in graphed.steps:
         ref = ref_steps.get(rec.step)
         if ref is None:
@@ -186,43 +268,45 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
         candidates: list[tuple[str, str | None]] = []
         if _loss_differs(rec.loss, ref.loss, rtol, atol):
             candidates.append(("loss", None))
-        for what in ("grads", "params"):
-            diff = getattr(rec, what)
+        unmeasured = False
+        for what in FAMILIES:
+            diff = family_diff(names, ref, rec, what)
             if diff is None:
                 continue
-            max_abs = max(max_abs, diff.max_abs)
-            max_rel = max(max_rel, diff.max_rel)
+            if diff.measured:
+                max_abs = max(max_abs, diff.max_abs)
+                max_rel = max(max_rel, diff.max_rel)
             if not diff.equal:
                 candidates.append((what, diff.first_tensor))
+                unmeasured = unmeasured or not diff.measured
         if candidates and first is None:
             tensor = next((t for _, t in candidates if t is not None), None)
             first = (rec.step, candidates[0][0], tensor)
+            measured = not unmeasured
     if first is None:
         return None
     return Divergence(step=first[0], what=first[1], tensor=first[2], max_abs=max_abs,
-                      max_rel=max_rel, loss_max_abs=loss_max)
+                      max_rel=max_rel, loss_max_abs=loss_max, measured=measured)
 
 
 SETTLE_STEPS = 2
 """Steps after capture left out of timing (first replays; allocator history is recorded there)."""
 
 
-def steady_timing(reference: RunRecord, graphed: RunRecord, warmup_steps: int) -> Timing:
-    """Median step time over the same step indices on both sides: after capture and SETTLE_STEPS
-    more (> warmup_steps + SETTLE_STEPS), profiled steps excluded."""
+def steady_times(run: RunRecord, warmup_steps: int) -> list[float]:
+    """Step times of a run's steady-state steps: eager or replay, from step warmup_steps + 1 +
+    SETTLE_STEPS on, not profiled."""
     first = warmup_steps + 1 + SETTLE_STEPS
+    return [s.step_time_ms for s in run.steps
+            if s.step >= first and s.phase in ("eager", "replay") and not s.profiled]
 
-    def timed(steps: tuple[StepRecord, ...]) -> list[float]:
-        return [s.step_time_ms for s in steps if s.step >= first and s.phase in
-                ("eager", "replay") and not s.profiled]
 
-    def median(steps: tuple[StepRecord, ...]) -> float | None:
-        times = timed(steps)
-        return statistics.median(times) if times else None
-
-    eager, graphed_ms = median(reference.steps), median(graphed.steps)
-    num = len(timed(graphed.steps))
-    return Timing(eager_ms=eager, graphed_ms=graphed_ms, num_steps=num)
+def steady_timing(reference: RunRecord, graphed: RunRecord, warmup_steps: int) -> Timing:
+    """Median, min and max step time over the steady-state steps of both runs (see steady_times)."""
+    first = warmup_steps + 1 + SETTLE_STEPS
+    quiet = all(s.quiet for run in (reference, graphed) for s in run.steps if s.step >= first)
+    return Timing(eager=StepTimes.of(steady_times(reference, warmup_steps)),
+                  graphed=StepTimes.of(steady_times(graphed, warmup_steps)), quiet=quiet)
 
 
 def verdict_for_failure(record: RunRecord) -> Verdict:
@@ -310,5 +394,5 @@ def _control(control_reference: RunRecord | None, control_graphed: RunRecord | N
     return control, Verdict.NUMERIC_DIVERGENCE, ("the dropout-free control pair differs too",)
 
 
-__all__ = ["ControlPair", "Divergence", "ImplResult", "Timing", "find_divergence", "judge", "steady_timing",
+__all__ = ["ControlPair", "Divergence", "ImplResult", "StepTimes", "steady_times", "Timing", "find_divergence", "judge", "steady_timing",
            "verdict_for_failure"]

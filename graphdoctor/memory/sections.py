@@ -3,7 +3,7 @@ MemoryReport of its snapshots. Typed on both sides of the child protocol; pure P
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from graphdoctor.memory.leaks import MemoryReport
@@ -58,6 +58,15 @@ class MemorySection:
     def summary(self) -> str | None:
         """The report's one-line summary, when there is a report."""
         return self.report.summary() if self.report is not None else None
+
+    def against_eager(self, eager: MemoryStats) -> MemorySection:
+        """This section with the eager reference's peaks filled in (the parent knows them only once
+        both runs ended; the children may run at the same time)."""
+        if self.report is None:
+            return self
+        report = replace(self.report, eager_peak_allocated_bytes=eager.peak_allocated_bytes,
+                         eager_peak_reserved_bytes=eager.peak_reserved_bytes)
+        return replace(self, report=report)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON view: `stats`, then the report's fields flat (as schema 1 wrote them)."""

@@ -7,15 +7,32 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from graphdoctor.config import DiffConfig, entry_point_modules
 from graphdoctor.parent.diagnose import diagnose, is_capture_error
+from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.runner import ProcessResult, child_env, python_command, run_isolated, with_port_retries
-from graphdoctor.protocol.events import End, Error, EventLog, Hazard, Launches, Memory, Started, Step, Taps, read_events
+from graphdoctor.protocol.events import (
+    End,
+    Error,
+    EventLog,
+    Hazard,
+    Launches,
+    Memory,
+    Started,
+    Step,
+    Taps,
+    Tensors,
+    read_events,
+)
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.protocol.spec import ChildSpec, EagerMemory, Role, placement_for_child, run_name
+from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, run_name
 from graphdoctor.types import Diagnosis
 
 CHILD_MODULE = "graphdoctor.child"
@@ -31,13 +48,14 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
     memory: Memory | None = log.first(Memory)
     launches: Launches | None = log.first(Launches)
     taps: Taps | None = log.first(Taps)
+    tensors: Tensors | None = log.first(Tensors)
     status, diagnosis = _outcome(spec, steps[-1].step if steps else -1, end, error, ended)
     return RunRecord(
         impl=spec.impl, dropout=spec.dropout, status=status, steps=steps, diagnosis=diagnosis,
         wall_s=ended.wall_s, train_s=end.train_s if end else 0.0, compare_s=end.compare_s if end else 0.0,
         memory=memory.section if memory else None, launches=launches.section if launches else None,
         env=started.env if started else None, forensics=taps.table if taps else None,
-        hazards=tuple(log.of(Hazard)), name=spec.name,
+        hazards=tuple(log.of(Hazard)), name=spec.name, tensor_names=tensors.names if tensors else (),
         peak_allocated_bytes=end.peak_allocated_bytes if end else None,
         end_reserved_bytes=end.end_reserved_bytes if end else None,
         end_allocated_bytes=end.end_allocated_bytes if end else None,
@@ -66,7 +84,7 @@ def _outcome(spec: ChildSpec, last_step: int, end: End | None, error: Error | No
     return "ok", None
 
 
-def run_child(spec: ChildSpec, workdir: Path) -> RunRecord:
+def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = None) -> RunRecord:
     """Run one child isolated, with the diff's time limit; never raises for a failing child.
 
     Leaves `spec-<name>.json`, `events-<name>.jsonl` and `log-<name>.txt` in `workdir`.
@@ -74,7 +92,8 @@ def run_child(spec: ChildSpec, workdir: Path) -> RunRecord:
     spec_path = spec.write(workdir / f"spec-{spec.name}.json")
     Path(spec.events_path).unlink(missing_ok=True)
     ended = run_isolated(python_command(CHILD_MODULE, str(spec_path)), timeout_s=spec.config.timeout_s,
-                         log_path=workdir / f"log-{spec.name}.txt", env=child_env(spec.config.env))
+                         log_path=workdir / f"log-{spec.name}.txt",
+                         env=env if env is not None else child_env(spec.config.env))
     return record_from_events(spec, read_events(spec.events_path), ended)
 
 
@@ -96,51 +115,107 @@ def user_import_dir(config: DiffConfig) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class ChildRequest:
+    """One child a session should run."""
+
+    impl: str
+    dropout: float
+    role: Role
+    ref_dir: Path
+    hunt: bool = False
+    taps: bool = False
+    io_steps: tuple[int, ...] = ()
+    """Steps whose tensors are saved (reference) or compared element by element (graphed)."""
+    stop_after: int | None = None
+    """Last step to run (targeted re-runs); None: every step."""
+
+    @property
+    def targeted(self) -> bool:
+        """A re-run that exists to save or compare some steps' tensors."""
+        return bool(self.io_steps)
+
+    def describe(self) -> str:
+        """`graphed`, `culprit hunt`, `tapped reference`, `re-run of step 3`, ..."""
+        if self.hunt:
+            return "culprit hunt"
+        if self.taps:
+            return "tapped " + self.role.value
+        if self.targeted:
+            return f"{self.role.value} re-run of step{'s' if len(self.io_steps) > 1 else ''} " + \
+                ",".join(map(str, self.io_steps))
+        return self.role.value
+
+
 class ChildSession:
-    """One diff's (or count's) working directory and the children it ran."""
+    """One diff's (or count's) working directory, the children it ran, and where they run."""
 
     def __init__(self, config: DiffConfig, workdir: Path,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, plan: JobPlan | None = None) -> None:
         self.config = config
         self.workdir = workdir
         self.progress = progress or (lambda _msg: None)
+        self.plan = plan or JobPlan(jobs=1, gpus=(), shared=False, reason="children run in series")
         self.num_children = 0
         self.child_wall_s = 0.0
-        self.eager_memory: EagerMemory | None = None
         self.import_dir = user_import_dir(config)
+        self._lock = threading.Lock()
+        self._slots: queue.Queue[str | None] = queue.Queue()
+        devices: list[str | None] = list(self.plan.gpus) or [None]
+        for i in range(max(self.plan.jobs, 1)):
+            self._slots.put(devices[i % len(devices)])
 
-    def spec(self, impl: str, dropout: float, role: Role, ref_dir: Path, *, hunt: bool = False,
-             taps: bool = False, attempt: int = 0) -> ChildSpec:
+    def spec(self, request: ChildRequest, *, attempt: int = 0, gpu_turn: str | None = None) -> ChildSpec:
         """The spec of the next child (each gets its own rendezvous port and file names)."""
         config = self.config
-        if role is Role.TAPPED:
+        if request.role is Role.TAPPED or request.targeted:
             config = config.replace(memory=False, launches=False)
-        name = run_name(impl, dropout, role, attempt=attempt, hunt=hunt, taps=taps)
-        placement = placement_for_child(self.num_children)
-        self.num_children += 1
-        return ChildSpec(impl=impl, dropout=dropout, config=config, role=role, name=name,
-                         events_path=str(self.workdir / f"events-{name}.jsonl"),
-                         reference_dir=str(ref_dir), placement=placement,
+        name = run_name(request.impl, request.dropout, request.role, attempt=attempt, hunt=request.hunt,
+                        taps=request.taps, io_steps=request.io_steps)
+        with self._lock:
+            placement = placement_for_child(self.num_children)
+            self.num_children += 1
+        return ChildSpec(impl=request.impl, dropout=request.dropout, config=config, role=request.role,
+                         name=name, events_path=str(self.workdir / f"events-{name}.jsonl"),
+                         reference_dir=str(request.ref_dir), placement=placement,
                          artifacts_dir=self.config.trace_dir or str(self.workdir),
-                         hunt_culprit=hunt, eager_memory=self.eager_memory,
-                         keep_snapshots=self.config.snapshot_dir is not None, taps=taps,
-                         import_dir=self.import_dir)
+                         hunt_culprit=request.hunt,
+                         keep_snapshots=self.config.snapshot_dir is not None, taps=request.taps,
+                         import_dir=self.import_dir, io_steps=request.io_steps,
+                         stop_after=request.stop_after, gpu_turn=gpu_turn)
 
     def run(self, impl: str, dropout: float, role: Role, ref_dir: Path, *, hunt: bool = False,
             taps: bool = False) -> RunRecord:
         """Run one child (again, on a new port, when its port was taken) and account its time."""
-        what = "culprit hunt" if hunt else ("tapped " + role.value if taps else role.value)
-        self.progress(f"running {impl} (dropout {dropout:g}, {what})")
+        return self.run_request(ChildRequest(impl, dropout, role, ref_dir, hunt=hunt, taps=taps))
 
-        def attempt(number: int) -> RunRecord:
-            spec = self.spec(impl, dropout, role, ref_dir, hunt=hunt, taps=taps, attempt=number)
-            return run_child(spec, self.workdir)
+    def run_request(self, request: ChildRequest) -> RunRecord:
+        """Run one request on the next free GPU slot."""
+        device = self._slots.get()
+        try:
+            turn = gpu_turn_path(device if device is not None else "0") if self.plan.shared else None
+            env = child_env(self.config.env)
+            if device is not None and len(self.plan.gpus) > 1:
+                env["CUDA_VISIBLE_DEVICES"] = device
+            self.progress(f"running {request.impl} (dropout {request.dropout:g}, {request.describe()})")
 
-        retries = 2 if not _under_torchrun() else 0
-        record, failed = with_port_retries(attempt, port_taken, retries)
-        self.child_wall_s += record.wall_s + sum(r.wall_s for r in failed)
-        self.progress(f"  {impl}: {record.status} in {record.wall_s:.1f} s")
+            def attempt(number: int) -> RunRecord:
+                return run_child(self.spec(request, attempt=number, gpu_turn=turn), self.workdir, env=env)
+
+            record, failed = with_port_retries(attempt, port_taken, 0 if _under_torchrun() else 2)
+        finally:
+            self._slots.put(device)
+        with self._lock:
+            self.child_wall_s += record.wall_s + sum(r.wall_s for r in failed)
+        self.progress(f"  {request.impl}: {record.status} in {record.wall_s:.1f} s ({request.describe()})")
         return record
+
+    def run_many(self, requests: list[ChildRequest]) -> list[RunRecord]:
+        """Run several independent requests, up to plan.jobs at a time; results in request order."""
+        if self.plan.jobs <= 1 or len(requests) <= 1:
+            return [self.run_request(r) for r in requests]
+        with ThreadPoolExecutor(max_workers=min(self.plan.jobs, len(requests))) as pool:
+            return list(pool.map(self.run_request, requests))
 
 
 def _under_torchrun() -> bool:
@@ -148,4 +223,4 @@ def _under_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-__all__ = ["CHILD_MODULE", "ChildSession", "port_taken", "record_from_events", "run_child", "user_import_dir"]
+__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "port_taken", "record_from_events", "run_child", "user_import_dir"]

@@ -33,7 +33,6 @@ from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import (
     EAGER,
     ChildSpec,
-    EagerMemory,
     Placement,
     ProbeJob,
     ProtocolError,
@@ -48,7 +47,6 @@ __all__ = [
     "EAGER",
     "Capture",
     "ChildSpec",
-    "EagerMemory",
     "End",
     "Error",
     "Event",

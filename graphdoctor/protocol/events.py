@@ -67,6 +67,14 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
+class Tensors:
+    """The tensors every step's fingerprints cover, in their order (parameter names)."""
+
+    kind: ClassVar[str] = "tensors"
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Capture:
     """Graphs were captured during `step` (local and full_iteration at the end of that step's
     forward-backward; transformer_engine by TECudaGraphHelper.create_cudagraphs before it)."""
@@ -145,9 +153,9 @@ class End:
     """Allocated bytes after the graphs were released."""
 
 
-Event = Started | Step | Capture | Memory | Launches | Taps | Hazard | Error | End
+Event = Started | Tensors | Step | Capture | Memory | Launches | Taps | Hazard | Error | End
 EVENT_TYPES: dict[str, type[Any]] = {
-    cls.kind: cls for cls in (Started, Step, Capture, Memory, Launches, Taps, Hazard, Error, End)
+    cls.kind: cls for cls in (Started, Tensors, Step, Capture, Memory, Launches, Taps, Hazard, Error, End)
 }
 
 
@@ -157,7 +165,9 @@ def encode(event: Event) -> str:
     data: dict[str, Any] = {"event": event.kind}
     for f in fields(event):
         value = getattr(event, f.name)
-        if isinstance(value, StepRecord | RunEnv):
+        if isinstance(value, StepRecord):
+            data.update(value.to_event())
+        elif isinstance(value, RunEnv):
             data.update(value.to_dict())
         elif isinstance(value, MemorySection | LaunchSection | TapTable):
             data[f.name] = value.to_dict()
@@ -190,6 +200,8 @@ def decode(line: str) -> Event:
             return Taps(table=TapTable.from_dict(data["table"], "taps.table"))
         if cls is Error:
             data["frames"] = tuple((str(f), int(n), str(fn)) for f, n, fn in data.get("frames", ()))
+        if cls is Tensors:
+            data["names"] = tuple(str(n) for n in data["names"])
         event: Event = cls(**data)
         return event
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
@@ -262,6 +274,7 @@ __all__ = [
     "Started",
     "Step",
     "Taps",
+    "Tensors",
     "decode",
     "encode",
     "read_events",

@@ -74,6 +74,9 @@ class RunRecord:
     name: str = ""
     """run_name() of the child (names its files in the work directory)."""
 
+    tensor_names: tuple[str, ...] = ()
+    """The tensors the steps' fingerprints cover, in order (not in the report JSON)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -112,7 +115,9 @@ class RunRecord:
             hazards=tuple(Hazard(rule=str(h.get("rule")), module=str(h.get("module")),
                                  message=str(h.get("message"))) for h in data.get("hazards", ())),
             name=str(data.get("name", "")),
-            **{key: data.get(key, env.get(key)) for key in END_MEMORY_FIELDS},
+            peak_allocated_bytes=data.get("peak_allocated_bytes", env.get("peak_allocated_bytes")),
+            end_reserved_bytes=data.get("end_reserved_bytes", env.get("end_reserved_bytes")),
+            end_allocated_bytes=data.get("end_allocated_bytes", env.get("end_allocated_bytes")),
         )
 
 

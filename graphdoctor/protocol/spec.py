@@ -119,16 +119,15 @@ def placement_for_child(child_index: int, *, tp: int = 1, pp: int = 1) -> Placem
                      pipeline_model_parallel_size=pp)
 
 
-@dataclass(frozen=True, slots=True)
-class EagerMemory:
-    """Peak figures of the eager reference; a graphed child measures its memory cost against them."""
+def gpu_turn_path(gpu: int | str) -> str:
+    """The lock file through which children take turns on one GPU (by index or UUID), per user."""
+    import tempfile
 
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
+    return os.path.join(tempfile.gettempdir(), f"graphdoctor-{os.getuid()}-gpu{gpu}.lock")
 
 
 def run_name(impl: str, dropout: float, role: Role, *, attempt: int = 0, hunt: bool = False,
-             taps: bool = False) -> str:
+             taps: bool = False, io_steps: tuple[int, ...] = ()) -> str:
     """The one name of a child run: its files in the work directory are `<kind>-<name>.<ext>`.
 
     Every distinct run of one diff gets a distinct name (a culprit hunt is not the graphed run it
@@ -139,6 +138,8 @@ def run_name(impl: str, dropout: float, role: Role, *, attempt: int = 0, hunt: b
         name += "-hunt"
     if taps:
         name += "-taps"
+    if io_steps:
+        name += "-steps" + "_".join(map(str, io_steps))
     if attempt:
         name += f"-attempt{attempt}"
     return name
@@ -178,9 +179,6 @@ class ChildSpec:
     hunt_culprit: bool = False
     """Run every capture under sync-debug "error" so the first unsafe op raises at its own line."""
 
-    eager_memory: EagerMemory | None = None
-    """Peak figures of the eager reference (memory cost of graphs is measured against them)."""
-
     keep_snapshots: bool = False
     """Write the memory snapshots (gzip pickles) into config.snapshot_dir."""
 
@@ -189,6 +187,17 @@ class ChildSpec:
 
     import_dir: str | None = None
     """A directory the child appends to its import path (last) for the user's `pkg.mod:fn`."""
+
+    io_steps: tuple[int, ...] = ()
+    """Steps whose main_grads and parameters the child saves (reference role) or compares element by
+    element against the saved ones (graphed role); every step is fingerprinted regardless."""
+
+    stop_after: int | None = None
+    """Last step to run (a targeted re-run ends there); None: every step."""
+
+    gpu_turn: str | None = None
+    """Lock file of the GPU this child shares with other children (graphdoctor.child.quiet); None
+    when it runs alone, and never for a multi-process child."""
 
     @property
     def graphed(self) -> bool:
@@ -214,8 +223,7 @@ class ChildSpec:
             data["config"] = DiffConfig.from_dict(data["config"])
             data["placement"] = Placement(**data["placement"])
             data["role"] = Role(data["role"])
-            if data.get("eager_memory") is not None:
-                data["eager_memory"] = EagerMemory(**data["eager_memory"])
+            data["io_steps"] = tuple(data.get("io_steps", ()))
             return cls(**data)
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"child spec: {type(exc).__name__}: {exc}") from None
@@ -264,12 +272,12 @@ __all__ = [
     "EAGER",
     "LEGACY_EAGER",
     "ChildSpec",
-    "EagerMemory",
     "Placement",
     "ProbeJob",
     "ProtocolError",
     "Role",
     "free_port",
+    "gpu_turn_path",
     "impl_name",
     "megatron_impl",
     "placement_for_child",

@@ -14,7 +14,7 @@ from graphdoctor.report.forensics import forensics_table
 from graphdoctor.strict_json import json_safe
 
 if TYPE_CHECKING:
-    from graphdoctor.compare.verdict import ImplResult
+    from graphdoctor.compare.verdict import ImplResult, Timing
     from graphdoctor.diff import DiffReport
 
 _MARK = {"match": "ok", "rng-divergence": "ok*", "unavailable": "--"}
@@ -40,6 +40,19 @@ def _first(result: ImplResult) -> str:
     return "-"
 
 
+def _speedup(timing: Timing | None) -> str:
+    """`1.99x (1.95-2.03)`, or `none measurable (0.97-1.04)` when the spread straddles 1.0."""
+    if timing is None or timing.speedup is None:
+        return "-"
+    spread = timing.speedup_range
+    text = f"{timing.speedup:.2f}x"
+    if spread is not None:
+        text += f" ({spread[0]:.2f}-{spread[1]:.2f})"
+        if not timing.measurable:
+            text = f"none measurable ({spread[0]:.2f}-{spread[1]:.2f})"
+    return text + ("" if timing.quiet else " shared GPU")
+
+
 def summary_rows(report: DiffReport) -> list[list[str]]:
     """One row per implementation (used by the text renderer and the pytest plugin)."""
     rows = []
@@ -54,7 +67,7 @@ def summary_rows(report: DiffReport) -> list[list[str]]:
             _num(div.max_rel if div else (0.0 if result.verdict.value == "match" else None)),
             _num(timing.eager_ms if timing else None, "{:.2f}"),
             _num(timing.graphed_ms if timing else None, "{:.2f}"),
-            _num(timing.speedup if timing else None, "{:.2f}x"),
+            _speedup(timing),
         ])
     return rows
 

@@ -15,6 +15,7 @@ from graphdoctor.compare.forensics import Forensics, TapTable
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffRun
+from graphdoctor.parent.children import ChildRequest
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
 from graphdoctor.types import Verdict
@@ -39,10 +40,12 @@ class RecordedSession:
         self.ref, self.graphed = ref, graphed
         self.requests: list[tuple[str, Role, bool]] = []
 
-    def run(self, impl: str, dropout: float, role: Role, ref_dir: Path, *, hunt: bool = False,
-            taps: bool = False) -> RunRecord:
-        self.requests.append((impl, role, taps))
-        return self.ref if impl == EAGER else self.graphed
+    def run_request(self, request: ChildRequest) -> RunRecord:
+        self.requests.append((request.impl, request.role, request.taps))
+        return self.ref if request.impl == EAGER else self.graphed
+
+    def run_many(self, requests: list[ChildRequest]) -> list[RunRecord]:
+        return [self.run_request(r) for r in requests]
 
 
 def _forensics(session: RecordedSession, result: ImplResult, reference: RunRecord,

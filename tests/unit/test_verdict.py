@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from graphdoctor.compare.verdict import find_divergence, judge, steady_timing
+from graphdoctor.compare.verdict import Timing, find_divergence, judge, steady_timing
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.types import Diagnosis, StepRecord, TensorDiff, Verdict
 
@@ -124,6 +124,23 @@ def test_steady_timing_uses_replay_steps_only() -> None:
     # capture at step 2, two settle steps (3, 4), timed steps 5..7
     assert timing.eager_ms == 10 and timing.graphed_ms == 3 and timing.num_steps == 3
     assert timing.speedup == pytest.approx(10 / 3)
+    # spread: eager 10..12 ms, graphed 2..4 ms -> 10/4 .. 12/2
+    assert timing.speedup_range == pytest.approx((2.5, 6.0))
+    assert timing.measurable and timing.quiet
+
+
+def test_a_speedup_whose_spread_straddles_one_is_not_measurable() -> None:
+    def run(impl: str, phases: list[str], ms: list[float], quiet: bool = True) -> RunRecord:
+        steps = tuple(StepRecord(step=i, phase=p, loss=1.0, step_time_ms=t, quiet=quiet)
+                      for i, (p, t) in enumerate(zip(phases, ms, strict=True)))
+        return RunRecord(impl=impl, dropout=0.0, status="ok", steps=steps)
+
+    eager = run("eager", ["eager"] * 8, [9, 9, 9, 9, 9, 10, 11, 12])
+    graphed = run("local", ["capture"] + ["replay"] * 7, [50, 9, 9, 9, 9, 9, 11, 13], quiet=False)
+    timing = steady_timing(eager, graphed, warmup_steps=2)
+    assert timing.speedup_range is not None and timing.speedup_range[0] < 1 < timing.speedup_range[1]
+    assert not timing.measurable and not timing.quiet
+    assert Timing.from_dict(timing.to_dict()) == timing
 
 
 def test_records_round_trip(dropout_report: dict[str, Any]) -> None:

@@ -1,0 +1,120 @@
+"""How many children run at once, and on which GPU: the visible GPUs and their memory (read with
+nvidia-smi, so the parent never creates a CUDA context), and an estimate of one child's GPU memory.
+
+Children run at the same time on different GPUs when several are visible; on one GPU when the
+estimate says two fit in its memory; otherwise in series, and diff says why in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.parent.runner import run_isolated
+
+NVIDIA_SMI_TIMEOUT_S = 30.0
+MEMORY_HEADROOM = 0.85
+"""Share of a GPU's memory that concurrent children may plan to use."""
+
+CONTEXT_BYTES = 3 << 30
+"""CUDA context, cuBLAS/cuDNN workspaces and allocator slack of one child."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One visible GPU."""
+
+    device_id: str
+    """What CUDA_VISIBLE_DEVICES names it by (the user's own entry when they set the variable)."""
+    total_bytes: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """How a diff's children are scheduled."""
+
+    jobs: int
+    """Children at a time."""
+    gpus: tuple[str, ...]
+    """CUDA_VISIBLE_DEVICES entries the children are spread over (round-robin); () keeps each
+    child's default device."""
+    shared: bool
+    """Several children may use one GPU at a time (they then take turns for their timed steps)."""
+    reason: str
+    """One line: why this many at a time."""
+
+
+def visible_gpus() -> list[Gpu]:
+    """The GPUs this process may use, by nvidia-smi ([] when it is missing or fails)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    argv = ["nvidia-smi", "--query-gpu=index,memory.total,memory.used", "--format=csv,noheader,nounits"]
+    ended = run_isolated(argv, timeout_s=NVIDIA_SMI_TIMEOUT_S, capture_stdout=True)
+    if ended.returncode != 0:
+        return []
+    by_index: dict[str, Gpu] = {}
+    for line in ended.stdout.strip().splitlines():
+        try:
+            index, total, used = (int(part.strip()) for part in line.split(","))
+        except ValueError:
+            continue
+        by_index[str(index)] = Gpu(device_id=str(index), total_bytes=total << 20, used_bytes=used << 20)
+    allowed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if allowed is None:
+        return list(by_index.values())
+    # Only indices can be matched to nvidia-smi's rows; a UUID entry keeps unknown memory figures.
+    return [by_index.get(entry.strip(), Gpu(device_id=entry.strip(), total_bytes=0, used_bytes=0))
+            for entry in allowed.split(",") if entry.strip()]
+
+
+def num_parameters(config: DiffConfig) -> int:
+    """Parameters of the built-in GPT model (embeddings, layers, final norm; output layer tied)."""
+    h, layers = config.hidden_size, config.num_layers
+    ffn = int(config.transformer.get("ffn_hidden_size") or 4 * h)
+    per_layer = 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h
+    return config.vocab_size * h + config.seq_length * h + layers * per_layer + 2 * h
+
+
+def child_bytes(config: DiffConfig) -> int:
+    """A generous estimate of one child's peak GPU memory: weights, fp32 main_grads, Adam state (and
+    fp32 master weights in bf16/fp16), activations twice over (graph pools keep a copy), a context."""
+    params = num_parameters(config)
+    per_param = 16 if config.dtype == "fp32" else 18
+    width = 4 if config.dtype == "fp32" else 2
+    s, b, h = config.seq_length, config.micro_batch_size, config.hidden_size
+    heads = config.num_attention_heads
+    activations = config.num_layers * s * b * h * (17 + 5 * heads * s // h // 2) * width
+    return params * per_param + 2 * activations * config.num_microbatches + CONTEXT_BYTES
+
+
+def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None) -> JobPlan:
+    """How many children of this diff run at once (config.jobs: 0 decides, N asks for N)."""
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return JobPlan(1, (), False, "children run in series: one rank of a torchrun job")
+    gpus = visible_gpus() if gpus is None else gpus
+    if config.jobs == 1:
+        return JobPlan(1, (), False, "children run in series (--jobs 1)")
+    if len(gpus) > 1:
+        jobs = config.jobs or len(gpus)
+        return JobPlan(jobs, tuple(g.device_id for g in gpus), jobs > len(gpus),
+                       f"{jobs} children at a time over {len(gpus)} GPUs")
+    need = child_bytes(config)
+    if not gpus or not gpus[0].total_bytes:
+        if config.jobs:
+            return JobPlan(config.jobs, (), True, f"{config.jobs} children at a time (--jobs; GPU memory unknown)")
+        return JobPlan(1, (), False, "children run in series: GPU memory unknown (nvidia-smi found none)")
+    gpu = gpus[0]
+    free = int(gpu.total_bytes * MEMORY_HEADROOM) - gpu.used_bytes
+    fits = max(1, free // need) if need else 1
+    jobs = min(config.jobs or 2, fits)
+    if jobs == 1:
+        return JobPlan(1, (), False, f"children run in series: one needs about {need / 2**30:.0f} GiB of "
+                                     f"the GPU's {free / 2**30:.0f} GiB free")
+    return JobPlan(jobs, (gpu.device_id,), True, f"{jobs} children at a time on one GPU (about "
+                                                 f"{need / 2**30:.0f} GiB each of {free / 2**30:.0f} GiB free)")
+
+
+__all__ = ["Gpu", "JobPlan", "child_bytes", "num_parameters", "plan_jobs", "visible_gpus"]
