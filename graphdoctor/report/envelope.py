@@ -17,6 +17,9 @@ SCHEMA_VERSION = 2
 
 TOOL_NAME = "graphdoctor"
 ENVELOPE_KEYS: tuple[str, ...] = ("schema_version", "tool", "command")
+LEGACY_KEYS: tuple[str, ...] = ("schema_version", "tool")
+"""Keys the schema 1 documents carried themselves (`"tool": "graphdoctor diff"`); the envelope
+replaces them."""
 
 
 def tool_info() -> dict[str, str]:
@@ -33,15 +36,14 @@ def tool_info() -> dict[str, str]:
 def envelope(command: str, payload: Mapping[str, Any]) -> dict[str, Any]:
     """Wrap `payload` as `{"schema_version": 2, "tool": {...}, "command": command, **payload}`.
 
-    A `schema_version` inside the payload (the pre-envelope documents carried one) is dropped.
+    The `schema_version` and `tool` a pre-envelope payload carries (LEGACY_KEYS) are replaced.
 
     Raises:
-        UsageError: the payload uses `tool` or `command` itself.
+        UsageError: the payload has a `command` key of its own.
     """
-    clash = [key for key in ("tool", "command") if key in payload]
-    if clash:
-        raise UsageError(f"envelope: payload key {clash[0]!r} is reserved by the envelope")
-    body = {k: v for k, v in payload.items() if k != "schema_version"}
+    if "command" in payload:
+        raise UsageError("envelope: payload key 'command' is reserved by the envelope")
+    body = {k: v for k, v in payload.items() if k not in LEGACY_KEYS}
     return {"schema_version": SCHEMA_VERSION, "tool": tool_info(), "command": command, **body}
 
 
@@ -68,7 +70,7 @@ def open_envelope(data: Mapping[str, Any], *, legacy_command: str) -> Envelope:
     """
     version = data.get("schema_version") if isinstance(data, Mapping) else None
     if version == 1:
-        payload = {k: v for k, v in data.items() if k != "schema_version"}
+        payload = {k: v for k, v in data.items() if k not in LEGACY_KEYS}
         return Envelope(1, legacy_command, payload, {"name": TOOL_NAME, "version": "unknown"})
     if version != SCHEMA_VERSION:
         raise InputFileError(f"schema_version: got {version!r}, expected 1 or {SCHEMA_VERSION}")
@@ -76,4 +78,4 @@ def open_envelope(data: Mapping[str, Any], *, legacy_command: str) -> Envelope:
     return Envelope(SCHEMA_VERSION, str(data.get("command")), payload, dict(data.get("tool") or {}))
 
 
-__all__ = ["ENVELOPE_KEYS", "SCHEMA_VERSION", "TOOL_NAME", "Envelope", "envelope", "open_envelope", "tool_info"]
+__all__ = ["ENVELOPE_KEYS", "LEGACY_KEYS", "SCHEMA_VERSION", "TOOL_NAME", "Envelope", "envelope", "open_envelope", "tool_info"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from graphdoctor.report.envelope import envelope
-from graphdoctor.report.table import fit_table
+from graphdoctor.report.table import fit_table, terminal_width
 
 if TYPE_CHECKING:
     from graphdoctor.rules.base import Rule
@@ -28,22 +28,40 @@ def _short_field(name: str) -> str:
     return name.removeprefix("transformer.")
 
 
-def _where(fields: Sequence[str], locations: Sequence[str], sep: str = "\n") -> str:
-    # one token per line: a key or a path:line is never split across lines
-    return sep.join([*(_short_field(f) for f in fields), *locations]).strip()
+def _where(fields: Sequence[str], locations: Sequence[str], sep: str = "\n", label: str | None = None) -> str:
+    # one token per line: a key or a path:line is never split across lines; locations in the
+    # input's own file are shortened to `line N` under that input's heading
+    def short(location: str) -> str:
+        path, _, line = location.rpartition(":")
+        return f"line {line}" if label is not None and path == label and line.isdigit() else location
+
+    return sep.join([*(_short_field(f) for f in fields), *(short(loc) for loc in locations)]).strip()
 
 
 _HEADERS = ["code", "name", "severity", "fields", "message", "fix"]
+WIDE_TABLE = 150
+"""From this terminal width on the table tries separate name, severity and fields columns (kept
+when the unbreakable keys and paths let it fit)."""
 
 
 def _summary(counts: dict[str, int]) -> str:
     return f"{sum(counts.values())} finding(s): {counts['error']} error, {counts['warning']} warning, {counts['info']} info"
 
 
-def _text_table(report: CheckReport, width: int | None) -> list[str]:
-    rows = [[f.code, f.name, f.severity.value, _where(f.fields, f.locations), f.message, f.fix]
-            for f in report.findings]
-    return [fit_table(_HEADERS, rows, prose=(4, 5), width=width)] if rows else ["No findings."]
+def _text_table(report: CheckReport, width: int | None, label: str | None = None) -> list[str]:
+    if not report.findings:
+        return ["No findings."]
+    width = width or terminal_width()
+    if width >= WIDE_TABLE:
+        rows = [[f.code, f.name, f.severity.value, _where(f.fields, f.locations, label=label), f.message, f.fix]
+                for f in report.findings]
+        table = fit_table(_HEADERS, rows, prose=(4, 5), width=width)
+        if max(len(line) for line in table.splitlines()) <= width:
+            return [table]
+    # narrow terminals: the rule, its keys and lines stacked in one column, message and fix in the other
+    rows = [[f"{f.code} {f.severity.value}\n{f.name}\n{_where(f.fields, f.locations, label=label)}",
+             f.message + (f"\nfix: {f.fix}" if f.fix else "")] for f in report.findings]
+    return [fit_table(["rule / fields", "message / fix"], rows, prose=(1,), width=width)]
 
 
 def _md_table(report: CheckReport) -> str:
@@ -77,7 +95,8 @@ def _batch_text(batch: BatchReport, width: int | None, markdown: bool) -> str:
         if result.error is not None:
             parts.append(f"error: {result.error}")
         elif result.report is not None:
-            parts.append(_md_table(result.report) if markdown else "\n".join(_text_table(result.report, width)))
+            parts.append(_md_table(result.report) if markdown
+                         else "\n".join(_text_table(result.report, width, result.input.label)))
             parts.extend(("- " if markdown else "note: ") + n for n in result.report.notes)
         if several:
             parts.append("")

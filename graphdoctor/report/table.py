@@ -14,8 +14,8 @@ MIN_PROSE_WIDTH = 20
 _GAP = 2  # tabulate "simple" puts two spaces between columns
 
 
-def terminal_width(default: int = 120) -> int:
-    """Columns of the terminal ($COLUMNS first), `default` when there is none."""
+def terminal_width(default: int = 200) -> int:
+    """Columns of the terminal ($COLUMNS first); `default` when output is not a terminal (pipes, CI logs)."""
     return shutil.get_terminal_size(fallback=(default, 24)).columns
 
 
@@ -48,8 +48,9 @@ def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, prose: S
     fixed_width = sum(max([len(headers[i]), *(_cell_width(r[i]) for r in rows)]) for i in fixed)
     left = width - fixed_width - _GAP * (len(headers) - 1)
     natural = {i: max([len(headers[i]), *(_cell_width(r[i]) for r in rows)]) for i in prose}
+    longest_word = {i: max([len(w) for r in rows for w in r[i].split()] or [0]) for i in prose}
     share = max(MIN_PROSE_WIDTH, left // max(len(prose), 1))
-    widths = {i: min(natural[i], share) for i in prose}
+    widths = {i: min(natural[i], max(share, longest_word[i])) for i in prose}
     spare = left - sum(widths.values())
     for i in prose:  # give what short columns leave to the long ones
         extra = min(max(spare, 0), natural[i] - widths[i])
