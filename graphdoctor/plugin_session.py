@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 TE_IMPL = "transformer_engine"
+USER_PROPERTY = "graphdoctor"
+"""Name of the test-report user property that carries a summary line (travels with pytest-xdist)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,13 @@ class Verdicts:
     """(implementation, verdict) per implementation."""
     exit_code: int
     report_path: Path | None = None
+
+    def line(self) -> str:
+        """`nodeid: local match, full_iteration match [ok] -> report.json` (the summary line)."""
+        verdicts = ", ".join(f"{impl} {verdict}" for impl, verdict in self.verdicts)
+        status = "ok" if self.exit_code == 0 else "FAILED"
+        where = f" -> {self.report_path}" if self.report_path is not None else ""
+        return f"{self.nodeid}: {verdicts} [{status}]{where}"
 
 
 def num_visible_gpus() -> int:
@@ -98,6 +107,9 @@ class PluginSession:
     """The RunFile of --gd-config, loaded at start-up."""
     report_dir: Path | None = None
     results: list[Verdicts] = field(default_factory=list)
+    """The calls made in this process."""
+    summary: list[str] = field(default_factory=list)
+    """Summary lines collected from test reports (in the controller under pytest-xdist too)."""
 
     @classmethod
     def start(cls, options: Mapping[str, Any], config_path: str | None, report_dir: str | None) -> PluginSession:
@@ -136,15 +148,9 @@ class PluginSession:
         self.results.append(verdicts)
         return verdicts
 
-    def summary_lines(self) -> list[str]:
-        """The terminal summary section: one line per call, verdict per implementation."""
-        lines = []
-        for result in self.results:
-            verdicts = ", ".join(f"{impl} {verdict}" for impl, verdict in result.verdicts)
-            status = "ok" if result.exit_code == 0 else "FAILED"
-            where = f" -> {result.report_path}" if result.report_path is not None else ""
-            lines.append(f"{result.nodeid}: {verdicts} [{status}]{where}")
-        return lines
+    def collect(self, user_properties: list[tuple[str, object]]) -> None:
+        """Take the summary lines a test report carries (`("graphdoctor", line)` properties)."""
+        self.summary.extend(str(value) for name, value in user_properties if name == USER_PROPERTY)
 
 
 def set_up_worker_gpu() -> int | None:
@@ -154,5 +160,5 @@ def set_up_worker_gpu() -> int | None:
     return pin_worker_gpu(os.environ, num_visible_gpus())
 
 
-__all__ = ["PluginSession", "Verdicts", "gpu_for_worker", "num_visible_gpus", "pin_worker_gpu",
+__all__ = ["USER_PROPERTY", "PluginSession", "Verdicts", "gpu_for_worker", "num_visible_gpus", "pin_worker_gpu",
            "set_up_worker_gpu", "skip_reason"]

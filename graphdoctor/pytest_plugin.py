@@ -48,7 +48,19 @@ def pytest_configure(config: pytest.Config) -> None:
     except GraphDoctorError as exc:
         raise pytest.UsageError(f"graphdoctor: {exc}") from None
     config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(_SummaryCollector(session), "graphdoctor-summary")
     set_up_worker_gpu()
+
+
+class _SummaryCollector:
+    """Collects the summary lines test reports carry (in the pytest-xdist controller too)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and report.user_properties:
+            self.session.collect(report.user_properties)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -61,10 +73,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
-    if session is None or not session.results:
+    if session is None or not session.summary:
         return
     terminalreporter.section("graphdoctor")
-    for line in session.summary_lines():
+    for line in session.summary:
         terminalreporter.write_line(line)
 
 
@@ -91,7 +103,7 @@ def graphdoctor_diff(request: pytest.FixtureRequest) -> Callable[..., Any]:
             report = graphdoctor_diff(impls=("full_iteration",), dropout=0.0)
             assert report.exit_code() == 0
     """
-    from graphdoctor.plugin_session import num_visible_gpus, skip_reason
+    from graphdoctor.plugin_session import USER_PROPERTY, num_visible_gpus, skip_reason
 
     session = request.config.stash[SESSION_KEY]
     base = {**session.options, **_marker_fields(request)}
@@ -107,7 +119,8 @@ def graphdoctor_diff(request: pytest.FixtureRequest) -> Callable[..., Any]:
         if why is not None:
             pytest.skip(why)
         report = diff(session.config_for(_marker_fields(request), overrides))
-        session.record(request.node.nodeid, report)
+        verdicts = session.record(request.node.nodeid, report)
+        request.node.user_properties.append((USER_PROPERTY, verdicts.line()))
         return report
 
     return run

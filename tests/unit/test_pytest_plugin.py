@@ -115,7 +115,7 @@ def test_session_summary_and_report_dir(tmp_path: Path) -> None:
     assert first.report_path is not None and first.report_path.name == "tests_test_graphs.py_test_match_local.json"
     assert second.report_path is not None and second.report_path.name.endswith(".2.json")
     assert json.loads(first.report_path.read_text())["impls"][0]["impl"] == "local"
-    (line, _) = session.summary_lines()
+    line = first.line()
     assert line.startswith("tests/test_graphs.py::test_match[local]: local rng-divergence, full_iteration match, "
                            "transformer_engine unavailable [ok] -> ")
 
@@ -129,3 +129,18 @@ def test_one_gpu_per_xdist_worker() -> None:
     assert pin_worker_gpu(environ, 4) == 1 and environ["CUDA_VISIBLE_DEVICES"] == "1"
     environ = {"PYTEST_XDIST_WORKER": "gw5", "CUDA_VISIBLE_DEVICES": "7"}
     assert pin_worker_gpu(environ, 4) is None and environ["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+def test_terminal_summary_lists_the_verdicts_the_reports_carry(pytester: pytest.Pytester) -> None:
+    # the fixture adds one ("graphdoctor", line) user property per call; on CPU it never runs, so
+    # the test adds the line a recorded H200 report gives (see test_session_summary_and_report_dir)
+    pytester.makepyfile(
+        """
+        def test_x(request):
+            request.node.user_properties.append(
+                ("graphdoctor", "test_x.py::test_x: local rng-divergence, full_iteration match [ok]"))
+        """
+    )
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*= graphdoctor =*", "test_x.py::test_x: local rng-divergence, full_iteration match [ok]"])
