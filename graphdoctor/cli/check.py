@@ -86,6 +86,14 @@ def check_inputs(params: dict[str, Any]) -> list[Any]:
     return inputs
 
 
+def project_target(project: Any) -> str | None:
+    """[tool.graphdoctor] target; a file there is relative to the pyproject.toml that names it."""
+    target = project.target
+    if target is None or target == "local" or "=" in target or project.path is None:
+        return target
+    return str(project.path.parent / target)
+
+
 def _settings(params: dict[str, Any]) -> tuple[set[str] | None, Any, str]:
     """(selected codes or None, facts, output format) from the options over [tool.graphdoctor]."""
     from graphdoctor.rules import all_rules
@@ -96,7 +104,7 @@ def _settings(params: dict[str, Any]) -> tuple[set[str] | None, Any, str]:
     cli = Selection(select=split_codes(params.get("select")), ignore=split_codes(params.get("ignore")),
                     extend_select=split_codes(params.get("extend_select")))
     codes = cli.over(project.selection).codes([r.code for r in all_rules()])
-    target = params.get("target") or project.target
+    target = params.get("target") or project_target(project)
     if target is None and params.get("probe"):
         target = "local"  # the probes run on this GPU machine: it is the training machine
     facts = resolve_target(target, params.get("gpu_arch"))
@@ -246,5 +254,5 @@ def _commands() -> list[click.Command]:
 
 COMMANDS = _commands()
 
-__all__ = ["CHECK_OPTIONS", "COMMANDS", "OUTPUT_FORMAT_CHOICE", "check_inputs", "PROBE_MODEL_NAMES", "PROBE_MODEL_OPTIONS", "check_command", "collect_report",
+__all__ = ["CHECK_OPTIONS", "COMMANDS", "OUTPUT_FORMAT_CHOICE", "check_inputs", "project_target", "PROBE_MODEL_NAMES", "PROBE_MODEL_OPTIONS", "check_command", "collect_report",
            "rule_command", "rules_command", "write_rule_docs"]

@@ -19,6 +19,8 @@ from graphdoctor.rules.suppression import partition
 
 INLINE_LABEL = "<megatron-args>"
 """Path shown for a launch line given inline (not as @file)."""
+NO_INPUT_LABEL = "<no input>"
+"""Shown for `check --probe` without a run file or launch line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +35,9 @@ class CheckInput:
         """The path findings of this input are reported under."""
         if self.run_file is not None:
             return self.run_file
-        if self.megatron_args is not None and self.megatron_args.startswith("@"):
+        if self.megatron_args is None:
+            return NO_INPUT_LABEL
+        if self.megatron_args.startswith("@"):
             return self.megatron_args[1:]
         return INLINE_LABEL
 
@@ -139,4 +143,4 @@ def check_many(inputs: Sequence[CheckInput], facts: EnvironmentFacts | None = No
     return BatchReport(results=tuple(check_one(i, facts, wanted) for i in inputs), facts=facts)
 
 
-__all__ = ["INLINE_LABEL", "BatchReport", "CheckInput", "InputResult", "check_many", "check_one", "suppress"]
+__all__ = ["INLINE_LABEL", "NO_INPUT_LABEL", "BatchReport", "CheckInput", "InputResult", "check_many", "check_one", "suppress"]

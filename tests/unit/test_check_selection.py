@@ -63,6 +63,13 @@ def test_pyproject_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert found(BAD, "--select", "GD2") == ["GD201", "GD208"]  # the command line's select replaces the file's
     code, out, _ = invoke("check", BAD)
     assert code == 1 and out.splitlines()[0].startswith(f"{BAD}:3:3: GD101 ")
+    target = REPO / "fixtures" / "data" / "targets" / "cpu_no_te.json"
+    (tmp_path / "ci").mkdir()
+    (tmp_path / "ci" / "target.json").write_text(target.read_text(), encoding="utf-8")
+    te_run = str(REPO / "examples" / "te_graphs.yaml")
+    (tmp_path / "pyproject.toml").write_text('[tool.graphdoctor]\ntarget = "ci/target.json"\n', encoding="utf-8")
+    code, out, _ = invoke("check", te_run, "--output-format", "json")  # relative to pyproject.toml, not sub/
+    assert code == 1 and "GD304" in [f["code"] for f in json.loads(out)["findings"]]
     (tmp_path / "pyproject.toml").write_text('[tool.graphdoctor]\nselekt = ["GD1"]\n', encoding="utf-8")
     code, _, err = invoke("check", BAD)
     assert code == 2 and "did you mean 'select'" in err
