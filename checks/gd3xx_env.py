@@ -48,8 +48,8 @@ class ExpandableSegmentsWithNcclGraphRegister(Rule):
     Export `NCCL_GRAPH_REGISTER=0`, or drop `expandable_segments:True`.
 
     ## Known problems
-    Only the job environment the run file declares (`env:`, or `check(env=...)`) is read, never the
-    shell running graphdoctor. Like Megatron, the rule matches the exact text `expandable_segments:True`.
+    Only the job environment is read: the run file's `env:` (or `check(env=...)`) over the variables
+    a `--target` file recorded on the training machine; never the shell running graphdoctor. Like Megatron, the rule matches the exact text `expandable_segments:True`.
     """
 
     code = "GD301"
@@ -104,7 +104,8 @@ class CudaDeviceMaxConnectionsNotOne(Rule):
     Export `CUDA_DEVICE_MAX_CONNECTIONS=1`.
 
     ## Known problems
-    Only checked when the run file declares an `env:` section.
+    Only checked when a job environment is declared: the run file's `env:` section, or the variables
+    a `--target` file from `graphdoctor env --json` recorded (the run file wins).
     """
 
     code = "GD302"
@@ -376,7 +377,8 @@ class NondeterministicTeAlgosAllowed(Rule):
     Export `NVTE_ALLOW_NONDETERMINISTIC_ALGO=0` while comparing graphs with eager.
 
     ## Known problems
-    Only checked when the run file declares an `env:` section.
+    Only checked when a job environment is declared: the run file's `env:` section, or the variables
+    a `--target` file from `graphdoctor env --json` recorded (the run file wins).
     """
 
     code = "GD307"
