@@ -63,12 +63,16 @@ class _SummaryCollector:
             self.session.collect(report.user_properties)
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("gpu") is not None:
-        from graphdoctor.plugin_session import num_visible_gpus
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    marked = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not marked:
+        return
+    from graphdoctor.plugin_session import num_visible_gpus
 
-        if num_visible_gpus() == 0:
-            pytest.skip("needs a CUDA GPU and none is visible (torch.cuda.device_count() == 0)")
+    if num_visible_gpus() == 0:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU and none is visible (torch.cuda.device_count() == 0)")
+        for item in marked:
+            item.add_marker(skip)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
