@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from graphdoctor.errors import UsageError
 from graphdoctor.report.envelope import envelope
 from graphdoctor.report.table import fit_table, terminal_width
 
@@ -112,7 +113,7 @@ def render_batch(batch: BatchReport, fmt: str = "text", width: int | None = None
     """Render `check` over one or more inputs in any of OUTPUT_FORMATS.
 
     Raises:
-        ValueError: an unknown format.
+        UsageError: an unknown format.
     """
     if fmt == "json":
         return json.dumps(envelope("check", batch.to_payload()), indent=2, default=str) + "\n"
@@ -126,7 +127,7 @@ def render_batch(batch: BatchReport, fmt: str = "text", width: int | None = None
         from graphdoctor.report.sarif import render_sarif
 
         return render_sarif(batch)
-    raise ValueError(f"output format: got {fmt!r}, expected one of {', '.join(OUTPUT_FORMATS)}")
+    raise UsageError(f"output format: got {fmt!r}, expected one of {', '.join(OUTPUT_FORMATS)}")
 
 
 def rule_markdown(rule: Rule) -> str:

@@ -128,3 +128,13 @@ def test_text_table_fits_the_terminal_and_never_breaks_a_path(width: int) -> Non
         assert any(token in line for line in lines), (token, width)
     longest_token = max(len(w) for line in lines for w in line.split())
     assert max(len(line) for line in lines) <= max(width, 44 + 2 + longest_token), width
+
+
+def test_repeated_config_checks_every_file_and_one_pair_merges() -> None:
+    data = json.loads(invoke("check", "--config", "examples/te_graphs.yaml", "--config", "examples/local_moe_bad.yaml",
+                             "--output-format", "json")[1])
+    assert [i["path"] for i in data["inputs"]] == ["examples/te_graphs.yaml", "examples/local_moe_bad.yaml"]
+    data = json.loads(invoke("check", "--config", "examples/te_graphs.yaml", "--megatron-args", LAUNCH,
+                             "--output-format", "json")[1])
+    assert [(i["path"], i["kind"]) for i in data["inputs"]] == [("examples/te_graphs.yaml", "run-file+launch-line")]
+    assert "GD114" in {f["code"] for f in data["findings"]}  # the launch line's modules over the run file's

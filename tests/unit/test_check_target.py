@@ -110,3 +110,8 @@ def test_gd303_is_a_warning_once_a_torch_release_has_the_override(monkeypatch: p
                    facts=EnvironmentFacts(torch_version="2.11.0", torch_has_stale_capture_override=False))
     (finding,) = [f for f in report.findings if f.code == "GD303"]
     assert finding.severity.value == "warning" and "upgrade torch to >= 2.12" in finding.fix
+
+
+def test_env_text_summary() -> None:
+    code, out, _ = invoke("env")
+    assert code == 0 and out.startswith("torch_version: ") and "te_version: " in out
