@@ -227,8 +227,8 @@ class DelayWgradGraphWithOldTe(Rule):
     graph, or turn off `delay_wgrad_compute`.
 
     ## Known problems
-    The version checked is the one installed where graphdoctor runs; a missing TE is reported by
-    GD304. Megatron-LM asserts the 2.12 gate only with `--overlap-grad-reduce`, which a run file cannot
+    The version checked is the training machine's (`check --target`; without a target the rule
+    reports "not checked"); a missing TE is reported by GD304. Megatron-LM asserts the 2.12 gate only with `--overlap-grad-reduce`, which a run file cannot
     declare, hence a warning; a launch line with `--overlap-grad-reduce` gets the error from GD215
     instead.
     """
@@ -237,6 +237,8 @@ class DelayWgradGraphWithOldTe(Rule):
     name = "delay-wgrad-graph-with-old-te"
     severity = Severity.ERROR
     fix = FixAvailability.NONE
+    machine_facts = ("te_version",)
+    machine_question = "which Transformer Engine is installed there?"
     template = "delay_wgrad_compute with transformer_engine graphs{scope} needs TE >= {need}, found {te}"
     fix_template = "Upgrade transformer_engine to >= {need} or turn off delay_wgrad_compute"
 
@@ -337,6 +339,8 @@ class DelayWgradGraphPrerequisitesMissing(Rule):
     Upgrade TE, keep gradient accumulation fusion, drop attention bias, or move attn out of the graph.
     """
 
+    machine_facts = ("te_version",)
+    machine_question = "which Transformer Engine is installed there?"
     code = "GD215"
     name = "delay-wgrad-graph-prerequisites-missing"
     severity = Severity.ERROR

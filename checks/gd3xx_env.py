@@ -1,5 +1,5 @@
 """GD3xx environment rules: allocator / NCCL / CUDA variables of the job and the torch and
-Transformer Engine installed on the checking machine (EnvironmentFacts; never touches CUDA at import).
+Transformer Engine of the training machine (EnvironmentFacts from --target; never touches CUDA at import).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
+from graphdoctor.rules.target import STALE_CAPTURE_OVERRIDE_SINCE
 
 FAMILY = "environment"
 
@@ -47,8 +48,8 @@ class ExpandableSegmentsWithNcclGraphRegister(Rule):
     Export `NCCL_GRAPH_REGISTER=0`, or drop `expandable_segments:True`.
 
     ## Known problems
-    Only the job environment the run file declares (`env:`, or `check(env=...)`) is read, never the
-    shell running graphdoctor. Like Megatron, the rule matches the exact text `expandable_segments:True`.
+    Only the job environment is read: the run file's `env:` (or `check(env=...)`) over the variables
+    a `--target` file recorded on the training machine; never the shell running graphdoctor. Like Megatron, the rule matches the exact text `expandable_segments:True`.
     """
 
     code = "GD301"
@@ -103,7 +104,8 @@ class CudaDeviceMaxConnectionsNotOne(Rule):
     Export `CUDA_DEVICE_MAX_CONNECTIONS=1`.
 
     ## Known problems
-    Only checked when the run file declares an `env:` section.
+    Only checked when a job environment is declared: the run file's `env:` section, or the variables
+    a `--target` file from `graphdoctor env --json` recorded (the run file wins).
     """
 
     code = "GD302"
@@ -142,22 +144,35 @@ class TorchLacksStaleCaptureStreamOverride(Rule):
     ```
 
     ## Fix
-    Upgrade torch, or construct DDP inside `torch.cuda.stream(get_shared_capture_stream())`.
+    Construct DDP inside `torch.cuda.stream(get_shared_capture_stream())` (Megatron-LM's trainer
+    does), or upgrade torch once a release has the override.
 
     ## Known problems
-    Checks the torch installed where graphdoctor runs; DDP use is assumed.
+    Judges the torch of the training machine (`check --target`); without a target it reports "not
+    checked". DDP use is assumed. Info while no torch release has the override
+    (pytorch/pytorch#180090 is in none up to 2.11), a warning when upgrading torch would fix it.
     """
 
     code = "GD303"
     name = "torch-lacks-stale-capture-stream-override"
-    severity = Severity.WARNING
+    severity = Severity.INFO
     fix = FixAvailability.SOMETIMES
-    template = "full_iteration graphs with DDP but torch {torch} lacks set_override_stale_capture_stream"
-    fix_template = "Build DDP on the shared capture stream or upgrade torch"
+    machine_facts = ("torch_has_stale_capture_override",)
+    machine_question = "does its torch have set_override_stale_capture_stream?"
+    template = "full_iteration graphs with DDP but torch {torch} lacks set_override_stale_capture_stream{upgrade}"
+    fix_template = "Build DDP on the shared capture stream (Megatron-LM's trainer does){or_upgrade}"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl == "full_iteration" and not ctx.facts.torch_has_stale_capture_override:
-            yield Hit(("transformer.cuda_graph_impl",), {"torch": ctx.facts.torch_version})
+        if ctx.graph.impl != "full_iteration" or ctx.facts.torch_has_stale_capture_override:
+            return
+        since = STALE_CAPTURE_OVERRIDE_SINCE
+        if since is None:
+            yield Hit(("transformer.cuda_graph_impl",),
+                      {"torch": ctx.facts.torch_version, "upgrade": " (no torch release has it yet)", "or_upgrade": ""})
+        else:
+            yield Hit(("transformer.cuda_graph_impl",),
+                      {"torch": ctx.facts.torch_version, "upgrade": f"; torch >= {since} has it",
+                       "or_upgrade": f", or upgrade torch to >= {since}"}, Severity.WARNING)
 
 
 class TransformerEngineMissing(Rule):
@@ -190,7 +205,8 @@ class TransformerEngineMissing(Rule):
     (pulls `transformer-engine[pytorch]`), or use the local / full_iteration impl.
 
     ## Known problems
-    Describes the machine graphdoctor runs on, which may not be the training machine. Transformer
+    Judges the training machine that `check --target` describes (`--target local`: the machine
+    graphdoctor runs on); without a target it reports "not checked", never an error. Transformer
     Engine is never imported (importing it can crash a machine without a GPU): installed means a
     `transformer_engine` package with distribution metadata, importable means the
     `transformer_engine_torch` shared object is where TE's loader looks for it. A TE whose shared
@@ -201,7 +217,9 @@ class TransformerEngineMissing(Rule):
     name = "transformer-engine-missing"
     severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
-    template = "cuda_graph_impl='transformer_engine' but {why} on this machine"
+    machine_facts = ("te_version", "te_has_torch_extension")
+    machine_question = "is Transformer Engine installed there, with its PyTorch extension?"
+    template = "cuda_graph_impl='transformer_engine' but {why} on the training machine"
     fix_template = "Install Transformer Engine (pip install 'graphdoctor[transformer-engine]') or use cuda_graph_impl='local'"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
@@ -270,7 +288,7 @@ class TransformerEngineTooOld(Rule):
     Upgrade Transformer Engine to the version the message names (>= 2.10 covers all of them).
 
     ## Known problems
-    Checks the TE installed where graphdoctor runs. A missing TE is GD304, not this rule.
+    Checks the TE of the training machine (`check --target`; without one, "not checked"). A missing TE is GD304, not this rule.
     `delay_wgrad_compute` has its own TE gates (GD213, GD215).
     """
 
@@ -278,6 +296,8 @@ class TransformerEngineTooOld(Rule):
     name = "transformer-engine-too-old"
     severity = Severity.WARNING
     fix = FixAvailability.NONE
+    machine_facts = ("te_version",)
+    machine_question = "which Transformer Engine is installed there?"
     template = "Transformer Engine {te} is older than {need}: {what}"
     fix_template = "Upgrade transformer-engine to >= {need}"
 
@@ -321,6 +341,8 @@ class TorchLacksGraphSafeRng(Rule):
     name = "torch-lacks-graph-safe-rng"
     severity = Severity.WARNING
     fix = FixAvailability.NONE
+    machine_facts = ("torch_has_graph_safe_rng",)
+    machine_question = "does its torch have graph-safe RNG (torch >= 2.6)?"
     template = "torch {torch} has no graph-safe RNG; CUDA-graph RNG state cannot be registered"
     fix_template = "Upgrade torch to >= 2.6"
 
@@ -355,7 +377,8 @@ class NondeterministicTeAlgosAllowed(Rule):
     Export `NVTE_ALLOW_NONDETERMINISTIC_ALGO=0` while comparing graphs with eager.
 
     ## Known problems
-    Only checked when the run file declares an `env:` section.
+    Only checked when a job environment is declared: the run file's `env:` section, or the variables
+    a `--target` file from `graphdoctor env --json` recorded (the run file wins).
     """
 
     code = "GD307"

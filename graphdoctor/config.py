@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import InputFileError, UsageError
+from graphdoctor.suggest import did_you_mean
 
 IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
 """Graphed implementations graphdoctor knows, in the order they are reported."""
@@ -346,7 +347,8 @@ def load_run_file(path: str | os.PathLike[str]) -> RunFile:
     unknown = sorted(set(map(str, data)) - set(RUN_FILE_SECTIONS))
     if unknown:
         raise UsageError(
-            f"{p}: unknown section {unknown[0]!r}, expected one of {', '.join(RUN_FILE_SECTIONS)}"
+            f"{p}: unknown section {unknown[0]!r}{did_you_mean(unknown[0], RUN_FILE_SECTIONS)}, "
+            f"expected one of {', '.join(RUN_FILE_SECTIONS)}"
         )
     sections: dict[str, dict[str, Any]] = {}
     for name in RUN_FILE_SECTIONS:
@@ -365,7 +367,8 @@ def load_run_file(path: str | os.PathLike[str]) -> RunFile:
     run_fields = {f.name for f in dataclasses.fields(DiffConfig)} - {"transformer", "env"}
     for key in sections["run"]:
         if key not in run_fields:
-            raise UsageError(f"{p}: run.{key} is not a graphdoctor run field (see `graphdoctor diff --help`)")
+            raise UsageError(f"{p}: run.{key} is not a graphdoctor run field{did_you_mean(str(key), run_fields)} "
+                             "(see `graphdoctor diff --help`)")
     return RunFile(path=str(p), transformer=sections["transformer"], env=env, run=sections["run"])
 
 

@@ -1,7 +1,9 @@
-"""pytest plugin (entry point `pytest11: graphdoctor`): `--gd-*` options and a `graphdoctor_diff` fixture.
+"""pytest plugin (entry point `pytest11: graphdoctor`): `--gd-*` options, the `gpu` and
+`graphdoctor` markers, a `graphdoctor_diff` fixture and a terminal summary of its verdicts.
 
-Hooks and fixtures only; the work is done by the same Python API as the CLI (`graphdoctor.diff.diff`).
-Options come from the one table in graphdoctor.options, so CLI and plugin list the same options.
+Hooks and fixtures only; the logic is in graphdoctor.plugin_session and the work is done by the
+same Python API as the CLI (`graphdoctor.diff.diff`). Options come from the one table in
+graphdoctor.options, so CLI and plugin list the same options.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ MARKER_KWARGS = frozenset(opt.field for opt in DIFF_OPTIONS if opt.field)
 """Keyword arguments a `@pytest.mark.graphdoctor(...)` marker may carry (DiffConfig fields)."""
 
 OPTIONS_KEY = pytest.StashKey[dict[str, Any]]()
+SESSION_KEY = pytest.StashKey[Any]()
+GPU_MARKER = "gpu: needs a CUDA GPU; skipped, with the reason, where none is visible (graphdoctor plugin)"
+GRAPHDOCTOR_MARKER = "graphdoctor(**fields): DiffConfig fields for the graphdoctor_diff fixture"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -24,14 +29,59 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_pytest_options(group)
     group.addoption("--gd-config", dest="gd_config", default=None, metavar="RUN.yaml",
                     help="Run file with transformer:, env: and run: mappings. Default: none.")
+    group.addoption("--gd-report-dir", dest="gd_report_dir", default=None, metavar="DIR",
+                    help="Write the JSON report of every graphdoctor_diff call into DIR, one file per "
+                         "test (named after its node id). Default: none.")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "graphdoctor(**fields): DiffConfig fields for the graphdoctor_diff fixture")
-    values = {opt.field: config.getoption(f"gd_{opt.field}") for opt in DIFF_OPTIONS
-              if opt.field}
-    config.stash[OPTIONS_KEY] = {k: v for k, v in values.items() if v is not None}
+    from graphdoctor.errors import GraphDoctorError
+    from graphdoctor.plugin_session import PluginSession, set_up_worker_gpu
+
+    config.addinivalue_line("markers", GPU_MARKER)
+    config.addinivalue_line("markers", GRAPHDOCTOR_MARKER)
+    values = {opt.field: config.getoption(f"gd_{opt.field}") for opt in DIFF_OPTIONS if opt.field}
+    options = {k: v for k, v in values.items() if v is not None}
+    config.stash[OPTIONS_KEY] = options
+    try:
+        session = PluginSession.start(options, config.getoption("gd_config"), config.getoption("gd_report_dir"))
+    except GraphDoctorError as exc:
+        raise pytest.UsageError(f"graphdoctor: {exc}") from None
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(_SummaryCollector(session), "graphdoctor-summary")
+    set_up_worker_gpu()
+
+
+class _SummaryCollector:
+    """Collects the summary lines test reports carry (in the pytest-xdist controller too)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and report.user_properties:
+            self.session.collect(report.user_properties)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    marked = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not marked:
+        return
+    from graphdoctor.plugin_session import num_visible_gpus
+
+    if num_visible_gpus() == 0:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU and none is visible (torch.cuda.device_count() == 0)")
+        for item in marked:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None or not session.summary:
+        return
+    terminalreporter.section("graphdoctor")
+    for line in session.summary:
+        terminalreporter.write_line(line)
 
 
 def _marker_fields(request: pytest.FixtureRequest) -> dict[str, Any]:
@@ -48,21 +98,33 @@ def _marker_fields(request: pytest.FixtureRequest) -> dict[str, Any]:
 def graphdoctor_diff(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """Run `graphdoctor.diff.diff` with --gd-* options, the marker's fields and call overrides.
 
+    Skips (with the reason) when no CUDA GPU is visible, when megatron-core is missing, and when
+    only the transformer_engine implementation is asked for and Transformer Engine does not import.
+
     Example:
         @pytest.mark.gpu
         def test_graphs_match(graphdoctor_diff):
             report = graphdoctor_diff(impls=("full_iteration",), dropout=0.0)
             assert report.exit_code() == 0
     """
-    from graphdoctor.config import diff_config_from, load_run_file
-    from graphdoctor.diff import diff
+    from graphdoctor.plugin_session import USER_PROPERTY, num_visible_gpus, skip_reason
 
-    path = request.config.getoption("gd_config")
-    run_file = load_run_file(path) if path else None
-    stored: dict[str, Any] = request.config.stash[OPTIONS_KEY]
-    base = {**stored, **_marker_fields(request)}
+    session = request.config.stash[SESSION_KEY]
+    base = {**session.options, **_marker_fields(request)}
+    num_gpus = num_visible_gpus()
+    reason = skip_reason(base, num_gpus)
+    if reason is not None:
+        pytest.skip(reason)
 
     def run(**overrides: Any) -> Any:
-        return diff(diff_config_from(run_file, **{**base, **overrides}))
+        from graphdoctor.diff import diff
+
+        why = skip_reason({**base, **overrides}, num_gpus)
+        if why is not None:
+            pytest.skip(why)
+        report = diff(session.config_for(_marker_fields(request), overrides))
+        verdicts = session.record(request.node.nodeid, report)
+        request.node.user_properties.append((USER_PROPERTY, verdicts.line()))
+        return report
 
     return run

@@ -38,10 +38,12 @@ def render_count_text(report: CountReport) -> str:
 
 
 def write_count_json(report: CountReport, path: str | os.PathLike[str]) -> Path:
-    """Write the versioned JSON ('-' is not supported for live runs)."""
+    """Write the JSON in the envelope of docs/json.md (command `count`; '-' is not supported for live runs)."""
+    from graphdoctor.report.envelope import envelope
+
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(json_safe(report.to_dict()), indent=2, allow_nan=False,
+    target.write_text(json.dumps(json_safe(envelope("count", report.to_dict())), indent=2, allow_nan=False,
                                  default=str) + "\n", encoding="utf-8")
     return target
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
+from graphdoctor.report.envelope import envelope
 from graphdoctor.report.forensics import forensics_table
 from graphdoctor.strict_json import json_safe
 
@@ -168,11 +169,11 @@ def _details(report: DiffReport, *, verbose: bool) -> list[str]:
 
 
 def write_json(report: DiffReport, path: str | os.PathLike[str]) -> Path:
-    """Write the versioned JSON report; returns the path."""
+    """Write the versioned JSON report (the one envelope, command `diff`); returns the path."""
     target = Path(path)
     if target.parent and not target.parent.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = json_safe(report.to_dict())
+    data: dict[str, Any] = json_safe(envelope("diff", report.to_dict()))
     target.write_text(json.dumps(data, indent=2, allow_nan=False, default=str) + "\n",
                       encoding="utf-8")
     return target

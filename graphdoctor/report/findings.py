@@ -1,6 +1,6 @@
-"""Render findings (CheckReport) and rule documentation as text (tabulate), JSON or Markdown.
-
-The only place that formats check output; returns strings, never prints.
+"""Render check results and rule documentation: text (a table that fits the terminal), JSON (the
+envelope of report/envelope.py) or Markdown; concise, github and sarif live in report/annotations.py
+and report/sarif.py, dispatched from `render_batch`. Returns strings, never prints.
 """
 
 from __future__ import annotations
@@ -11,41 +11,123 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from graphdoctor.errors import UsageError
+from graphdoctor.report.envelope import envelope
+from graphdoctor.report.table import fit_table, terminal_width
+
 if TYPE_CHECKING:
     from graphdoctor.rules.base import Rule
+    from graphdoctor.rules.batch import BatchReport
     from graphdoctor.rules.engine import CheckReport
 
 FORMATS: tuple[str, ...] = ("text", "json", "md")
+OUTPUT_FORMATS: tuple[str, ...] = ("text", "concise", "json", "github", "sarif", "markdown")
+"""`check --output-format` choices (`md` is accepted as a spelling of `markdown`)."""
 
 
 def _short_field(name: str) -> str:
     return name.removeprefix("transformer.")
 
 
-def _where(fields: Sequence[str], locations: Sequence[str]) -> str:
-    return "\n".join([", ".join(_short_field(f) for f in fields), *locations]).strip()
+def _where(fields: Sequence[str], locations: Sequence[str], sep: str = "\n", label: str | None = None) -> str:
+    # one token per line: a key or a path:line is never split across lines; locations in the
+    # input's own file are shortened to `line N` under that input's heading
+    def short(location: str) -> str:
+        path, _, line = location.rpartition(":")
+        return f"line {line}" if label is not None and path == label and line.isdigit() else location
+
+    return sep.join([*(_short_field(f) for f in fields), *(short(loc) for loc in locations)]).strip()
 
 
-def render_report(report: CheckReport, fmt: str = "text") -> str:
-    """Render a CheckReport: `text` (table + notes + summary), `json` (schema_version 1) or `md`."""
-    if fmt == "json":
-        return json.dumps(report.to_dict(), indent=2, default=str)
-    rows = [[f.code, f.name, f.severity.value, _where(f.fields, f.locations), f.message, f.fix]
+_HEADERS = ["code", "name", "severity", "fields", "message", "fix"]
+WIDE_TABLE = 150
+"""From this terminal width on the table tries separate name, severity and fields columns (kept
+when the unbreakable keys and paths let it fit)."""
+
+
+def _summary(counts: dict[str, int]) -> str:
+    return f"{sum(counts.values())} finding(s): {counts['error']} error, {counts['warning']} warning, {counts['info']} info"
+
+
+def _text_table(report: CheckReport, width: int | None, label: str | None = None) -> list[str]:
+    if not report.findings:
+        return ["No findings."]
+    width = width or terminal_width()
+    if width >= WIDE_TABLE:
+        rows = [[f.code, f.name, f.severity.value, _where(f.fields, f.locations, label=label), f.message, f.fix]
+                for f in report.findings]
+        table = fit_table(_HEADERS, rows, prose=(4, 5), width=width)
+        if max(len(line) for line in table.splitlines()) <= width:
+            return [table]
+    # narrow terminals: the rule, its keys and lines stacked in one column, message and fix in the other
+    rows = [[f"{f.code} {f.severity.value}\n{f.name}\n{_where(f.fields, f.locations, label=label)}",
+             f.message + (f"\nfix: {f.fix}" if f.fix else "")] for f in report.findings]
+    return [fit_table(["rule / fields", "message / fix"], rows, prose=(1,), width=width)]
+
+
+def _md_table(report: CheckReport) -> str:
+    rows = [[f.code, f.name, f.severity.value, _where(f.fields, f.locations, "<br>"), f.message, f.fix]
             for f in report.findings]
-    headers = ["code", "name", "severity", "fields", "message", "fix"]
-    counts = report.to_dict()["counts"]
-    summary = f"{len(report.findings)} finding(s): {counts['error']} error, {counts['warning']} warning, {counts['info']} info"
-    if fmt == "md":
-        table = tabulate(rows, headers, tablefmt="github") if rows else "No findings."
+    return tabulate(rows, _HEADERS, tablefmt="github") if rows else "No findings."
+
+
+def render_report(report: CheckReport, fmt: str = "text", width: int | None = None) -> str:
+    """Render one CheckReport: `text` (table + notes + summary), `json` (enveloped) or `md`."""
+    if fmt == "json":
+        return json.dumps(envelope("check", report.to_dict()), indent=2, default=str) + "\n"
+    summary = _summary(report.to_dict()["counts"])
+    if fmt in ("md", "markdown"):
         notes = "".join(f"\n- {n}" for n in report.notes)
-        return f"{table}\n\n{summary}\n" + (f"\nNotes:{notes}\n" if notes else "")
+        return f"{_md_table(report)}\n\n{summary}\n" + (f"\nNotes:{notes}\n" if notes else "")
     if fmt != "text":
         raise ValueError(f"format: got {fmt!r}, expected one of {', '.join(FORMATS)}")
-    parts = [tabulate(rows, headers, tablefmt="simple", maxcolwidths=[None, None, None, 32, 48, 40])] if rows \
-        else ["No findings."]
+    parts = _text_table(report, width)
     parts.extend(f"note: {n}" for n in report.notes)
     parts.append(summary)
     return "\n".join(parts) + "\n"
+
+
+def _batch_text(batch: BatchReport, width: int | None, markdown: bool) -> str:
+    parts: list[str] = []
+    several = len(batch.results) > 1
+    for result in batch.results:
+        if several:
+            parts.append(f"## {result.input.label}" if markdown else f"{result.input.label}:")
+        if result.error is not None:
+            parts.append(f"error: {result.error}")
+        elif result.report is not None:
+            parts.append(_md_table(result.report) if markdown
+                         else "\n".join(_text_table(result.report, width, result.input.label)))
+            parts.extend(("- " if markdown else "note: ") + n for n in result.report.notes)
+        if several:
+            parts.append("")
+    parts.extend(("- " if markdown else "note: ") + n for n in batch.notes)
+    summary = _summary(batch.counts()) + (f" in {len(batch.results)} inputs" if several else "")
+    if batch.num_input_errors:
+        summary += f"; {batch.num_input_errors} input(s) could not be checked"
+    parts.append(summary)
+    return "\n".join(parts) + "\n"
+
+
+def render_batch(batch: BatchReport, fmt: str = "text", width: int | None = None) -> str:
+    """Render `check` over one or more inputs in any of OUTPUT_FORMATS.
+
+    Raises:
+        UsageError: an unknown format.
+    """
+    if fmt == "json":
+        return json.dumps(envelope("check", batch.to_payload()), indent=2, default=str) + "\n"
+    if fmt in ("text", "markdown", "md"):
+        return _batch_text(batch, width, markdown=fmt != "text")
+    if fmt in ("concise", "github"):
+        from graphdoctor.report.annotations import render_concise, render_github
+
+        return render_concise(batch) if fmt == "concise" else render_github(batch)
+    if fmt == "sarif":
+        from graphdoctor.report.sarif import render_sarif
+
+        return render_sarif(batch)
+    raise UsageError(f"output format: got {fmt!r}, expected one of {', '.join(OUTPUT_FORMATS)}")
 
 
 def rule_markdown(rule: Rule) -> str:
@@ -75,7 +157,7 @@ def rules_index_markdown(rules: Sequence[Rule]) -> str:
 def render_rules(rules: Sequence[Rule], fmt: str = "text") -> str:
     """The catalogue as a text table, a JSON list or one Markdown index."""
     if fmt == "json":
-        return json.dumps([r.metadata() for r in rules], indent=2)
+        return json.dumps(envelope("rules", {"rules": [r.metadata() for r in rules]}), indent=2) + "\n"
     if fmt == "md":
         return rules_index_markdown(rules)
     rows = [[r.code, r.name, r.family, r.severity.value, r.fix.value, r.status.value] for r in rules]
@@ -85,7 +167,7 @@ def render_rules(rules: Sequence[Rule], fmt: str = "text") -> str:
 def render_rule(rule: Rule, fmt: str = "text") -> str:
     """`graphdoctor rule CODE`: name, code, family, severity, fix availability, status, full doc."""
     if fmt == "json":
-        return json.dumps(rule.metadata(), indent=2)
+        return json.dumps(envelope("rule", rule.metadata()), indent=2) + "\n"
     if fmt == "md":
         return rule_markdown(rule)
     meta = rule.metadata()
@@ -104,4 +186,4 @@ def render_rule(rule: Rule, fmt: str = "text") -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["FORMATS", "render_report", "render_rule", "render_rules", "rule_markdown", "rules_index_markdown"]
+__all__ = ["FORMATS", "OUTPUT_FORMATS", "render_batch", "render_report", "render_rule", "render_rules", "rule_markdown", "rules_index_markdown"]

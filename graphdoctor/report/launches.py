@@ -97,8 +97,11 @@ def render_launch_text(accounting: TraceAccounting) -> str:
 
 
 def render_launch_json(accounting: TraceAccounting) -> str:
-    """The schema_version 1 JSON document (docs/launches.md), indented, trailing newline."""
-    return json.dumps(accounting.to_dict(), indent=2) + "\n"
+    """The JSON document: the envelope of docs/json.md (command `count`) around
+    TraceAccounting.to_dict() (docs/launches.md), indented, trailing newline."""
+    from graphdoctor.report.envelope import envelope
+
+    return json.dumps(envelope("count", accounting.to_dict()), indent=2) + "\n"
 
 
 __all__ = ["render_launch_json", "render_launch_text"]

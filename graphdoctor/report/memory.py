@@ -121,8 +121,11 @@ def render_text(report: TriageReport) -> str:
 
 
 def render_json(report: TriageReport) -> str:
-    """The triage report as JSON (schema_version 1, documented in docs/memory.md)."""
-    return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
+    """The triage report as JSON: the envelope of docs/json.md (command `triage`) around
+    TriageReport.to_dict() (documented in docs/memory.md)."""
+    from graphdoctor.report.envelope import envelope
+
+    return json.dumps(envelope("triage", report.to_dict()), indent=2, sort_keys=False) + "\n"
 
 
 __all__ = ["fmt_bytes", "render_json", "render_text"]

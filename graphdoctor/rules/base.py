@@ -55,6 +55,11 @@ class Rule:
     """Imperative `str.format` template for fix_title()."""
     family: ClassVar[str] = ""
     """Set by the registry from the module's FAMILY."""
+    machine_facts: ClassVar[tuple[str, ...]] = ()
+    """EnvironmentFacts fields about the training machine's installation this rule reads; when one
+    is unknown (no `--target`) the rule reports "not checked" where the answer would matter."""
+    machine_question: ClassVar[str] = ""
+    """What the unknown machine would have to answer, e.g. `is Transformer Engine installed there?`."""
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         """Yield one Hit per occurrence in `ctx` (static rules override this)."""
@@ -89,6 +94,20 @@ class Rule:
             locations=locations,
             source=source,
             extra=dict(extra or {}),
+        )
+
+    def not_checked(self, *, fields: tuple[str, ...] = (), locations: tuple[str, ...] = ()) -> Finding:
+        """The info finding of a machine rule whose answer depends on an unknown training machine."""
+        question = f" ({self.machine_question})" if self.machine_question else ""
+        return Finding(
+            code=self.code,
+            name=self.name,
+            severity=Severity.INFO,
+            message=f"not checked: the training machine is unknown{question}",
+            fix="Pass --target: a file from `graphdoctor env --json` on the training machine, te=..,torch=.., or local",
+            fields=fields,
+            locations=locations,
+            extra={"not_checked": True},
         )
 
     @classmethod
@@ -132,6 +151,7 @@ class Rule:
             "status": cls.status.value,
             "since": cls.since,
             "runtime": cls.runtime,
+            "machine_facts": list(cls.machine_facts),
             "summary": cls.summary(),
             "explanation": cls.doc(),
         }

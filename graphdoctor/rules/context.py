@@ -21,6 +21,7 @@ from graphdoctor.rules.megatron_args import (
     ARGS_DEFAULTS,
     TRANSFORMER_DEFAULTS_FROM_ARGS,
 )
+from graphdoctor.suggest import did_you_mean
 
 _NO_DEFAULT = object()
 
@@ -78,7 +79,7 @@ def validate_transformer(values: dict[str, Any], where: str) -> None:
     known = transformer_fields()
     for key, value in values.items():
         if key not in known:
-            raise UsageError(f"{where}: transformer.{key} is not a TransformerConfig field")
+            raise UsageError(f"{where}: transformer.{key} is not a TransformerConfig field{did_you_mean(key, known)}")
         annotation, default = known[key]
         if not (value is None and default is None) and not _matches(value, annotation):
             raise UsageError(

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from graphdoctor.config import RUN_FILE_SECTIONS, RunFile, load_run_file
 from graphdoctor.errors import UsageError
+from graphdoctor.report.envelope import SCHEMA_VERSION as ENVELOPE_SCHEMA_VERSION
+from graphdoctor.rules.base import Rule
 from graphdoctor.rules.context import CheckContext, validate_transformer
-from graphdoctor.rules.facts import EnvironmentFacts, detect_facts
+from graphdoctor.rules.facts import PESSIMISTIC, EnvironmentFacts
 from graphdoctor.rules.finding import Finding, Severity
 from graphdoctor.rules.megatron_args import MegatronArgs, parse_megatron_args
 from graphdoctor.rules.registry import all_rules
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = ENVELOPE_SCHEMA_VERSION
+"""Version of the check JSON (the envelope's, graphdoctor.report.envelope)."""
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
@@ -44,10 +47,9 @@ class CheckReport:
         return CheckReport(findings=_sorted([*self.findings, *findings]), notes=(*self.notes, *notes))
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document of `graphdoctor check --format json` (docs/checks.md)."""
+        """The payload of the `check` JSON document (wrapped by report.envelope; docs/json.md)."""
         counts = {s.value: sum(f.severity is s for f in self.findings) for s in Severity}
         return {
-            "schema_version": SCHEMA_VERSION,
             "has_errors": self.has_errors,
             "counts": counts,
             "findings": [f.to_dict() for f in self.findings],
@@ -135,9 +137,9 @@ def build_context(
         run.update(parsed.run)
         where.update(parsed.locations)
         notes.extend(parsed.notes)
-    merged_env = {**run_file.env, **{str(k): str(v) for k, v in (env or {}).items()}}
     if facts is None:
-        facts = detect_facts(run.get("gpu_arch"))
+        facts = EnvironmentFacts.unknown_machine(run.get("gpu_arch"))
+    merged_env = {**facts.env, **run_file.env, **{str(k): str(v) for k, v in (env or {}).items()}}
     ctx = CheckContext(
         transformer=transformer, args=args, run=run, env=merged_env, facts=facts, megatron_lm=parsed is not None
     )
@@ -160,7 +162,9 @@ def check(
         megatron_args: a Megatron-LM launch line, `@path` to one, or an already parsed MegatronArgs.
         env: environment variables of the training job; merged over the run file's `env:`
             (the checking shell's own environment is never read).
-        facts: machine facts (TE/torch versions, GPU arch); detected on this machine when None.
+        facts: facts of the training machine (TE/torch versions, GPU arch, recorded env); None: an
+            unknown machine, whose installation rules report info "not checked"
+            (`detect_facts()` judges against this machine, graphdoctor.rules.target a declared one).
         select: only run these codes (default: every static rule).
 
     Returns:
@@ -175,10 +179,34 @@ def check(
     for rule in all_rules():
         if rule.runtime or (wanted is not None and rule.code not in wanted):
             continue
+        reported: set[tuple[str, ...]] = set()
         for hit in rule.detect(ctx):
-            locations = tuple(sorted(dict.fromkeys(where[f] for f in hit.fields if f in where), key=_location_key))
-            findings.append(rule.finding(fields=hit.fields, locations=locations, severity=hit.severity, **hit.params))
+            reported.add(hit.fields)
+            findings.append(rule.finding(fields=hit.fields, locations=_locations(hit.fields, where),
+                                         severity=hit.severity, **hit.params))
+        for fields in _unchecked_hits(rule, ctx) - reported:
+            findings.append(rule.not_checked(fields=fields, locations=_locations(fields, where)))
     return CheckReport(findings=_sorted(findings), notes=tuple(notes))
+
+
+def _locations(fields: tuple[str, ...], where: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(sorted(dict.fromkeys(where[f] for f in fields if f in where), key=_location_key))
+
+
+def _unchecked_hits(rule: Rule, ctx: CheckContext) -> set[tuple[str, ...]]:
+    """Fields a machine rule would report under some worst case of the unknown machine facts."""
+    unknown = ctx.facts.unknown.intersection(rule.machine_facts)
+    if not unknown:
+        return set()
+    out: set[tuple[str, ...]] = set()
+    for case in PESSIMISTIC:
+        values = {k: v for k, v in case.items() if k in ctx.facts.unknown}
+        if not values:
+            continue
+        worst = CheckContext(transformer=ctx.transformer, args=ctx.args, run=ctx.run, env=ctx.env,
+                             facts=replace(ctx.facts, **values), megatron_lm=ctx.megatron_lm)  # type: ignore[arg-type]
+        out.update(hit.fields for hit in rule.detect(worst))
+    return out
 
 
 __all__ = ["SCHEMA_VERSION", "CheckReport", "build_context", "check"]

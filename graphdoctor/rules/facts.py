@@ -1,7 +1,9 @@
-"""What the checking machine knows about its software and GPU: TE and torch versions and features.
+"""Facts about the training machine: TE and torch versions and features, CUDA, NCCL, GPU, job env.
 
 Detected lazily by `detect_facts()` (never at import, never creating a CUDA context unless a GPU is
-visible and no `gpu_arch` was given); tests and fixtures pass an explicit EnvironmentFacts instead.
+visible and no `gpu_arch` was given), or declared by a target (graphdoctor.rules.target); without
+either the machine is unknown (`EnvironmentFacts.unknown_machine()`) and the rules that depend on
+its installation report "not checked" instead of guessing from the machine that runs the check.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import importlib.metadata
 import importlib.util
 import re
 import sysconfig
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,28 @@ from graphdoctor.errors import UsageError
 
 _TE_DISTRIBUTIONS: tuple[str, ...] = ("transformer_engine", "transformer-engine", "transformer_engine_torch")
 _SHARED_SUFFIXES: tuple[str, ...] = (".so", ".dylib", ".dll")
+
+INSTALLATION_FACTS: tuple[str, ...] = (
+    "te_version", "te_has_torch_extension", "torch_version", "torch_has_stale_capture_override",
+    "torch_has_graph_safe_rng",
+)
+"""Facts about the software installed on the training machine (what an unknown machine lacks)."""
+
+OPTIMISTIC: dict[str, object] = {
+    "te_version": "999.0.0",
+    "te_has_torch_extension": True,
+    "torch_version": "unknown",
+    "torch_has_stale_capture_override": True,
+    "torch_has_graph_safe_rng": True,
+}
+"""Values an unknown fact takes while rules run: none of them can make a rule report."""
+
+PESSIMISTIC: tuple[dict[str, object], ...] = (
+    {"te_version": None, "te_has_torch_extension": False},
+    {"te_version": "0.0.1", "te_has_torch_extension": False},
+    {"torch_has_stale_capture_override": False, "torch_has_graph_safe_rng": False},
+)
+"""Worst cases tried for unknown facts: a rule that reports only under one of them is "not checked"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +67,34 @@ class EnvironmentFacts:
     gpu_capability: tuple[int, int] | None = None
     """(major, minor) compute capability of the training GPU; None when unknown."""
 
+    cuda_version: str | None = None
+    """CUDA version torch was built with (torch.version.cuda); None for a CPU build or unknown."""
+
+    nccl_version: str | None = None
+    """NCCL version torch was built with; None when unknown."""
+
+    env: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    """Environment variables recorded on the training machine (graphdoctor env); the run file's
+    `env:` section overrides them."""
+
+    unknown: frozenset[str] = frozenset()
+    """INSTALLATION_FACTS nobody declared: their fields hold OPTIMISTIC values and the rules that
+    read them report "not checked" where the answer would matter."""
+
+    source: str = "local"
+    """Where the facts come from: `local` (this machine), `unknown`, `target` or `target:<file>`."""
+
+    @classmethod
+    def unknown_machine(cls, gpu_arch: object = None) -> EnvironmentFacts:
+        """Facts of a training machine nobody described (the default of `graphdoctor check`)."""
+        return cls(**OPTIMISTIC, gpu_capability=parse_gpu_arch(gpu_arch),  # type: ignore[arg-type]
+                   unknown=frozenset(INSTALLATION_FACTS), source="unknown")
+
+    @property
+    def is_known(self) -> bool:
+        """True when every installation fact is known."""
+        return not self.unknown
+
     def te_at_least(self, version: str) -> bool:
         """Megatron's is_te_min_version: a missing TE counts as version 0.0.0."""
         return version_tuple(self.te_version or "0.0.0") >= version_tuple(version)
@@ -59,8 +111,25 @@ class EnvironmentFacts:
             values["gpu_capability"] = parse_gpu_arch(values.pop("gpu_arch"))
         for key in values:
             if key not in known:
-                raise UsageError(f"facts: got unknown fact {key!r}, expected one of {', '.join(sorted(known))}")
-        return replace(self, **values)
+                from graphdoctor.suggest import did_you_mean
+
+                raise UsageError(f"facts: got unknown fact {key!r}{did_you_mean(key, known)}, "
+                                 f"expected one of {', '.join(sorted(known))}")
+        return replace(self, **values, unknown=self.unknown - values.keys())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (the `facts` of `graphdoctor env --json` and `target` of check JSON)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in self.unknown:
+                value = None
+            elif isinstance(value, frozenset):
+                value = sorted(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = dict(value) if isinstance(value, dict) else value
+        return out
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -146,6 +215,10 @@ def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
         torch.Generator, "graphsafe_get_state"
     )
     te_version = _te_version()
+    try:
+        nccl: str | None = ".".join(str(v) for v in torch.cuda.nccl.version())
+    except (AttributeError, RuntimeError, TypeError):  # CPU-only torch builds have no NCCL
+        nccl = None
     return EnvironmentFacts(
         te_version=te_version,
         te_has_torch_extension=te_version is not None and _te_torch_extension_present(),
@@ -153,7 +226,9 @@ def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
         torch_has_stale_capture_override=hasattr(torch.autograd.graph, "set_override_stale_capture_stream"),
         torch_has_graph_safe_rng=graph_safe,
         gpu_capability=capability,
+        cuda_version=torch.version.cuda,
+        nccl_version=nccl,
     )
 
 
-__all__ = ["EnvironmentFacts", "detect_facts", "parse_gpu_arch", "version_tuple"]
+__all__ = ["INSTALLATION_FACTS", "OPTIMISTIC", "PESSIMISTIC", "EnvironmentFacts", "detect_facts", "parse_gpu_arch", "version_tuple"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import InputFileError, UsageError
+from graphdoctor.suggest import did_you_mean
 
 # flag -> (section, key, kind); kind: true/false (store_true/store_false), int, float, str, list,
 # freq (moe_layer_freq int or pattern), list3 (nargs=3).
@@ -186,7 +187,7 @@ def parse_megatron_args(text_or_at: str) -> MegatronArgs:
             i += 1
         spec = FLAGS.get(flag)
         if spec is None:
-            result.notes.append(f"ignored flag {flag}")
+            result.notes.append(f"ignored flag {flag}{did_you_mean(flag, FLAGS, cutoff=0.85)}")
             continue
         section, key, kind = spec
         if kind in ("true", "false"):

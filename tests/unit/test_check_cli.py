@@ -42,7 +42,9 @@ def test_check_json_schema(tmp_path: Path) -> None:
     path = write(tmp_path, "transformer:\n  cuda_graph_impl: full_iteration\n  cuda_graph_modules: [attn]\n")
     code, out, _ = invoke("check", "--config", path, "--format", "json")
     data = json.loads(out)
-    assert code == 1 and data["schema_version"] == 1 and data["has_errors"] is True
+    # schema 2: the one envelope of docs/json.md (schema_version, tool, command, then the payload)
+    assert code == 1 and data["schema_version"] == 2 and data["has_errors"] is True
+    assert data["command"] == "check" and data["tool"]["name"] == "graphdoctor"
     finding = next(f for f in data["findings"] if f["code"] == "GD114")
     assert set(finding) >= {"code", "name", "severity", "message", "fix", "fields", "locations"}
     assert finding["locations"] == [f"{path}:2", f"{path}:3"]
@@ -100,7 +102,9 @@ def test_rules_listing_formats(tmp_path: Path) -> None:
     code, out, _ = invoke("rules")
     assert code == 0 and "GD101" in out and "GD510" in out
     data = json.loads(invoke("rules", "--format", "json")[1])
-    assert {"code", "name", "family", "severity", "fix", "status", "explanation"} <= set(data[0])
+    # schema 2: the envelope (docs/json.md) around {"rules": [...]} instead of a bare list
+    assert data["schema_version"] == 2 and data["command"] == "rules"
+    assert {"code", "name", "family", "severity", "fix", "status", "explanation"} <= set(data["rules"][0])
     code, out, _ = invoke("rules", "--format", "md", "--output", str(tmp_path / "docs"))
     assert code == 0 and (tmp_path / "docs" / "index.md").is_file() and (tmp_path / "docs" / "GD301.md").is_file()
 

@@ -26,7 +26,8 @@ def test_json_file_and_stdout(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["count", "--trace", str(SYNTHETIC), "--json", str(out)])
     assert result.exit_code == 0
     document = json.loads(out.read_text())
-    assert document["schema_version"] == 1
+    # schema 2 by design: the one envelope of docs/json.md
+    assert document["schema_version"] == 2 and document["command"] == "count"
     stdout = CliRunner().invoke(main, ["count", "--trace", str(SYNTHETIC), "--json", "-"])
     assert json.loads(stdout.output) == document
 

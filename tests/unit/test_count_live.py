@@ -51,7 +51,8 @@ def test_table_and_json_from_recorded_runs(tmp_path: Path) -> None:
     assert "local: host launches 658 eager -> 380 graphed" in text
     assert "transformer_engine: unavailable" in text
     data = json.loads(write_count_json(report, tmp_path / "c.json").read_text(encoding="utf-8"))
-    assert data["schema_version"] == 1 and data["exit_code"] == 0
+    # schema 2 by design: the one envelope of docs/json.md
+    assert data["schema_version"] == 2 and data["command"] == "count" and data["exit_code"] == 0
     impls = {e["impl"]: e for e in data["impls"]}
     assert impls["full_iteration"]["launches"]["census_check"]["match"]
     assert impls["local"]["launches"]["graphed"]["num_graph_launches"] == 8

@@ -231,7 +231,8 @@ def test_cli_text_and_json_say_trace_not_loaded(tmp_path: Path) -> None:
     assert "trace not loaded" not in full.stdout and "trace entries" in full.stdout
     doc_fast = json.loads((tmp_path / "fast.json").read_text())
     doc_full = json.loads((tmp_path / "full.json").read_text())
-    assert doc_fast["schema_version"] == doc_full["schema_version"] == 1
+    # schema 2 by design: the one envelope of docs/json.md
+    assert doc_fast["schema_version"] == doc_full["schema_version"] == 2
     assert all(doc_fast["snapshot"][k] is None for k in TRACE_FIELDS)
     assert doc_full["snapshot"]["num_trace_entries"] > 0 and doc_full["snapshot"]["phases"]
     assert _without_trace(doc_fast["snapshot"]) == _without_trace(doc_full["snapshot"])

@@ -56,7 +56,8 @@ def test_have_transformer_engine_says_why_without_raising() -> None:
 def test_check_reports_te_missing_for_a_transformer_engine_run_file(tmp_path: Path) -> None:
     run = tmp_path / "run.yaml"
     run.write_text("transformer:\n  cuda_graph_impl: transformer_engine\n", encoding="utf-8")
-    result = CliRunner().invoke(main, ["check", "--config", str(run), "--format", "json"])
+    # issue 16: the checking machine is not the training machine; `--target local` says it is
+    result = CliRunner().invoke(main, ["check", "--config", str(run), "--format", "json", "--target", "local"])
     assert result.exit_code == 1, result.output
     (finding,) = [f for f in json.loads(result.stdout)["findings"] if f["code"] == "GD304"]
     assert finding["name"] == "transformer-engine-missing" and finding["severity"] == "error"

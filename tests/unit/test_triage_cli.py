@@ -50,7 +50,8 @@ def test_against_finds_leak_exit_1(snaps: dict[str, Path], tmp_path: Path) -> No
     assert code == 1
     assert "Leak suspects" in out and "work/train.py:52 train_step" in out
     doc = json.loads((tmp_path / "r.json").read_text())
-    assert doc["schema_version"] == SCHEMA_VERSION == 1
+    # the CLI document is the envelope of docs/json.md (schema 2) around the schema 1 TriageReport payload
+    assert SCHEMA_VERSION == 1 and doc["schema_version"] == 2 and doc["command"] == "triage"
     assert doc["leak_suspects"][0]["growth_bytes"] == 4 << 20
     assert doc["diff"]["total"]["num_new"] >= 4
     assert doc["against"]["path"].endswith("captured.pickle")
