@@ -11,7 +11,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.diff import require_gpu, why_unavailable
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
 from graphdoctor.parent.children import ChildSession
+from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
 
@@ -69,13 +69,13 @@ class CountReport:
 
 
 def count(config: DiffConfig, *, workdir: str | Path | None = None,
-          progress: Callable[[str], None] | None = None) -> CountReport:
+          progress: ProgressBoard | None = None) -> CountReport:
     """Profile one steady-state step of eager and of every graphed implementation.
 
     Args:
         config: the run (model, impls, steps; compare-related fields are ignored).
         workdir: where children write specs, events and logs (default: temporary, removed).
-        progress: called with one line per child start and end.
+        progress: where to show the running children (None: nowhere).
 
     Returns:
         The CountReport.

@@ -12,7 +12,6 @@ import dataclasses
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from graphdoctor.config import TE_LAYER_SPECS, DiffConfig
 from graphdoctor.errors import MissingDependencyError, NoGPUError
 from graphdoctor.parent.children import ChildRequest, ChildSession
 from graphdoctor.parent.gpus import plan_jobs
+from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.runner import python_command, run_isolated
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
@@ -58,6 +58,10 @@ class DiffReport:
     """Wall time of the whole diff."""
     child_wall_s: float = 0.0
     """Sum of the children's wall times."""
+    scratch_bytes: int = 0
+    """Most bytes the diff held on disk for reference tensors at once (targeted re-runs only)."""
+    jobs: str = ""
+    """How the children were scheduled (one line)."""
 
     @property
     def env(self) -> RunEnv | None:
@@ -85,6 +89,8 @@ class DiffReport:
             "exit_code": self.exit_code(),
             "wall_s": self.wall_s,
             "child_wall_s": self.child_wall_s,
+            "scratch_bytes": self.scratch_bytes,
+            "jobs": self.jobs,
             "reference": self.reference.to_dict(),
             "control_reference": self.control_reference.to_dict() if self.control_reference else None,
             "impls": [r.to_dict() for r in self.results],
@@ -105,7 +111,8 @@ class DiffReport:
                    results=tuple(ImplResult.from_dict(r) for r in data.get("impls", ())),
                    reference=RunRecord.from_dict(data["reference"]),
                    control_reference=RunRecord.from_dict(control) if control else None,
-                   wall_s=float(data.get("wall_s", 0.0)), child_wall_s=float(data.get("child_wall_s", 0.0)))
+                   wall_s=float(data.get("wall_s", 0.0)), child_wall_s=float(data.get("child_wall_s", 0.0)),
+                   scratch_bytes=int(data.get("scratch_bytes", 0)), jobs=str(data.get("jobs", "")))
 
 
 def require_gpu(command: str = "graphdoctor diff") -> None:
@@ -177,14 +184,15 @@ def _unavailable(impl: str, why: str) -> ImplResult:
 
 
 def diff(config: DiffConfig, *, workdir: str | Path | None = None,
-         progress: Callable[[str], None] | None = None) -> DiffReport:
+         progress: ProgressBoard | None = None) -> DiffReport:
     """Run eager and every requested graphed implementation; judge each.
 
     Args:
         config: the run.
         workdir: where children write specs, events and logs (default: a temporary directory,
             removed afterwards; docs/protocol.md lists the files).
-        progress: called with one line per child start and end (the CLI prints them to stderr).
+        progress: where to show the running children (graphdoctor.parent.progress; the CLI shows
+            one on stderr); None shows nothing.
 
     Returns:
         The DiffReport (render it with graphdoctor.report).
@@ -205,9 +213,9 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
     base.mkdir(parents=True, exist_ok=True)
     try:
         plan = plan_jobs(config)
-        if progress is not None:
-            progress(plan.reason)
-        run = DiffRun(ChildSession(config, base, progress, plan))
+        session = ChildSession(config, base, progress, plan)
+        session.note(plan.reason)
+        run = DiffRun(session)
         report = run.run_all()
     finally:
         if own_dir:
@@ -233,6 +241,7 @@ class DiffRun:
         self.ref_dir = _scratch_dir(session.workdir, "ref")
         self.control_reference: RunRecord | None = None
         self._tapped_reference: RunRecord | None = None
+        self.scratch_bytes = 0
 
     def run_all(self) -> DiffReport:
         """Reference and implementations, judged; scratch directories removed afterwards."""
@@ -251,7 +260,8 @@ class DiffRun:
             shutil.rmtree(self.ref_dir, ignore_errors=True)
         return DiffReport(config=self.config, results=tuple(results), reference=reference,
                           control_reference=self.control_reference,
-                          child_wall_s=self.session.child_wall_s)
+                          child_wall_s=self.session.child_wall_s, scratch_bytes=self.scratch_bytes,
+                          jobs=self.session.plan.reason)
 
     def request(self, impl: str, dropout: float, role: Role, **kwargs: Any) -> ChildRequest:
         """A child request against this diff's scratch directory."""
@@ -297,6 +307,7 @@ class DiffRun:
         dropout = graphed.dropout
         rerun = dict(io_steps=io_steps, stop_after=max(io_steps))
         saved = self.session.run_request(self.request(EAGER, dropout, Role.REFERENCE, **rerun))
+        self.scratch_bytes = max(self.scratch_bytes, _tree_bytes(self.ref_dir))
         if saved.status != "ok":
             return graphed
         compared = self.session.run_request(self.request(graphed.impl, dropout, Role.GRAPHED, **rerun))
@@ -400,6 +411,10 @@ class DiffRun:
         return dataclasses.replace(result, diagnosis=merged, runs=(*result.runs, hunt), notes=(
             *result.notes, "the failing operation was located by re-running the capture with "
                            "torch.cuda.set_sync_debug_mode('error')"))
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def _with_eager_memory(result: ImplResult, reference: RunRecord) -> ImplResult:

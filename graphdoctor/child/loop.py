@@ -187,7 +187,7 @@ class StepRunner:
     spec: ChildSpec
     setup: Setup
     io: ReferenceIO
-    printer: StepPrinter
+    printer: StepPrinter | None
     taps: Any = None
 
     def create_te_graphs(self, step: int) -> Event:
@@ -231,7 +231,7 @@ class StepRunner:
                 self.taps.end_step(step)
         loss = _reported_loss(losses).clone()
         end_fb.record()
-        grad_prints = None if profiled else self.printer.grads()
+        grad_prints = None if profiled or self.printer is None else self.printer.grads()
         grads = None if profiled else self.io.process(step, "grads")
         resume.record()
         _, grad_norm, _ = setup.optimizer.step()
@@ -239,7 +239,7 @@ class StepRunner:
         end_ev.synchronize()
         step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
         prints = None
-        if grad_prints is not None:
+        if grad_prints is not None and self.printer is not None:
             prints = StepPrints(grads=_lanes(grad_prints), params=_lanes(self.printer.params()))
         params = None if profiled else self.io.process(step, "params")
         return StepRecord(step=step, phase=phase, loss=float(loss.item()), step_time_ms=step_ms,
@@ -268,9 +268,12 @@ def run_steps(
     compare/save seconds spent."""
     cfg = spec.config
     families = TensorFamilies.of(setup.model)
+    printer = StepPrinter(families) if spec.fingerprints else None
     runner = StepRunner(spec=spec, setup=setup, io=ReferenceIO(spec=spec, families=families),
-                        printer=StepPrinter(families), taps=taps)
-    emit(Tensors(names=families.layout.names))
+                        printer=printer, taps=taps)
+    emit(Tensors(names=families.layout.names, num_parameters=families.layout.total,
+                 parameter_bytes=sum(p.numel() * p.element_size() for _, p in families.params),
+                 fingerprint_bytes=printer.extra_bytes if printer is not None else 0))
     profile_last = cfg.launches and spec.role is not Role.TAPPED and spec.stop_after is None
     last = cfg.steps + (1 if profile_last else 0) - 1 if spec.stop_after is None else spec.stop_after
     te_capture_step = cfg.cuda_graph_warmup_steps if setup.te_helper is not None else None

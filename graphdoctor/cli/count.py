@@ -84,12 +84,13 @@ def count_command(trace_path: Path | None, json_path: Path | None, config_path: 
 
 
 def _live(config_path: str | None, json_path: Path | None, values: dict[str, object]) -> None:
-    from graphdoctor.cli.diff import build_config
+    from graphdoctor.cli.diff import build_config, progress_board
     from graphdoctor.count import count
     from graphdoctor.report.count import render_count_text, write_count_json
 
     config = build_config(config_path, values)
-    report = count(config, progress=lambda line: click.echo(f"graphdoctor: {line}", err=True))
+    with progress_board(quiet=False) as board:
+        report = count(config, progress=board)
     if json_path is not None:
         write_count_json(report, json_path)
     click.echo(render_count_text(report))

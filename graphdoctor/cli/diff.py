@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,19 @@ def build_config(config_path: str | None, values: dict[str, Any]) -> Any:
     return config
 
 
+@contextlib.contextmanager
+def progress_board(quiet: bool) -> Iterator[Any]:
+    """The progress board of a diff or live count on stderr, closed before the report prints."""
+    from graphdoctor.parent.progress import ProgressBoard, progress_mode
+
+    board = ProgressBoard(sys.stderr, progress_mode(sys.stderr, quiet=quiet))
+    board.start()
+    try:
+        yield board
+    finally:
+        board.close()
+
+
 @click.command("diff")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               metavar="RUN.yaml",
@@ -55,8 +70,11 @@ def build_config(config_path: str | None, values: dict[str, Any]) -> Any:
               help="Keep child specs, events and logs here. Default: a temporary directory.")
 @click.option("-v", "--verbose", is_flag=True, default=False,
               help="Show traceback tails of failures. Default: off.")
+@click.option("-q", "--quiet", is_flag=True, default=False,
+              help="No progress on stderr (a live line per running child on a terminal, log lines "
+                   "otherwise). Default: off.")
 def diff_command(config_path: str | None, json_path: str | None, html_path: str | None,
-                 workdir: str | None, verbose: bool, **values: Any) -> None:
+                 workdir: str | None, verbose: bool, quiet: bool, **values: Any) -> None:
     """Train a real Megatron-Core GPT model eager and graphed side by side on the GPU and give a
     verdict per implementation (match, rng-divergence, numeric-divergence, capture-failed,
     crashed, timeout, unavailable).
@@ -72,10 +90,8 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     from graphdoctor.diff import diff
     from graphdoctor.report.diff import render_text, write_json
 
-    def progress(line: str) -> None:
-        click.echo(f"graphdoctor: {line}", err=True)
-
-    report = diff(config, workdir=workdir, progress=progress)
+    with progress_board(quiet) as board:
+        report = diff(config, workdir=workdir, progress=board)
     if json_path:
         write_json(report, json_path)
     click.echo(render_text(report, verbose=verbose))
@@ -92,4 +108,4 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
 
 COMMANDS = [diff_command]
 
-__all__ = ["COMMANDS", "build_config", "diff_command"]
+__all__ = ["COMMANDS", "build_config", "diff_command", "progress_board"]

@@ -9,7 +9,6 @@ import dataclasses
 import os
 import queue
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from graphdoctor.config import DiffConfig, entry_point_modules
 from graphdoctor.parent.diagnose import diagnose, is_capture_error
 from graphdoctor.parent.gpus import JobPlan
+from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.runner import ProcessResult, child_env, python_command, run_isolated, with_port_retries
 from graphdoctor.protocol.events import (
     End,
@@ -56,6 +56,9 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
         memory=memory.section if memory else None, launches=launches.section if launches else None,
         env=started.env if started else None, forensics=taps.table if taps else None,
         hazards=tuple(log.of(Hazard)), name=spec.name, tensor_names=tensors.names if tensors else (),
+        num_parameters=tensors.num_parameters if tensors else 0,
+        parameter_bytes=tensors.parameter_bytes if tensors else 0,
+        fingerprint_bytes=tensors.fingerprint_bytes if tensors else 0,
         peak_allocated_bytes=end.peak_allocated_bytes if end else None,
         end_reserved_bytes=end.end_reserved_bytes if end else None,
         end_allocated_bytes=end.end_allocated_bytes if end else None,
@@ -97,6 +100,13 @@ def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = No
     return record_from_events(spec, read_events(spec.events_path), ended)
 
 
+def total_steps(spec: ChildSpec) -> int:
+    """How many steps the child will run (the profiled extra step included)."""
+    if spec.stop_after is not None:
+        return spec.stop_after + 1
+    return spec.config.steps + (1 if spec.config.launches and spec.role is not Role.TAPPED else 0)
+
+
 def port_taken(record: RunRecord) -> bool:
     """True when a child failed in setup because its rendezvous port was already in use."""
     diag = record.diagnosis
@@ -129,6 +139,8 @@ class ChildRequest:
     """Steps whose tensors are saved (reference) or compared element by element (graphed)."""
     stop_after: int | None = None
     """Last step to run (targeted re-runs); None: every step."""
+    fingerprints: bool = True
+    """Fingerprint every step (off only for baseline timings: tests/benchmarks/diff_scale.py)."""
 
     @property
     def targeted(self) -> bool:
@@ -150,11 +162,11 @@ class ChildRequest:
 class ChildSession:
     """One diff's (or count's) working directory, the children it ran, and where they run."""
 
-    def __init__(self, config: DiffConfig, workdir: Path,
-                 progress: Callable[[str], None] | None = None, plan: JobPlan | None = None) -> None:
+    def __init__(self, config: DiffConfig, workdir: Path, board: ProgressBoard | None = None,
+                 plan: JobPlan | None = None) -> None:
         self.config = config
         self.workdir = workdir
-        self.progress = progress or (lambda _msg: None)
+        self.board = board
         self.plan = plan or JobPlan(jobs=1, gpus=(), shared=False, reason="children run in series")
         self.num_children = 0
         self.child_wall_s = 0.0
@@ -182,7 +194,8 @@ class ChildSession:
                          hunt_culprit=request.hunt,
                          keep_snapshots=self.config.snapshot_dir is not None, taps=request.taps,
                          import_dir=self.import_dir, io_steps=request.io_steps,
-                         stop_after=request.stop_after, gpu_turn=gpu_turn)
+                         stop_after=request.stop_after, gpu_turn=gpu_turn,
+                         fingerprints=request.fingerprints)
 
     def run(self, impl: str, dropout: float, role: Role, ref_dir: Path, *, hunt: bool = False,
             taps: bool = False) -> RunRecord:
@@ -197,18 +210,28 @@ class ChildSession:
             env = child_env(self.config.env)
             if device is not None and len(self.plan.gpus) > 1:
                 env["CUDA_VISIBLE_DEVICES"] = device
-            self.progress(f"running {request.impl} (dropout {request.dropout:g}, {request.describe()})")
 
             def attempt(number: int) -> RunRecord:
-                return run_child(self.spec(request, attempt=number, gpu_turn=turn), self.workdir, env=env)
+                spec = self.spec(request, attempt=number, gpu_turn=turn)
+                if self.board is not None:
+                    self.board.child_started(spec.name, request.impl, request.describe(), spec.events_path,
+                                             total_steps(spec))
+                record = run_child(spec, self.workdir, env=env)
+                if self.board is not None:
+                    self.board.child_finished(spec.name, record.status, record.wall_s)
+                return record
 
             record, failed = with_port_retries(attempt, port_taken, 0 if _under_torchrun() else 2)
         finally:
             self._slots.put(device)
         with self._lock:
             self.child_wall_s += record.wall_s + sum(r.wall_s for r in failed)
-        self.progress(f"  {request.impl}: {record.status} in {record.wall_s:.1f} s ({request.describe()})")
         return record
+
+    def note(self, text: str) -> None:
+        """One line of the parent's own on the progress board."""
+        if self.board is not None:
+            self.board.note(text)
 
     def run_many(self, requests: list[ChildRequest]) -> list[RunRecord]:
         """Run several independent requests, up to plan.jobs at a time; results in request order."""

@@ -72,6 +72,12 @@ class Tensors:
 
     kind: ClassVar[str] = "tensors"
     names: tuple[str, ...]
+    num_parameters: int = 0
+    """Elements over all of them (the model's trainable parameters on this rank)."""
+    parameter_bytes: int = 0
+    """Their bytes in the parameters' own dtypes."""
+    fingerprint_bytes: int = 0
+    """Peak device bytes the fingerprints use during a step (computed by their plan)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,11 +77,23 @@ class RunRecord:
     tensor_names: tuple[str, ...] = ()
     """The tensors the steps' fingerprints cover, in order (not in the report JSON)."""
 
+    num_parameters: int = 0
+    """Trainable parameters (elements) of the model on this rank."""
+
+    parameter_bytes: int = 0
+    """Their bytes."""
+
+    fingerprint_bytes: int = 0
+    """Peak device bytes the step fingerprints used (their computed plan)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
             "impl": self.impl,
             "name": self.name,
+            "num_parameters": self.num_parameters,
+            "parameter_bytes": self.parameter_bytes,
+            "fingerprint_bytes": self.fingerprint_bytes,
             "dropout": self.dropout,
             "status": self.status,
             "steps": [s.to_dict() for s in self.steps],
@@ -114,7 +126,9 @@ class RunRecord:
             forensics=TapTable.from_dict(forensics) if forensics else None,
             hazards=tuple(Hazard(rule=str(h.get("rule")), module=str(h.get("module")),
                                  message=str(h.get("message"))) for h in data.get("hazards", ())),
-            name=str(data.get("name", "")),
+            name=str(data.get("name", "")), num_parameters=int(data.get("num_parameters", 0)),
+            parameter_bytes=int(data.get("parameter_bytes", 0)),
+            fingerprint_bytes=int(data.get("fingerprint_bytes", 0)),
             peak_allocated_bytes=data.get("peak_allocated_bytes", env.get("peak_allocated_bytes")),
             end_reserved_bytes=data.get("end_reserved_bytes", env.get("end_reserved_bytes")),
             end_allocated_bytes=data.get("end_allocated_bytes", env.get("end_allocated_bytes")),

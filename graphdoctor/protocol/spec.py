@@ -195,6 +195,9 @@ class ChildSpec:
     stop_after: int | None = None
     """Last step to run (a targeted re-run ends there); None: every step."""
 
+    fingerprints: bool = True
+    """Fingerprint every step's main_grads and parameters (off only for baseline timings)."""
+
     gpu_turn: str | None = None
     """Lock file of the GPU this child shares with other children (graphdoctor.child.quiet); None
     when it runs alone, and never for a multi-process child."""

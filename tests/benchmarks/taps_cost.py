@@ -5,7 +5,7 @@ Usage (on a CUDA machine, from the repository root):
 
 For each implementation it trains the default graphdoctor GPT twice, side by side in one
 invocation: plainly and with taps (dropout masks, random draws, module outputs and output
-gradients fingerprinted inside the graphs). Both are `role=plain` child runs (no reference I/O, no
+gradients fingerprinted inside the graphs). Both are `tapped`-role child runs (no reference I/O, no
 profiler, no memory history). Time: median CUDA-event step time over replay steps. Memory: the
 taps' own tables, and the difference in persistent allocated bytes at the end of the run, against
 the untapped run's persistent allocated bytes (parameters, main_grads, optimizer states, graph
@@ -22,15 +22,17 @@ import tempfile
 from pathlib import Path
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.parent.runner import run_child
-from graphdoctor.protocol.spec import ChildSpec, placement_for_child
+from graphdoctor.parent.children import run_child
+from graphdoctor.protocol.spec import ChildSpec, Role, placement_for_child, run_name
 
 
 def _run(impl: str, cfg: DiffConfig, work: Path, taps: bool, index: int) -> dict[str, object]:
-    spec = ChildSpec(impl=impl, dropout=cfg.dropout, config=cfg.to_dict(), role="plain",
-                     events_path=str(work / f"events-{impl}-{taps}.jsonl"),
-                     reference_dir=str(work), placement=placement_for_child(index), taps=taps)
-    record = run_child(spec, work, timeout_s=cfg.timeout_s)
+    name = run_name(impl, cfg.dropout, Role.TAPPED, taps=taps)
+    spec = ChildSpec(impl=impl, dropout=cfg.dropout, config=cfg.replace(memory=False, launches=False),
+                     role=Role.TAPPED, name=name, events_path=str(work / f"events-{name}.jsonl"),
+                     reference_dir=str(work), placement=placement_for_child(index), taps=taps,
+                     fingerprints=False)
+    record = run_child(spec, work)
     if record.status != "ok":
         raise SystemExit(f"{impl} taps={taps}: {record.status} {record.diagnosis}")
     replay = [s.step_time_ms for s in record.steps if s.phase == "replay"][2:]
@@ -38,8 +40,8 @@ def _run(impl: str, cfg: DiffConfig, work: Path, taps: bool, index: int) -> dict
             "end_allocated_bytes": record.end_allocated_bytes,
             "peak_allocated_bytes": record.peak_allocated_bytes,
             "end_reserved_bytes": record.end_reserved_bytes,
-            "taps_bytes": (record.forensics or {}).get("num_bytes"),
-            "num_sites": (record.forensics or {}).get("num_slots")}
+            "taps_bytes": record.forensics.num_bytes if record.forensics else None,
+            "num_sites": len(record.forensics.sites) if record.forensics else None}
 
 
 def _delta(tapped: dict[str, object], plain: dict[str, object], key: str) -> int | None:
