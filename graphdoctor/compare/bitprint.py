@@ -20,7 +20,7 @@ from graphdoctor.errors import GraphDoctorError
 NUM_LANES = 2
 """Independent 64-bit hash lanes per tensor."""
 
-BLOCK_NUMEL = 1 << 16
+BLOCK_NUMEL = 1 << 14
 """Elements per block: element i's multiplier is R(i // BLOCK_NUMEL) * M(i % BLOCK_NUMEL)."""
 
 BYTES_PER_CHUNK_ELEMENT = 24
@@ -171,14 +171,17 @@ def plan_chunks(specs: Sequence[TensorSpec], budget_bytes: int | None = None,
         raise BitprintError(f"budget_bytes/chunk_numel: got {budget_bytes}/{chunk_numel}, expected > 0")
     num_blocks = sum(_blocks(s.numel) for s in specs)
     persistent = FIXED_BYTES + num_blocks * BYTES_PER_BLOCK + len(specs) * 16
+    call_tables = num_blocks * 16 + len(specs) * 16
     if chunk_numel is None:
-        chunk_numel = (budget_bytes - persistent - len(specs) * 16) // BYTES_PER_CHUNK_ELEMENT
-    largest_blocks = max((_blocks(s.numel) for s in specs), default=1)
-    chunk_blocks = min(max(1, math.ceil(chunk_numel / BLOCK_NUMEL)), largest_blocks)
+        available = budget_bytes - persistent - call_tables
+        chunk_blocks = max(1, available // (BYTES_PER_CHUNK_ELEMENT * BLOCK_NUMEL))
+    else:
+        chunk_blocks = max(1, math.ceil(chunk_numel / BLOCK_NUMEL))
+    chunk_blocks = min(chunk_blocks, max((_blocks(s.numel) for s in specs), default=1))
     chunk_numel = chunk_blocks * BLOCK_NUMEL
     num_chunks = sum(math.ceil(_blocks(s.numel) / chunk_blocks) for s in specs)
     # per call: block sums [2, num_blocks] and the result [num_tensors, 2] on top of the chunk buffers.
-    extra = persistent + chunk_numel * BYTES_PER_CHUNK_ELEMENT + num_blocks * 16 + len(specs) * 16
+    extra = persistent + chunk_numel * BYTES_PER_CHUNK_ELEMENT + call_tables
     return ChunkPlan(chunk_numel=chunk_numel, num_chunks=num_chunks, num_blocks=num_blocks,
                      num_tensors=len(specs), total_numel=total, model_bytes=model_bytes,
                      budget_bytes=budget_bytes, persistent_bytes=persistent, extra_bytes=extra)
