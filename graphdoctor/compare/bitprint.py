@@ -8,6 +8,7 @@ Semantics, collision model and memory/host-work bounds: docs/fingerprints.md.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import struct
 from collections.abc import Sequence
@@ -26,8 +27,11 @@ BLOCK_NUMEL = 1 << 14
 BYTES_PER_CHUNK_ELEMENT = 24
 """Device bytes per element of one chunk: products (2 lanes x 8) and one gather/index/fold word (8)."""
 
-BYTES_PER_BLOCK = 40
-"""Device bytes per block: block sums (2 x 8), block multipliers (2 x 8), owning tensor (8)."""
+BYTES_PER_BLOCK = 16
+"""Persistent device bytes per block: the block multipliers R (2 lanes x 8)."""
+
+CALL_BYTES_PER_BLOCK = 32
+"""Per-call device bytes per block: block sums and their running sums (2 lanes x 8 each)."""
 
 FIXED_BYTES = 2 * BLOCK_NUMEL * 8
 """Device bytes of the in-block multipliers M (two lanes, kept for the fingerprinter's lifetime)."""
@@ -170,8 +174,9 @@ def plan_chunks(specs: Sequence[TensorSpec], budget_bytes: int | None = None,
     if budget_bytes <= 0 or (chunk_numel is not None and chunk_numel <= 0):
         raise BitprintError(f"budget_bytes/chunk_numel: got {budget_bytes}/{chunk_numel}, expected > 0")
     num_blocks = sum(_blocks(s.numel) for s in specs)
-    persistent = FIXED_BYTES + num_blocks * BYTES_PER_BLOCK + len(specs) * 16
-    call_tables = num_blocks * 16 + len(specs) * 16
+    # persistent: M, R, the salt [num_tensors, 2] and each tensor's first and end block [2, num_tensors].
+    persistent = FIXED_BYTES + num_blocks * BYTES_PER_BLOCK + len(specs) * 32
+    call_tables = num_blocks * CALL_BYTES_PER_BLOCK + len(specs) * 48
     if chunk_numel is None:
         available = budget_bytes - persistent - call_tables
         chunk_blocks = max(1, available // (BYTES_PER_CHUNK_ELEMENT * BLOCK_NUMEL))
@@ -180,7 +185,7 @@ def plan_chunks(specs: Sequence[TensorSpec], budget_bytes: int | None = None,
     chunk_blocks = min(chunk_blocks, max((_blocks(s.numel) for s in specs), default=1))
     chunk_numel = chunk_blocks * BLOCK_NUMEL
     num_chunks = sum(math.ceil(_blocks(s.numel) / chunk_blocks) for s in specs)
-    # per call: block sums [2, num_blocks] and the result [num_tensors, 2] on top of the chunk buffers.
+    # per call: block sums and running sums [2, num_blocks], per-tensor totals and result on top of the chunk buffers.
     extra = persistent + chunk_numel * BYTES_PER_CHUNK_ELEMENT + call_tables
     return ChunkPlan(chunk_numel=chunk_numel, num_chunks=num_chunks, num_blocks=num_blocks,
                      num_tensors=len(specs), total_numel=total, model_bytes=model_bytes,
@@ -235,11 +240,11 @@ class BitFingerprinter:
         self.specs = tuple(s if isinstance(s, TensorSpec) else TensorSpec(*s) for s in specs)
         self.device = torch.device(device)
         self.plan = plan_chunks(self.specs, budget_bytes=budget_bytes, chunk_numel=chunk_numel)
-        owners = [index for index, spec in enumerate(self.specs) for _ in range(_blocks(spec.numel))]
+        ends = list(itertools.accumulate(_blocks(spec.numel) for spec in self.specs))
         block_mults = [[to_signed64(block_multiplier(b, lane)) for spec in self.specs
                         for b in range(_blocks(spec.numel))] for lane in range(NUM_LANES)]
         salts = [[to_signed64(salt(s.numel, s.dtype, lane)) for lane in range(NUM_LANES)] for s in self.specs]
-        self._owner = torch.tensor(owners, dtype=torch.int64, device=self.device)
+        self._bounds = torch.tensor([[0, *ends][:-1], ends], dtype=torch.int64, device=self.device)
         self._block_mult = torch.tensor(block_mults, dtype=torch.int64, device=self.device)
         self._salt = torch.tensor(salts, dtype=torch.int64, device=self.device).view(-1, NUM_LANES)
         self._mults = torch.empty((NUM_LANES, BLOCK_NUMEL), dtype=torch.int64, device=self.device)
@@ -278,7 +283,12 @@ class BitFingerprinter:
             for tensor in tensors:
                 row = self._reduce_tensor(tensor, prods, sums, row)
             sums.mul_(self._block_mult)
-            return self._salt.clone().index_add_(0, self._owner, sums.t())
+            # Per-tensor totals as differences of running sums: deterministic (no atomics) and exact
+            # mod 2^64, since int64 cumsum and subtraction wrap like the rest.
+            running = torch.zeros((NUM_LANES, self.plan.num_blocks + 1), dtype=torch.int64, device=self.device)
+            torch.cumsum(sums, dim=1, out=running[:, 1:])
+            totals = running.index_select(1, self._bounds[1]) - running.index_select(1, self._bounds[0])
+            return (totals.t() + self._salt).contiguous()
 
     def _reduce_tensor(self, tensor: torch.Tensor, prods: torch.Tensor, sums: torch.Tensor, row: int) -> int:
         """Write the tensor's block sums into sums[:, row:], return the next free block row."""

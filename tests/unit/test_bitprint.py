@@ -201,6 +201,12 @@ def test_encoding_round_trips_through_json() -> None:
         differing_tensors(step, step[:1])
 
 
+def test_an_empty_family_gives_an_empty_result() -> None:
+    fp = BitFingerprinter([], "cpu")
+    assert fp.fingerprint([]).shape == (0, 2)
+    assert family_digest([]) == family_digest(host_lanes(fp.fingerprint([])))
+
+
 def test_layout_mismatch_is_refused() -> None:
     fp = BitFingerprinter([("w", 4, torch.float32)], "cpu")
     with pytest.raises(BitprintError, match="'w'"):
