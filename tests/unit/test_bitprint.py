@@ -237,3 +237,13 @@ def test_plan_bounds_hold_across_sizes() -> None:
         plan = plan_chunks(specs)
         assert plan.num_chunks <= MAX_CHUNKS + len(specs), total
         assert plan.extra_bytes <= max(plan.model_bytes // 100, 4 << 20), total
+
+
+def test_parameters_that_require_grad_are_read_without_autograd() -> None:
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.nn.Parameter(torch.randn(64, 48, generator=gen).bfloat16())
+    fp = BitFingerprinter([("weight", weight.numel(), weight.dtype), ("weight.T", weight.numel(), weight.dtype)],
+                          "cpu")
+    out = fp.fingerprint([weight, weight.t()])
+    assert not out.requires_grad
+    assert host_lanes(out) == [reference_lanes(weight), reference_lanes(weight.t())]
