@@ -271,6 +271,9 @@ class BitFingerprinter:
             tensors: one tensor per spec, same order; any strides (a non-contiguous tensor is gathered
                 one chunk at a time with torch.take, never copied whole).
 
+        Returns:
+            Lanes 0 and 1 of each tensor, row i for tensor i; copy it to the host with host_lanes.
+
         Raises:
             BitprintError: a tensor's numel, dtype or device differs from the layout.
         """
