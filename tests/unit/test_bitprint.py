@@ -8,6 +8,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from graphdoctor.compare.bitprint import (
     BLOCK_NUMEL,
@@ -247,3 +249,40 @@ def test_parameters_that_require_grad_are_read_without_autograd() -> None:
     out = fp.fingerprint([weight, weight.t()])
     assert not out.requires_grad
     assert host_lanes(out) == [reference_lanes(weight), reference_lanes(weight.t())]
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int8,
+          torch.uint8]
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), rows=st.integers(1, 40), cols=st.integers(1, 60),
+       layout=st.sampled_from(["contiguous", "transposed", "strided", "offset"]),
+       chunk=st.sampled_from([None, 1, 10**9]), seed=st.integers(0, 2**31))
+def test_any_layout_matches_the_reference_and_its_contiguous_copy(
+        dtype: torch.dtype, rows: int, cols: int, layout: str, chunk: int | None, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (rows * cols * 2 * torch.empty((), dtype=dtype).element_size() * 2,),
+                        generator=gen, dtype=torch.uint8)
+    base = raw.view(dtype)[: 2 * rows * 2 * cols].view(2 * rows, 2 * cols)  # arbitrary bit patterns
+    tensor = {"contiguous": base[:rows].contiguous().view(-1)[: rows * cols].view(rows, cols),
+              "transposed": base[:cols, :rows].t(), "strided": base[::2, ::2][:rows, :cols],
+              "offset": base[1:, 1:][:rows, :cols]}[layout]
+    got = lanes(tensor, chunk_numel=chunk)
+    assert got == lanes(tensor.contiguous())
+    assert got == [reference_lanes(tensor)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), numel=st.integers(1, 3 * BLOCK_NUMEL), data=st.data())
+def test_any_single_element_change_is_detected(dtype: torch.dtype, numel: int, data: st.DataObject) -> None:
+    width = torch.empty((), dtype=dtype).element_size() * 8
+    word_dtype = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+    tensor = torch.zeros(numel, dtype=dtype)
+    index = data.draw(st.integers(0, numel - 1))
+    pattern = data.draw(st.integers(1, 2**width - 1))  # any non-zero xor pattern of the width
+    changed = tensor.clone()
+    signed = pattern - (1 << width) if word_dtype != torch.uint8 and pattern >= 1 << (width - 1) else pattern
+    changed.view(word_dtype)[index] = signed
+    first, second = lanes(tensor)[0], lanes(changed)[0]
+    assert first[0] != second[0] and first[1] != second[1]
