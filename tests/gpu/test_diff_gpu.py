@@ -29,10 +29,23 @@ def test_dropout_local_rng_divergence_full_iteration_match() -> None:
     assert local.verdict == Verdict.RNG_DIVERGENCE, local
     assert local.control is not None and local.control.verdict.value == "match"
     assert local.divergence is not None and local.divergence.step >= 1
+    # the fingerprints found the step; the targeted re-run pair measured it
+    assert local.divergence.measured and local.divergence.max_abs > 0, local.divergence
+    assert report.scratch_bytes > 0
     assert full.verdict == Verdict.MATCH, full
     assert full.timing is not None and full.timing.speedup is not None
+    assert full.timing.speedup_range is not None
     assert report.exit_code() == 0
     assert report.reference.env is not None and report.reference.env.world_size == 1
+
+
+def test_dropout0_matches_from_fingerprints_alone(tmp_path: Path) -> None:
+    report = diff(DiffConfig(impls=("local", "full_iteration"), dropout=0.0, **SMALL), workdir=tmp_path)
+    assert [r.verdict for r in report.results] == [Verdict.MATCH, Verdict.MATCH], report.results
+    assert report.scratch_bytes == 0 and not list(tmp_path.rglob("*.pt"))
+    for run in (report.reference, *(r.runs[0] for r in report.results)):
+        assert run.tensor_names and run.num_parameters > 0
+        assert all(s.prints is not None for s in run.steps if not s.profiled)
 
 
 def test_item_in_mlp_is_capture_failed_with_user_line() -> None:

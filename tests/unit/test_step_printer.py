@@ -1,0 +1,32 @@
+"""The child's StepPrinter on real CPU tensors: one fingerprint row per parameter, equal for equal
+models, different where one bit of one main_grad or parameter differs."""
+
+from __future__ import annotations
+
+import torch
+
+from graphdoctor.child.loop import StepPrinter, TensorFamilies, _lanes
+
+
+def model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for p in net.parameters():
+        p.main_grad = torch.full_like(p, 0.5, dtype=torch.float32)  # type: ignore[attr-defined]
+    return net
+
+
+def test_equal_models_print_equal_and_one_bit_differs() -> None:
+    a, b = model(0), model(0)
+    pa, pb = StepPrinter(TensorFamilies.of(a)), StepPrinter(TensorFamilies.of(b))
+    assert pa.grads().shape == (4, 2) and pa.params().shape == (4, 2)
+    assert _lanes(pa.grads()) == _lanes(pb.grads()) and _lanes(pa.params()) == _lanes(pb.params())
+    weight = next(b.parameters())
+    with torch.no_grad():
+        bits = weight.view(torch.int32)
+        bits[3, 5] ^= 1  # lowest mantissa bit of one element
+    params_a, params_b = _lanes(pa.params()), _lanes(pb.params())
+    assert params_a[:2] != params_b[:2] and params_a[2:] == params_b[2:]
+    weight.main_grad[0, 0] = -0.0 if weight.main_grad[0, 0] == 0.0 else 0.0  # type: ignore[attr-defined]
+    assert _lanes(pa.grads())[:2] != _lanes(pb.grads())[:2]
+    assert pa.extra_bytes > 0
