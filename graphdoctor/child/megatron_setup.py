@@ -182,19 +182,36 @@ def build_optimizer(dtype: str, config: Any, model: torch.nn.Module) -> Any:
     return optimizer
 
 
+_CONSTANT_INPUTS: dict[tuple[int, int, str], dict[str, torch.Tensor]] = {}
+"""The batch tensors that are the same every step (causal mask, positions, loss mask), allocated once:
+a graph that captured one of them keeps reading its address at every replay, so it must stay alive
+and unchanged (a fresh tensor per step would free the captured one for the allocator to reuse)."""
+
+
+def constant_inputs(config: DiffConfig, device: torch.device) -> dict[str, torch.Tensor]:
+    """Causal attention mask, position ids and loss mask of every micro-batch, allocated once."""
+    b, s = config.micro_batch_size, config.seq_length
+    key = (b, s, str(device))
+    if key not in _CONSTANT_INPUTS:
+        causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).view(1, 1, s, s)
+        _CONSTANT_INPUTS[key] = {
+            "loss_mask": torch.ones(b, s, dtype=torch.float32).to(device),
+            "position_ids": torch.arange(s).unsqueeze(0).expand(b, s).contiguous().to(device),
+            "attention_mask": causal.to(device),
+        }
+    return _CONSTANT_INPUTS[key]
+
+
 def synthetic_batch(config: DiffConfig, step: int, microbatch: int) -> dict[str, torch.Tensor]:
     """The deterministic batch of (step, microbatch): the same on every side and every process."""
     gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + microbatch)
     b, s = config.micro_batch_size, config.seq_length
     data = torch.randint(0, config.vocab_size, (b, s + 1), generator=gen)
     device = torch.device("cuda", torch.cuda.current_device())
-    causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).view(1, 1, s, s)
     return {
         "tokens": data[:, :-1].contiguous().to(device),
         "labels": data[:, 1:].contiguous().to(device),
-        "loss_mask": torch.ones(b, s, dtype=torch.float32).to(device),
-        "position_ids": torch.arange(s).unsqueeze(0).expand(b, s).contiguous().to(device),
-        "attention_mask": causal.to(device),
+        **constant_inputs(config, device),
     }
 
 

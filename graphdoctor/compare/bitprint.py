@@ -239,6 +239,9 @@ class BitFingerprinter:
         """
         self.specs = tuple(s if isinstance(s, TensorSpec) else TensorSpec(*s) for s in specs)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # "cuda" means the current device; tensors report it with its index (cuda:0).
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.plan = plan_chunks(self.specs, budget_bytes=budget_bytes, chunk_numel=chunk_numel)
         ends = list(itertools.accumulate(_blocks(spec.numel) for spec in self.specs))
         block_mults = [[to_signed64(block_multiplier(b, lane)) for spec in self.specs

@@ -30,3 +30,15 @@ def test_equal_models_print_equal_and_one_bit_differs() -> None:
     weight.main_grad[0, 0] = -0.0 if weight.main_grad[0, 0] == 0.0 else 0.0  # type: ignore[attr-defined]
     assert _lanes(pa.grads())[:2] != _lanes(pb.grads())[:2]
     assert pa.extra_bytes > 0
+
+
+def test_constant_batch_inputs_are_allocated_once() -> None:
+    # A graph that captured the mask keeps reading its address: it must be the same tensor every step
+    # (on the H200 a fresh mask per step let a local graph read a freed, reused block at dropout 0).
+    from graphdoctor.child.megatron_setup import constant_inputs
+    from graphdoctor.config import DiffConfig
+
+    config = DiffConfig(seq_length=16, micro_batch_size=2)
+    first, again = constant_inputs(config, torch.device("cpu")), constant_inputs(config, torch.device("cpu"))
+    assert all(first[k] is again[k] for k in ("attention_mask", "position_ids", "loss_mask"))
+    assert first["attention_mask"].shape == (1, 1, 16, 16) and bool(first["attention_mask"][0, 0, 0, 1])
