@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.compare.forensics import analyze
-from graphdoctor.compare.prints import differing_steps
+from graphdoctor.compare.prints import differing_steps, family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge
 from graphdoctor.config import TE_LAYER_SPECS, DiffConfig
@@ -282,7 +282,7 @@ class DiffRun:
         if reference.status != "ok":
             return dataclasses.replace(self.judge(reference, reference), impl=impl,
                                        notes=("not run: the eager reference failed; see its diagnosis",))
-        graphed = self.measure(reference, graphed)
+        graphed = _with_print_diffs(reference, self.measure(reference, graphed))
         result = _with_eager_memory(self.judge(reference, graphed), reference)
         if result.verdict == Verdict.CAPTURE_FAILED:
             return self.hunt_culprit(result, impl)
@@ -411,6 +411,24 @@ class DiffRun:
         return dataclasses.replace(result, diagnosis=merged, runs=(*result.runs, hunt), notes=(
             *result.notes, "the failing operation was located by re-running the capture with "
                            "torch.cuda.set_sync_debug_mode('error')"))
+
+
+def _with_print_diffs(reference: RunRecord, graphed: RunRecord) -> RunRecord:
+    """The graphed run with every step's grads/params comparison filled in from the fingerprints
+    where no element-by-element one was made (measured=False), so the report shows per step which
+    tensors differ."""
+    if reference.status != "ok" or graphed.status != "ok":
+        return graphed
+    names = graphed.tensor_names or reference.tensor_names
+    ref_steps = {s.step: s for s in reference.steps}
+    steps = []
+    for step in graphed.steps:
+        ref = ref_steps.get(step.step)
+        if ref is not None:
+            step = dataclasses.replace(step, grads=family_diff(names, ref, step, "grads"),
+                                       params=family_diff(names, ref, step, "params"))
+        steps.append(step)
+    return dataclasses.replace(graphed, steps=tuple(steps))
 
 
 def _tree_bytes(folder: Path) -> int:

@@ -64,8 +64,11 @@ class TensorDiffView:
         """None when the step was not compared."""
         if not isinstance(raw, Mapping):
             return None
+        # measured false (schema 2): only fingerprints were compared, so the magnitudes are unknown.
+        measured = raw.get("measured", True) is not False
         return cls(as_int(raw.get("num_tensors")) or 0, as_int(raw.get("num_unequal")) or 0,
-                   num(raw.get("max_abs")), num(raw.get("max_rel")), as_str(raw.get("first_tensor")))
+                   num(raw.get("max_abs")) if measured else None, num(raw.get("max_rel")) if measured else None,
+                   as_str(raw.get("first_tensor")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,12 @@ def _check_screenshot(page: Page, out: Path) -> None:
     assert num_other > 0.05 * (len(rows) * image.width // 6)
 
 
+def _compared_tensors(report: Path) -> bool:
+    data = json.loads(report.read_text(encoding="utf-8"))
+    return any(step.get("grads") or step.get("params")
+               for impl in data.get("impls", []) for run in impl.get("runs", []) for step in run.get("steps", []))
+
+
 @pytest.mark.parametrize("report", PAGES, ids=lambda p: p.name)
 def test_report_page_in_chromium(page: Page, report: Path, tmp_path: Path) -> None:
     html = render_file(report, tmp_path / "report.html")
@@ -81,7 +87,9 @@ def test_report_page_in_chromium(page: Page, report: Path, tmp_path: Path) -> No
     assert all(v and v != "?" for v in found["badges"]) and len(found["badges"]) >= len(payload_impls)
     assert found["width"] <= 1280  # nothing overflows the viewport sideways
     if report.suffix == ".json":
-        assert found["loss_charts"] >= 2 and found["numeric_charts"] >= 5
+        # A fingerprint-era report whose runs all matched compared no tensor element by element:
+        # its numeric section says so instead of charting.
+        assert found["loss_charts"] >= 2 and (found["numeric_charts"] >= 5 or not _compared_tensors(report))
         assert found["memory"] and found["launches"]
     _check_screenshot(page, tmp_path / "shot.png")
     pdf = page.print_pdf()
