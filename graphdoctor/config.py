@@ -140,6 +140,10 @@ class DiffConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables set in every child run (the run file's `env:` mapping)."""
 
+    allow_env: tuple[str, ...] = ()
+    """`env:` keys that change how Python or the dynamic loader start (PYTHONPATH, LD_PRELOAD, ...)
+    and are still to be passed to the children."""
+
     def __post_init__(self) -> None:
         _check_impls(self.impls)
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
@@ -176,6 +180,10 @@ class DiffConfig:
             value = getattr(self, name)
             if value is not None and not (name == "layer_spec" and value in BUILTIN_LAYER_SPECS):
                 check_entry_point(name, value)
+        refused = sorted(k for k in self.env if is_startup_variable(k) and k not in self.allow_env)
+        if refused:
+            raise UsageError(f"env: {refused[0]} changes how Python or the loader start in every child; "
+                             f"expected it in --allow-env (run.allow_env) to pass it on")
         for module in self.cuda_graph_modules:
             if module not in CUDA_GRAPH_MODULES:
                 raise UsageError(f"cuda_graph_modules: got {module!r}, expected one of "
@@ -195,6 +203,7 @@ class DiffConfig:
         data = dataclasses.asdict(self)
         data["impls"] = list(self.impls)
         data["cuda_graph_modules"] = list(self.cuda_graph_modules)
+        data["allow_env"] = list(self.allow_env)
         return data
 
     @classmethod
@@ -203,10 +212,23 @@ class DiffConfig:
         saved reports of later versions still load."""
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
-        for key in ("impls", "cuda_graph_modules"):
+        for key in ("impls", "cuda_graph_modules", "allow_env"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
+
+
+STARTUP_VARIABLES: tuple[str, ...] = (
+    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONUSERBASE", "PYTHONNOUSERSITE",
+    "PYTHONSAFEPATH", "PYTHONEXECUTABLE", "PYTHONPLATLIBDIR", "PYTHONWARNINGS", "PYTHONBREAKPOINT",
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PATH",
+)
+"""Run-file `env:` keys refused unless --allow-env names them: they change which code a child runs."""
+
+
+def is_startup_variable(name: str) -> bool:
+    """True for variables that change how Python or the dynamic loader start (STARTUP_VARIABLES)."""
+    return name in STARTUP_VARIABLES
 
 
 def _check_impls(impls: tuple[str, ...]) -> None:
@@ -391,6 +413,13 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         if not isinstance(impls, (list, tuple)):
             raise UsageError(f"impls: got {impls!r}, expected a list of implementation names")
         values["impls"] = tuple(impls)
+    if "allow_env" in values:
+        allowed = values["allow_env"]
+        if isinstance(allowed, str):
+            allowed = [s.strip() for s in allowed.split(",") if s.strip()]
+        if not isinstance(allowed, (list, tuple)):
+            raise UsageError(f"allow_env: got {allowed!r}, expected a list of variable names")
+        values["allow_env"] = tuple(allowed)
     if "cuda_graph_modules" in values:
         mods = values["cuda_graph_modules"]
         if isinstance(mods, str):

@@ -43,7 +43,7 @@ class Option:
         if self.field is None:
             return None
         value = _DEFAULTS.get(self.field)
-        if self.field in ("impls", "cuda_graph_modules"):
+        if self.field in ("impls", "cuda_graph_modules", "allow_env"):
             return ",".join(value)  # type: ignore[arg-type]
         return value
 
@@ -107,6 +107,10 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            default_text="a tapped pair runs only after a divergence"),
     Option("align-rng", "align_rng", bool,
            "Restore RNG states around warmup and capture so graphed dropout matches eager.", ""),
+    Option("allow-env", "allow_env", str,
+           "Comma-separated run-file env: keys that change how Python or the loader start "
+           "(PYTHONPATH, LD_PRELOAD, ...) to pass to the children anyway.", "NAMES",
+           default_text="none: such keys are refused"),
     Option("deterministic", "deterministic", bool,
            "Deterministic algorithms (warn-only) and cuDNN determinism in every run.", ""),
 )

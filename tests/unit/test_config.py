@@ -97,3 +97,17 @@ def test_wrong_type_in_run_section(tmp_path: Path) -> None:
 def test_bitwise_policy() -> None:
     assert DiffConfig().bitwise
     assert not DiffConfig(rtol=1e-5).bitwise
+
+
+def test_env_keys_that_change_startup_are_refused_unless_allowed() -> None:
+    import pytest
+
+    from graphdoctor.config import DiffConfig
+    from graphdoctor.errors import UsageError
+
+    with pytest.raises(UsageError, match="LD_PRELOAD changes how Python or the loader start"):
+        DiffConfig(env={"LD_PRELOAD": "/tmp/x.so", "NCCL_DEBUG": "INFO"})
+    allowed = DiffConfig(env={"PYTHONPATH": "/opt/models"}, allow_env=("PYTHONPATH",))
+    assert allowed.env["PYTHONPATH"] == "/opt/models"
+    assert DiffConfig.from_dict(allowed.to_dict()) == allowed
+    assert DiffConfig(env={"NCCL_DEBUG": "INFO"}).env == {"NCCL_DEBUG": "INFO"}
