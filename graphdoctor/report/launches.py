@@ -98,7 +98,7 @@ def render_launch_text(accounting: TraceAccounting) -> str:
 
 def render_launch_json(accounting: TraceAccounting) -> str:
     """The schema_version 1 JSON document (docs/launches.md), indented, trailing newline."""
-    return json.dumps(accounting.to_dict(), indent=2) + "\n"
+    return json.dumps(accounting.to_dict(), indent=2, allow_nan=False) + "\n"
 
 
 __all__ = ["render_launch_json", "render_launch_text"]

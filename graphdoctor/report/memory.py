@@ -122,7 +122,7 @@ def render_text(report: TriageReport) -> str:
 
 def render_json(report: TriageReport) -> str:
     """The triage report as JSON (schema_version 1, documented in docs/memory.md)."""
-    return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
+    return json.dumps(report.to_dict(), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
 __all__ = ["fmt_bytes", "render_json", "render_text"]
