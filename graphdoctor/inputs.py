@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from graphdoctor.errors import InputFileError, UsageError
+from graphdoctor.report.escape import escape_control
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -228,11 +229,8 @@ def describe_error(exc: BaseException) -> str:
 
 
 def escape_text(text: str) -> str:
-    """Replace control characters (ESC, CR, BEL, ...) by visible escapes; newlines and tabs stay."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() or ch in "\n\t" else ch.encode("unicode_escape").decode("ascii")
-                   for ch in text)
+    """Control characters made visible (graphdoctor.report.escape.escape_control, the one home)."""
+    return escape_control(text)
 
 
 def finite_number(value: Any, field: str, *, integer: bool = False, minimum: float | None = None) -> Any:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from graphdoctor.report.escape import escape_control
+
 if TYPE_CHECKING:
     from graphdoctor.rules.base import Rule
     from graphdoctor.rules.engine import CheckReport
@@ -38,14 +40,14 @@ def render_report(report: CheckReport, fmt: str = "text") -> str:
     if fmt == "md":
         table = tabulate(rows, headers, tablefmt="github") if rows else "No findings."
         notes = "".join(f"\n- {n}" for n in report.notes)
-        return f"{table}\n\n{summary}\n" + (f"\nNotes:{notes}\n" if notes else "")
+        return escape_control(f"{table}\n\n{summary}\n" + (f"\nNotes:{notes}\n" if notes else ""))
     if fmt != "text":
         raise ValueError(f"format: got {fmt!r}, expected one of {', '.join(FORMATS)}")
     parts = [tabulate(rows, headers, tablefmt="simple", maxcolwidths=[None, None, None, 32, 48, 40])] if rows \
         else ["No findings."]
     parts.extend(f"note: {n}" for n in report.notes)
     parts.append(summary)
-    return "\n".join(parts) + "\n"
+    return escape_control("\n".join(parts) + "\n")
 
 
 def rule_markdown(rule: Rule) -> str:

@@ -9,6 +9,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from graphdoctor.report.escape import escape_control
+
 if TYPE_CHECKING:
     from graphdoctor.memory.analysis import SnapshotSummary, TriageReport
     from graphdoctor.memory.blockdiff import BlockDiff
@@ -117,7 +119,8 @@ def render_text(report: TriageReport) -> str:
                             f"largest {fmt_bytes(top.growth_bytes, signed=True)} at {top.site}")
         else:
             sections.append("verdict: no site's live bytes grew")
-    return "\n\n".join(sections) + "\n"
+    # frame and file names come from the snapshot: escaped once, here, before a terminal sees them
+    return escape_control("\n\n".join(sections) + "\n")
 
 
 def render_json(report: TriageReport) -> str:
