@@ -41,6 +41,11 @@ MAX_EXPANDED_NODES_PER_BYTE = 64
 """A loaded object may expand (shared references counted at every use) to at most this many values
 per input byte (plus MIN_EXPANDED_NODES); real snapshots stay far below it."""
 MIN_EXPANDED_NODES = 1 << 20
+MAX_GZIP_RATIO = 64
+"""While a size cap is at its default, gzip data may decompress to at most this many times its
+compressed size (above GZIP_RATIO_FLOOR): real snapshots and traces compress 10-20x, a
+decompression bomb about 1000x. Raising the cap (--max-bytes) lifts this check."""
+GZIP_RATIO_FLOOR = 64 * MiB
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _READ_CHUNK_BYTES = MiB
@@ -127,8 +132,16 @@ def _too_big(what: str, name: str, size: int | str, cap: int, flag: str | None) 
     return InputFileError(f"{what} {name}: {size} bytes exceeds the cap of {cap} bytes{hint}")
 
 
+def gzip_cap(compressed_bytes: int, max_bytes: int, max_ratio: float | None) -> int:
+    """The decompressed-size cap for gzip data of compressed_bytes (see MAX_GZIP_RATIO)."""
+    if max_ratio is None:
+        return max_bytes
+    return min(max_bytes, max(GZIP_RATIO_FLOOR, int(compressed_bytes * max_ratio)))
+
+
 def read_bytes(
-    path: str | os.PathLike[str], what: str, *, max_bytes: int, flag: str | None = None, gunzip: bool = True
+    path: str | os.PathLike[str], what: str, *, max_bytes: int, flag: str | None = None, gunzip: bool = True,
+    max_ratio: float | None = None,
 ) -> bytes:
     """Read a whole regular file, gunzipping it (by magic bytes) when `gunzip`; both sizes capped.
 
@@ -138,6 +151,7 @@ def read_bytes(
         max_bytes: cap on the file size and on the decompressed size.
         flag: the option that raises the cap, named in the message.
         gunzip: decompress gzip data (detected from the magic bytes, not the name).
+        max_ratio: also cap gzip output at this multiple of the file size (gzip_cap); None: off.
 
     Raises:
         InputFileError: as open_regular, too large, or a corrupt gzip stream.
@@ -151,7 +165,7 @@ def read_bytes(
     if len(raw) > max_bytes:
         raise _too_big(what, name, f"more than {max_bytes}", max_bytes, flag)
     if gunzip and raw[:2] == _GZIP_MAGIC:
-        return gunzip_capped(raw, f"{what} {name}", max_bytes=max_bytes, flag=flag)
+        return gunzip_capped(raw, f"{what} {name}", max_bytes=gzip_cap(len(raw), max_bytes, max_ratio), flag=flag)
     return raw
 
 
@@ -161,15 +175,20 @@ def gunzip_capped(data: bytes, where: str, *, max_bytes: int, flag: str | None =
     Raises:
         InputFileError: corrupt or truncated data, or more than max_bytes decompressed.
     """
+    chunks: list[bytes] = []
+    total = 0
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as stream:
-            out = stream.read(max_bytes + 1)
+            # chunked, so a bomb is refused holding at most max_bytes
+            while chunk := stream.read(min(16 * MiB, max_bytes + 1 - total)):
+                total += len(chunk)
+                if total > max_bytes:
+                    hint = f" (raise it with {flag} if the file is trusted)" if flag else ""
+                    raise InputFileError(f"{where}: decompressed size exceeds the cap of {max_bytes} bytes{hint}")
+                chunks.append(chunk)
     except (OSError, EOFError, zlib.error) as exc:
         raise InputFileError(f"{where}: not a valid gzip file ({exc or 'unexpected end of data'})") from None
-    if len(out) > max_bytes:
-        hint = f" (raise it with {flag} if the file is trusted)" if flag else ""
-        raise InputFileError(f"{where}: decompressed size exceeds the cap of {max_bytes} bytes{hint}")
-    return out
+    return b"".join(chunks)
 
 
 def read_text(path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_TEXT_BYTES) -> str:
@@ -395,6 +414,7 @@ def _umask() -> int:
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_GZIP_RATIO",
     "MAX_REPORT_BYTES",
     "MAX_TEXT_BYTES",
     "MAX_TRACE_BYTES",
@@ -408,6 +428,7 @@ __all__ = [
     "file_size",
     "finite_number",
     "gunzip_capped",
+    "gzip_cap",
     "loads_json",
     "open_regular",
     "read_bytes",

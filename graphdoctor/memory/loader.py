@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from graphdoctor.errors import InputFileError
-from graphdoctor.inputs import expansion_budget, file_size, gunzip_capped, open_regular, read_bytes
+from graphdoctor.inputs import (
+    MAX_GZIP_RATIO,
+    expansion_budget,
+    file_size,
+    gunzip_capped,
+    gzip_cap,
+    open_regular,
+    read_bytes,
+)
 from graphdoctor.memory.pickle_scan import scan_memo_indices
 
 DEFAULT_MAX_BYTES = 4 << 30
@@ -158,8 +166,13 @@ def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_
     file_path = Path(path)
     _check_stat(file_path, max_bytes)
     where = f"snapshot {file_path}"
-    data = read_bytes(file_path, "snapshot", max_bytes=max_bytes, flag="--max-bytes")
+    data = read_bytes(file_path, "snapshot", max_bytes=max_bytes, flag="--max-bytes", max_ratio=_ratio(max_bytes))
     return _loads_checked(data, where)
+
+
+def _ratio(max_bytes: int) -> float | None:
+    # the compression-ratio check guards the default cap only; a raised cap is the user's call
+    return MAX_GZIP_RATIO if max_bytes == DEFAULT_MAX_BYTES else None
 
 
 def _loads_checked(data: bytes, where: str) -> dict[str, Any]:
@@ -261,7 +274,8 @@ def _open_snapshot(file_path: Path, max_bytes: int) -> Iterator[BinaryIO]:
         if raw.read(2) == _GZIP_MAGIC:
             raw.seek(0)
             with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-                yield io.BufferedReader(_CappedReader(unzipped, max_bytes), 1 << 20)  # type: ignore[arg-type]
+                cap = gzip_cap(os.fstat(raw.fileno()).st_size, max_bytes, _ratio(max_bytes))
+                yield io.BufferedReader(_CappedReader(unzipped, cap), 1 << 20)  # type: ignore[arg-type]
         else:
             raw.seek(0)
             yield raw
@@ -381,7 +395,8 @@ def loads_snapshot(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[s
     if len(data) > max_bytes:
         raise InputFileError(f"snapshot: {len(data)} bytes exceeds the cap of {max_bytes} bytes")
     if data[:2] == _GZIP_MAGIC:
-        data = gunzip_capped(data, "snapshot", max_bytes=max_bytes, flag="max_bytes")
+        data = gunzip_capped(data, "snapshot", max_bytes=gzip_cap(len(data), max_bytes, _ratio(max_bytes)),
+                             flag="max_bytes")
     return _loads_checked(data, "snapshot")
 
 
