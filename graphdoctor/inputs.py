@@ -161,7 +161,13 @@ def read_bytes(
         size = os.fstat(handle.fileno()).st_size
         if size > max_bytes:
             raise _too_big(what, name, size, max_bytes, flag)
-        raw = handle.read(max_bytes + 1)
+        # read(n) allocates n up front: ask for the size fstat gave, then chunks if the file grew
+        parts = [handle.read(size + 1)]
+        total = len(parts[0])
+        while total > size and total <= max_bytes and (chunk := handle.read(min(_READ_CHUNK_BYTES, max_bytes + 1 - total))):
+            parts.append(chunk)
+            total += len(chunk)
+        raw = b"".join(parts) if len(parts) > 1 else parts[0]
     if len(raw) > max_bytes:
         raise _too_big(what, name, f"more than {max_bytes}", max_bytes, flag)
     if gunzip and raw[:2] == _GZIP_MAGIC:

@@ -152,14 +152,14 @@ _MAX_TIME = float(1 << 62)
 
 
 def check_events(kept: list[Event], events: list[Event], path: str) -> None:
-    """Type-check the fields launch accounting reads from the kept events (name, ts, dur, args,
-    the correlation ids); the first bad one raises a typed error naming `traceEvents[i].field`.
+    """Type-check the fields launch accounting reads from the kept events (name, ts (required),
+    dur, args, the correlation ids); the first bad one raises a typed error naming `traceEvents[i].field`.
 
     Raises:
         InputFileError: a wrong type, a non-finite or out-of-range number.
     """
     for event in kept:
-        name, ts, dur, args = event.get("name", ""), event.get("ts", 0), event.get("dur", 0), event.get("args")
+        name, ts, dur, args = event.get("name", ""), event.get("ts"), event.get("dur", 0), event.get("args")
         if (type(name) is not str or type(ts) not in _NUMBERS or type(dur) not in _NUMBERS
                 or not -_MAX_TIME < ts < _MAX_TIME or not 0 <= dur < _MAX_TIME):
             _raise_bad_event(event, events, path)
@@ -177,7 +177,7 @@ def _raise_bad_event(event: Event, events: list[Event], path: str) -> None:
         ("dur", "a finite non-negative number of microseconds", lambda v: _finite_time(v) and v >= 0),
         ("args", "an object", lambda v: v is None or isinstance(v, dict)),
     ]
-    defaults = {"name": "", "ts": 0, "dur": 0, "args": None}
+    defaults = {"name": "", "ts": None, "dur": 0, "args": None}
     for key, expected, ok in checks:
         value = event.get(key, defaults[key])
         if not ok(value):

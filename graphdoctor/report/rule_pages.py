@@ -2,9 +2,9 @@
 
 `graphdoctor rules --output DIR` writes GDxxx.md per rule and index.md, and records them in a
 manifest (MANIFEST_NAME). A later run removes only pages the manifest lists that are no longer
-rules, and overwrites a page only when the manifest lists it or its content is already the page
-graphdoctor would write; any other file (a user's GDPR.md, a hand-written index.md) is left alone
-and the run is refused. Pages are written atomically (graphdoctor.inputs.write_output).
+rules and unchanged since, and overwrites a page only when the manifest lists it unchanged or its
+content is already the page graphdoctor would write; any other file (a user's GDPR.md, a
+hand-written or edited index.md) is left alone and the run is refused. Pages are written atomically (graphdoctor.inputs.write_output).
 """
 
 from __future__ import annotations
@@ -43,13 +43,15 @@ def _read_manifest(directory: Path) -> dict[str, str]:
 
 
 def _owned(path: Path, text: str, manifest: dict[str, str]) -> bool:
-    """May graphdoctor write `text` to `path`? It wrote the page before, or it is absent or identical."""
-    if path.name in manifest or not path.exists():
+    """May graphdoctor write `text` to `path`? Absent, identical already, or written by graphdoctor
+    (listed in the manifest) and unchanged since; a page the user edited is theirs."""
+    if not path.exists():
         return True
     try:
-        return read_text(path, "page") == text
+        current = read_text(path, "page")
     except InputFileError:
         return False
+    return current == text or manifest.get(path.name) == _digest(current)
 
 
 def write_rule_pages(directory: Path, rules: Sequence[Rule]) -> list[Path]:
