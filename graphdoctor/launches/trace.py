@@ -159,7 +159,8 @@ def check_events(kept: list[Event], events: list[Event], path: str) -> None:
         InputFileError: a wrong type, a non-finite or out-of-range number.
     """
     for event in kept:
-        name, ts, dur, args = event.get("name", ""), event.get("ts"), event.get("dur", 0), event.get("args")
+        ts: Any = event.get("ts")
+        name, dur, args = event.get("name", ""), event.get("dur", 0), event.get("args")
         if (type(name) is not str or type(ts) not in _NUMBERS or type(dur) not in _NUMBERS
                 or not -_MAX_TIME < ts < _MAX_TIME or not 0 <= dur < _MAX_TIME):
             _raise_bad_event(event, events, path)

@@ -67,7 +67,12 @@ def scan_memo_indices(data: bytes, where: str) -> None:
             i += 1 if data[i] == _MEMOIZE else 2
         elif n == _LEN4 or n == _LEN8:
             width = -n
-            i += 1 + width + int.from_bytes(data[i + 1:i + 1 + width], "little")
+            length = int.from_bytes(data[i + 1:i + 1 + width], "little")
+            if i + 1 + width + length > end:
+                # the C unpickler allocates the whole length before reading: 9 bytes could ask for exabytes
+                raise InputFileError(f"{where}: a {length}-byte string or bytes value runs past the end of the data "
+                                     "(truncated or corrupt pickle)")
+            i += 1 + width + length
         elif n == _MEMO4:
             _check_index(int.from_bytes(data[i + 1:i + 5], "little"), num_memoized, where)
             num_memoized += 1
