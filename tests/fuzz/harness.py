@@ -75,6 +75,9 @@ def _digest(path: Path) -> str:
 def _child(argv: list[str], cwd: Path, out: Path, err: Path, vm_bytes: int) -> None:
     code = _ESCAPED
     try:
+        # the child's own resident size at start: a forked child maps the parent's file-backed
+        # pages (libtorch) lazily, so the parent's RSS is no baseline for the child's ru_maxrss
+        (out.parent / "base").write_text(str(_statm()[1]))
         resource.setrlimit(resource.RLIMIT_AS, (vm_bytes + MEMORY_LIMIT_BYTES, resource.RLIM_INFINITY))
         os.chdir(cwd)
         for fd, path in ((1, out), (2, err)):
@@ -118,7 +121,7 @@ def run_case(command: str, case: str, argv: list[str], *, cwd: Path, inputs: lis
         out, err = Path(io_dir) / "out", Path(io_dir) / "err"
         sys.stdout.flush()
         sys.stderr.flush()
-        vm_bytes, rss_bytes = _statm()
+        vm_bytes, _ = _statm()
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:
@@ -127,6 +130,8 @@ def run_case(command: str, case: str, argv: list[str], *, cwd: Path, inputs: lis
         wall_s = time.monotonic() - start
         stderr = err.read_text(encoding="utf-8", errors="replace") if err.exists() else ""
         stdout_bytes = out.stat().st_size if out.exists() else 0
+        base = Path(io_dir) / "base"
+        rss_bytes = int(base.read_text()) if base.exists() else 0
     exit_code = os.waitstatus_to_exitcode(status) if not hung else None
     growth = max(0, usage.ru_maxrss * 1024 - rss_bytes)
     kind = _classify(exit_code, stderr, hung, growth)
