@@ -9,6 +9,7 @@ have the same ranges as DiffConfig. Errors name the file, the line and the field
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from graphdoctor.errors import InputFileError, UsageError
@@ -45,6 +46,7 @@ def load_yaml_strict(text: str, where: str) -> tuple[Any, dict[int, dict[str, in
     """
     import yaml
 
+    _check_flow_depth(text, where)
     lines: dict[int, dict[str, int]] = {}
 
     class _StrictLoader(yaml.SafeLoader):
@@ -81,6 +83,21 @@ def load_yaml_strict(text: str, where: str) -> tuple[Any, dict[int, dict[str, in
         raise InputFileError(f"{where}: a value YAML cannot convert ({describe_error(exc)})") from None
     check_tree(data, where, max_nodes=MAX_RUN_FILE_VALUES, max_depth=MAX_RUN_FILE_DEPTH)
     return data, lines
+
+
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+_MAX_FLOW_DEPTH = 4 * MAX_RUN_FILE_DEPTH
+
+
+def _check_flow_depth(text: str, where: str) -> None:
+    """Refuse deeply nested flow collections before PyYAML's scanner, which is quadratic in them
+    (3 s for `[` * 1000). Brackets inside quoted strings count too, hence the generous bound."""
+    depth = deepest = 0
+    for char in _NOT_BRACKETS.sub("", text):
+        depth = depth + 1 if char in "[{" else max(0, depth - 1)
+        deepest = max(deepest, depth)
+        if deepest > _MAX_FLOW_DEPTH:
+            raise InputFileError(f"{where}: nested too deeply for a run file (more than {_MAX_FLOW_DEPTH} [ or {{)")
 
 
 def check_plain_values(value: Any, field: str) -> None:

@@ -12,9 +12,11 @@ from hypothesis import HealthCheck, settings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import graphdoctor.cli  # noqa: E402,F401  - warm the CLI for the forked children
+from graphdoctor.rules import all_rules  # noqa: E402
 from graphdoctor.rules.context import transformer_fields  # noqa: E402
 
 transformer_fields()
+all_rules()
 
 SCALE = float(os.environ.get("GD_FUZZ_SCALE", "1"))
 """Multiply every test's max_examples (GD_FUZZ_SCALE=10 for a deeper local run)."""
