@@ -3,6 +3,7 @@ parent, so each forked case starts warm; hypothesis settings shared by every fuz
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "No CUDA runtime" on CPU
 
 import graphdoctor.cli  # noqa: E402,F401  - warm the CLI for the forked children
 from graphdoctor.rules import all_rules  # noqa: E402
