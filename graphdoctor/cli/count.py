@@ -93,6 +93,8 @@ def _live(config_path: str | None, json_path: Path | None, values: dict[str, obj
     from graphdoctor.count import count
     from graphdoctor.report.count import render_count_text, write_count_json
 
+    if json_path is not None:
+        check_output_path(json_path, "--json", [config_path])
     config = build_config(config_path, values)
     report = count(config, progress=lambda line: click.echo(f"graphdoctor: {line}", err=True))
     if json_path is not None:
