@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import InputFileError, UsageError
-from graphdoctor.inputs import describe, escape_text, read_text
+from graphdoctor.inputs import describe, read_text
 from graphdoctor.runfile_schema import load_yaml_strict, validate_section
 
 IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
@@ -332,7 +332,7 @@ def load_run_file(path: str | os.PathLike[str]) -> RunFile:
     run_fields = {f.name for f in dataclasses.fields(DiffConfig)} - {"transformer", "env"}
     for key in sections["run"]:
         if key not in run_fields:
-            raise UsageError(f"{p}: run.{escape_text(key)[:100]} is not a graphdoctor run field (see `graphdoctor diff --help`)")
+            raise UsageError(f"{p}: run.{key[:100]} is not a graphdoctor run field (see `graphdoctor diff --help`)")
     if sections["transformer"]:
         # The same TransformerConfig types for `check` and `diff` (imports megatron-core, CPU only;
         # diff needs it anyway): offload_modules: [[1]] fails here, before any GPU work.

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from graphdoctor.errors import InputFileError, UsageError
-from graphdoctor.report.escape import escape_control
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -248,14 +247,9 @@ def dumps_json(document: Any, *, indent: int | None = 2) -> str:
 
 
 def describe_error(exc: BaseException) -> str:
-    """One short line for a parser's exception (escaped, bounded)."""
+    """One short line for a parser's exception (bounded; the CLI escapes control characters)."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return escape_text(text[:200])
-
-
-def escape_text(text: str) -> str:
-    """Control characters made visible (graphdoctor.report.escape.escape_control, the one home)."""
-    return escape_control(text)
+    return text[:200]
 
 
 def finite_number(value: Any, field: str, *, integer: bool = False, minimum: float | None = None) -> Any:
@@ -429,7 +423,6 @@ __all__ = [
     "describe",
     "describe_error",
     "dumps_json",
-    "escape_text",
     "expansion_budget",
     "file_size",
     "finite_number",

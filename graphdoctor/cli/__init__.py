@@ -29,9 +29,9 @@ _DEBUG: dict[str, bool] = {"on": False}
 
 
 def _one_line(text: str) -> str:
-    from graphdoctor.inputs import escape_text
+    from graphdoctor.report.escape import escape_control
 
-    return " ".join(escape_text(text).split("\n")).strip()
+    return " ".join(escape_control(text).split("\n")).strip()
 
 
 def _fail(message: str, code: int) -> int:

@@ -11,7 +11,6 @@ import pytest
 from graphdoctor.errors import InputFileError, UsageError
 from graphdoctor.inputs import (
     check_tree,
-    escape_text,
     gzip_cap,
     loads_json,
     read_bytes,
@@ -104,6 +103,8 @@ def test_write_output_is_atomic_and_never_onto_an_input(tmp_path: Path) -> None:
         write_output(tmp_path, "x")
 
 
-def test_escape_text_keeps_layout_and_shows_controls() -> None:
-    assert escape_text("a\tb\nc") == "a\tb\nc"
-    assert escape_text("\x1b]0;x\x07") == "\\x1b]0;x\\x07"
+def test_escape_control_keeps_layout_and_shows_controls() -> None:
+    from graphdoctor.report.escape import escape_control
+
+    assert escape_control("a\tb\nc") == "a\tb\nc"
+    assert escape_control("\x1b]0;x\x07") == "\\x1b]0;x\\x07"
