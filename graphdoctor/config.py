@@ -1,7 +1,8 @@
 """Run configuration: the run file (`transformer:`, `env:`, `run:`) and DiffConfig, validated on load.
 
-One file feeds both `graphdoctor diff --config` and `graphdoctor check --config`. Loading it imports no
-torch and no megatron: TransformerConfig field names are read from megatron's source only when asked.
+One file feeds both `graphdoctor diff --config` and `graphdoctor check --config`, with one schema
+(graphdoctor.runfile_schema): strict YAML, plain values, common ranges; a non-empty `transformer:`
+section is type-checked against megatron-core's TransformerConfig (imported for that only).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import InputFileError, UsageError
+from graphdoctor.inputs import describe, read_text
+from graphdoctor.runfile_schema import load_yaml_strict, validate_section
 from graphdoctor.suggest import did_you_mean
 
 IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
@@ -338,59 +341,54 @@ def load_run_file(path: str | os.PathLike[str]) -> RunFile:
         path: the file.
 
     Returns:
-        The parsed RunFile; keys are checked for shape, `run:` keys against DiffConfig fields.
+        The parsed RunFile; keys are checked for shape, `run:` keys against DiffConfig fields,
+        `transformer:` values against TransformerConfig's types, every value for NaN/infinity,
+        64-bit integers and the ranges of graphdoctor.runfile_schema.
 
     Raises:
-        InputFileError: unreadable file, bad YAML, or a section of the wrong type.
-        UsageError: an unknown `run:` key or top-level section.
+        InputFileError: not a regular file, over 1 MiB, bad YAML, a duplicate key (with its line),
+            a document too deep or too large once aliases expand, or a section of the wrong type.
+        UsageError: an unknown `run:` key or top-level section, or a value of the wrong type or range.
     """
-    import yaml
-
     p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > MAX_RUN_FILE_BYTES:
-            raise InputFileError(f"{p}: {size} bytes, expected a run file under 1 MiB")
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputFileError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise InputFileError(f"{p}: not UTF-8 text") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise InputFileError(f"{p}: not valid YAML{where}") from None
+    text = read_text(p, "run file", max_bytes=MAX_RUN_FILE_BYTES)
+    data, lines = load_yaml_strict(text, str(p))
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise InputFileError(f"{p}: expected a mapping with transformer:/env:/run:, got {type(data).__name__}")
+        raise InputFileError(f"{p}: expected a mapping with transformer:/env:/run:, got {describe(data)}")
     unknown = sorted(set(map(str, data)) - set(RUN_FILE_SECTIONS))
     if unknown:
         raise UsageError(
-            f"{p}: unknown section {unknown[0]!r}{did_you_mean(unknown[0], RUN_FILE_SECTIONS)}, "
+            f"{p}: unknown section {describe(unknown[0])}{did_you_mean(str(unknown[0]), RUN_FILE_SECTIONS)}, "
             f"expected one of {', '.join(RUN_FILE_SECTIONS)}"
         )
     sections: dict[str, dict[str, Any]] = {}
     for name in RUN_FILE_SECTIONS:
         value = data.get(name) or {}
         if not isinstance(value, dict):
-            raise InputFileError(f"{p}: section {name!r} must be a mapping, got {type(value).__name__}")
+            raise InputFileError(f"{p}: section {name!r} must be a mapping, got {describe(value)}")
         for key in value:
             if not isinstance(key, str):
-                raise InputFileError(f"{p}: {name}: key {key!r} must be a string")
+                raise InputFileError(f"{p}: {name}: key {describe(key)} must be a string")
+        validate_section(name, value, str(p), lines.get(id(value), {}))
         sections[name] = dict(value)
     env = {}
     for key, value in sections["env"].items():
         if isinstance(value, (dict, list)):
-            raise InputFileError(f"{p}: env.{key} must be a scalar, got {type(value).__name__}")
+            raise InputFileError(f"{p}: env.{key} must be a scalar, got {describe(value)}")
         env[key] = "" if value is None else str(value)
     run_fields = {f.name for f in dataclasses.fields(DiffConfig)} - {"transformer", "env"}
     for key in sections["run"]:
         if key not in run_fields:
-            raise UsageError(f"{p}: run.{key} is not a graphdoctor run field{did_you_mean(str(key), run_fields)} "
-                             "(see `graphdoctor diff --help`)")
+            raise UsageError(f"{p}: run.{key[:100]} is not a graphdoctor run field"
+                             f"{did_you_mean(str(key), run_fields)} (see `graphdoctor diff --help`)")
+    if sections["transformer"]:
+        # The same TransformerConfig types for `check` and `diff` (imports megatron-core, CPU only;
+        # diff needs it anyway): offload_modules: [[1]] fails here, before any GPU work.
+        from graphdoctor.rules.context import validate_transformer
+
+        validate_transformer(sections["transformer"], str(p))
     return RunFile(path=str(p), transformer=sections["transformer"], env=env, run=sections["run"])
 
 
@@ -411,7 +409,7 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         if isinstance(impls, str):
             impls = [s.strip() for s in impls.split(",") if s.strip()]
         if not isinstance(impls, (list, tuple)):
-            raise UsageError(f"impls: got {impls!r}, expected a list of implementation names")
+            raise UsageError(f"impls: got {describe(impls)}, expected a list of implementation names")
         values["impls"] = tuple(impls)
     if "allow_env" in values:
         allowed = values["allow_env"]
@@ -425,7 +423,7 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         if isinstance(mods, str):
             mods = [s.strip() for s in mods.split(",") if s.strip()]
         if not isinstance(mods, (list, tuple)):
-            raise UsageError(f"cuda_graph_modules: got {mods!r}, expected a list of module names")
+            raise UsageError(f"cuda_graph_modules: got {describe(mods)}, expected a list of module names")
         values["cuda_graph_modules"] = tuple(mods)
     # Common transformer fields may arrive through transformer: as well; the dedicated fields win
     # only when given explicitly, so mirror them here.
@@ -463,7 +461,7 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
     else:
         return
     if not ok:
-        raise UsageError(f"{key}: got {value!r} ({type(value).__name__}), expected {what}")
+        raise UsageError(f"{key}: got {describe(value)} ({type(value).__name__}), expected {what}")
 
 
 __all__ = [

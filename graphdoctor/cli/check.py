@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from graphdoctor.errors import InputFileError, UsageError
+from graphdoctor.errors import UsageError
 from graphdoctor.options import DIFF_OPTIONS, Option, click_options
 
 FORMAT_CHOICE = click.Choice(["text", "json", "md"])
@@ -207,31 +207,16 @@ def rules_command(fmt: str, output: str | None, all_: bool) -> None:
 
 
 def write_rule_docs(directory: Path) -> list[Path]:
-    """Write docs/rules: GDxxx.md per rule and index.md; stale GDxxx.md pages are removed.
+    """Write docs/rules: GDxxx.md per rule and index.md (graphdoctor.report.rule_pages: only its own
+    pages, recorded in a manifest; stale pages it wrote are removed, nothing else).
 
     Raises:
-        InputFileError: the directory cannot be written.
+        UsageError: a page would overwrite a file graphdoctor did not write, or DIR cannot be written.
     """
-    from graphdoctor.report.findings import rule_markdown, rules_index_markdown
+    from graphdoctor.report.rule_pages import write_rule_pages
     from graphdoctor.rules import all_rules
 
-    rules = all_rules()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        keep = {f"{r.code}.md" for r in rules} | {"index.md"}
-        for old in directory.glob("GD*.md"):
-            if old.name not in keep:
-                old.unlink()
-        written = []
-        for rule in rules:
-            path = directory / f"{rule.code}.md"
-            path.write_text(rule_markdown(rule), encoding="utf-8")
-            written.append(path)
-        index = directory / "index.md"
-        index.write_text(rules_index_markdown(rules), encoding="utf-8")
-    except OSError as exc:
-        raise InputFileError(f"{directory}: cannot write ({exc.strerror or exc})") from None
-    return [*written, index]
+    return write_rule_pages(directory, all_rules())
 
 
 @click.command("rule")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from graphdoctor.inputs import MAX_TRACE_BYTES, check_output_path, write_output
 from graphdoctor.options import DIFF_OPTIONS, click_options
 
 LIVE_FIELDS = frozenset({
@@ -49,8 +50,11 @@ LIVE_OPTIONS = tuple(opt for opt in DIFF_OPTIONS if opt.field in LIVE_FIELDS)
     help="Also write the accounting as JSON (schema_version 1); '-' for stdout instead of the "
     "table. Default: no JSON.",
 )
+@click.option("--max-bytes", "max_bytes", metavar="BYTES", type=click.IntRange(min=1), default=MAX_TRACE_BYTES,
+              help="With --trace: refuse traces larger than BYTES (decompressed). "
+                   f"Default: {MAX_TRACE_BYTES}.")
 def count_command(trace_path: Path | None, json_path: Path | None, config_path: str | None,
-                  **values: object) -> None:
+                  max_bytes: int, **values: object) -> None:
     """Count host launch calls, eager vs in-graph GPU kernels and RNG prologue fills.
 
     With --trace: in an existing profiler trace, per ProfilerStep and per graphdoctor phase (CPU).
@@ -58,6 +62,10 @@ def count_command(trace_path: Path | None, json_path: Path | None, config_path: 
     Megatron-Core model on the GPU (no numeric diff; `graphdoctor diff` includes the same table).
     """
     if trace_path is None:
+        if max_bytes != MAX_TRACE_BYTES:
+            from graphdoctor.errors import UsageError
+
+            raise UsageError("--max-bytes: applies to --trace only, expected it with --trace")
         _live(config_path, json_path, values)
         return
     given = sorted(k for k, v in values.items() if v is not None)
@@ -69,18 +77,15 @@ def count_command(trace_path: Path | None, json_path: Path | None, config_path: 
     from graphdoctor.launches.accounting import account_trace
     from graphdoctor.report.launches import render_launch_json, render_launch_text
 
-    accounting = account_trace(trace_path)
+    if json_path is not None:
+        check_output_path(json_path, "--json", [trace_path])
+    accounting = account_trace(trace_path, max_bytes=max_bytes)
     if json_path is not None and str(json_path) == "-":
-        sys.stdout.write(render_launch_json(accounting))
+        write_output("-", render_launch_json(accounting))
         return
     click.echo(render_launch_text(accounting))
     if json_path is not None:
-        try:
-            json_path.write_text(render_launch_json(accounting), encoding="utf-8")
-        except OSError as exc:
-            from graphdoctor.errors import UsageError
-
-            raise UsageError(f"--json: cannot write {str(json_path)!r}: {exc.strerror}") from exc
+        write_output(json_path, render_launch_json(accounting), flag="--json", inputs=[trace_path])
 
 
 def _live(config_path: str | None, json_path: Path | None, values: dict[str, object]) -> None:
@@ -88,6 +93,8 @@ def _live(config_path: str | None, json_path: Path | None, values: dict[str, obj
     from graphdoctor.count import count
     from graphdoctor.report.count import render_count_text, write_count_json
 
+    if json_path is not None:
+        check_output_path(json_path, "--json", [config_path])
     config = build_config(config_path, values)
     with progress_board(quiet=False) as board:
         report = count(config, progress=board)

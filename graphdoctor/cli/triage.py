@@ -5,27 +5,14 @@ Parse -> graphdoctor.memory.triage -> graphdoctor.report.memory. Never imports t
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import click
 
-from graphdoctor.errors import InputFileError
+from graphdoctor.inputs import check_output_path, write_output
 from graphdoctor.memory.analysis import triage
 from graphdoctor.memory.loader import DEFAULT_MAX_BYTES
 
 EXIT_OK = 0
 EXIT_LEAK_SUSPECTS = 1
-
-
-def _write(path: str, text: str) -> None:
-    if path == "-":
-        sys.stdout.write(text)
-        return
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputFileError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 @click.command("triage")
@@ -70,6 +57,10 @@ def triage_command(
 
     Exit codes: 0 ok, 1 leak suspects found (with --against), 2 bad input.
     """
+    inputs = [snapshot, against]
+    for flag, path in (("--json", json_path), ("--html", html_path)):
+        if path is not None:
+            check_output_path(path, flag, inputs)
     report = triage(
         snapshot,
         against=against,
@@ -83,11 +74,11 @@ def triage_command(
     from graphdoctor.report.memory import render_json, render_text
 
     if json_path is not None:
-        _write(json_path, render_json(report))
+        write_output(json_path, render_json(report), flag="--json", inputs=inputs)
     if html_path is not None:
         from graphdoctor.report.memory_html import render_html
 
-        _write(html_path, render_html(report))
+        write_output(html_path, render_html(report), flag="--html", inputs=inputs)
     if json_path != "-":
         click.echo(render_text(report), nl=False)
     click.get_current_context().exit(EXIT_LEAK_SUSPECTS if report.has_leak_suspects else EXIT_OK)

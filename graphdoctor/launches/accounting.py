@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from graphdoctor.inputs import MAX_TRACE_BYTES
 from graphdoctor.launches.counts import (
     PHASES,
     LaunchCount,
@@ -283,11 +284,12 @@ def build_tables(phases: tuple[LaunchCount, ...]) -> tuple[LaunchTable, ...]:
     return tuple(tables)
 
 
-def account_trace(path: str | os.PathLike[str]) -> TraceAccounting:
+def account_trace(path: str | os.PathLike[str], *, max_bytes: int = MAX_TRACE_BYTES) -> TraceAccounting:
     """Read a Kineto Chrome trace and run the launch accounting on it.
 
     Args:
         path: `.json` or `.json.gz` trace from `torch.profiler` `export_chrome_trace`.
+        max_bytes: Cap on the trace's (decompressed) size (graphdoctor.inputs.MAX_TRACE_BYTES).
 
     Returns:
         TraceAccounting with total, per-step and per-phase LaunchCount records.
@@ -301,7 +303,7 @@ def account_trace(path: str | os.PathLike[str]) -> TraceAccounting:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return account_events(read_trace(path))
+        return account_events(read_trace(path, max_bytes=max_bytes))
     finally:
         if was_enabled:
             gc.enable()

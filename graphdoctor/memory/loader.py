@@ -19,6 +19,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from graphdoctor.errors import InputFileError
+from graphdoctor.inputs import (
+    MAX_GZIP_RATIO,
+    expansion_budget,
+    file_size,
+    gunzip_capped,
+    gzip_cap,
+    open_regular,
+    read_bytes,
+)
+from graphdoctor.memory.pickle_scan import scan_memo_indices
 
 DEFAULT_MAX_BYTES = 4 << 30
 """Default cap on a snapshot's (decompressed) size: 4 GiB."""
@@ -95,12 +105,7 @@ class _CappedReader(io.RawIOBase):
 
 
 def _check_stat(path: Path, max_bytes: int) -> int:
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise InputFileError(f"snapshot {path}: cannot read ({exc.strerror or exc})") from None
-    if not path.is_file():
-        raise InputFileError(f"snapshot {path}: not a regular file")
+    size = file_size(path, "snapshot")
     if size == 0:
         raise InputFileError(f"snapshot {path}: empty file")
     if size > max_bytes:
@@ -161,12 +166,59 @@ def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_
     file_path = Path(path)
     _check_stat(file_path, max_bytes)
     where = f"snapshot {file_path}"
-    try:
-        with _open_snapshot(file_path, max_bytes) as stream:
-            data = _unpickle_stream(stream, where)
-    except OSError as exc:
-        raise InputFileError(f"{where}: cannot read ({exc.strerror or exc})") from None
-    return _normalize_top(data, where)
+    data = read_bytes(file_path, "snapshot", max_bytes=max_bytes, flag="--max-bytes", max_ratio=_ratio(max_bytes))
+    return _loads_checked(data, where)
+
+
+def _ratio(max_bytes: int) -> float | None:
+    # the compression-ratio check guards the default cap only; a raised cap is the user's call
+    return MAX_GZIP_RATIO if max_bytes == DEFAULT_MAX_BYTES else None
+
+
+def _loads_checked(data: bytes, where: str) -> dict[str, Any]:
+    # The memo scan runs before the C unpickler allocates anything; the expansion check after it
+    # bounds what the analysis will walk (shared references counted at every use).
+    scan_memo_indices(data, where)
+    snapshot = _normalize_top(_unpickle_stream(io.BytesIO(data), where), where)
+    check_expansion(snapshot, where, expansion_budget(len(data)))
+    return snapshot
+
+
+def check_expansion(snapshot: dict[str, Any], where: str, max_values: int) -> None:
+    """Refuse a snapshot whose segments, blocks, trace entries and frames, counted at every
+    reference, exceed max_values: a pickle can reference one list from a million places in two
+    bytes each, and the analysis visits it at every reference.
+
+    Only the shapes the analysis walks are counted; their types are checked later by
+    parse_snapshot (anything else is skipped here). Stops as soon as the budget is exceeded.
+
+    Raises:
+        InputFileError: the expanded size exceeds max_values.
+    """
+    total = 0
+
+    def spend(num: int) -> None:
+        nonlocal total
+        total += num
+        if total > max_values:
+            raise InputFileError(
+                f"{where}: expands to more than {max_values} values (shared references counted at every use); "
+                "not a snapshot torch writes")
+
+    for seg in _list(snapshot.get("segments")):
+        blocks = _list(seg.get("blocks") if isinstance(seg, dict) else None)
+        spend(1 + len(blocks))
+        for block in blocks:
+            spend(len(_list(block.get("frames") if isinstance(block, dict) else None)))
+    for entries in _list(snapshot.get("device_traces")):
+        entries = _list(entries)
+        spend(1 + len(entries))
+        for entry in entries:
+            spend(len(_list(entry.get("frames") if isinstance(entry, dict) else None)))
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def load_snapshot_segments(
@@ -203,7 +255,10 @@ def load_snapshot_segments(
         with _open_snapshot(file_path, max_bytes) as stream:
             found = _segments_prefix(stream)
             if found is not None and _frames_reach_stop(stream, found[1], size if stream.seekable() else None):
+                scan_memo_indices(found[0], where)
                 segments = _load_prefix(found[0], where)
+                if segments is not None:
+                    check_expansion({"segments": segments}, where, expansion_budget(len(found[0])))
     except (gzip.BadGzipFile, EOFError, zlib.error):
         pass  # truncated or corrupt gzip: the full load below reports it as load_snapshot does
     except OSError as exc:
@@ -215,11 +270,12 @@ def load_snapshot_segments(
 
 @contextlib.contextmanager
 def _open_snapshot(file_path: Path, max_bytes: int) -> Iterator[BinaryIO]:
-    with open(file_path, "rb") as raw:
+    with open_regular(file_path, "snapshot") as raw:
         if raw.read(2) == _GZIP_MAGIC:
             raw.seek(0)
             with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-                yield io.BufferedReader(_CappedReader(unzipped, max_bytes), 1 << 20)  # type: ignore[arg-type]
+                cap = gzip_cap(os.fstat(raw.fileno()).st_size, max_bytes, _ratio(max_bytes))
+                yield io.BufferedReader(_CappedReader(unzipped, cap), 1 << 20)  # type: ignore[arg-type]
         else:
             raw.seek(0)
             yield raw
@@ -339,10 +395,9 @@ def loads_snapshot(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[s
     if len(data) > max_bytes:
         raise InputFileError(f"snapshot: {len(data)} bytes exceeds the cap of {max_bytes} bytes")
     if data[:2] == _GZIP_MAGIC:
-        stream: BinaryIO = io.BufferedReader(_CappedReader(gzip.GzipFile(fileobj=io.BytesIO(data)), max_bytes))  # type: ignore[arg-type]
-    else:
-        stream = io.BytesIO(data)
-    return _normalize_top(_unpickle_stream(stream, "snapshot"), "snapshot")
+        data = gunzip_capped(data, "snapshot", max_bytes=gzip_cap(len(data), max_bytes, _ratio(max_bytes)),
+                             flag="max_bytes")
+    return _loads_checked(data, "snapshot")
 
 
 def _normalize_top(data: Any, where: str) -> dict[str, Any]:
@@ -382,4 +437,4 @@ def save_snapshot(snapshot: dict[str, Any], path: str | os.PathLike[str], *, com
     return out
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "load_snapshot", "load_snapshot_segments", "loads_snapshot", "save_snapshot"]
+__all__ = ["DEFAULT_MAX_BYTES", "check_expansion", "load_snapshot", "load_snapshot_segments", "loads_snapshot", "save_snapshot"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from graphdoctor.errors import InputFileError
+from graphdoctor.inputs import type_error
 
 DEFAULT_POOL: tuple[int, int] = (0, 0)
 """segment_pool_id of the caching allocator's default pool; anything else is a private (graph) pool."""
@@ -130,14 +131,12 @@ class FrameCache:
         if not raw:
             return ()
         if not isinstance(raw, list):
-            raise InputFileError(f"{where}.frames: got {type(raw).__name__}, expected a list")
+            raise type_error(f"{where}.frames", "a list", raw)
         out = []
-        for item in raw:
+        for i, item in enumerate(raw):
             hit = self._by_id.get(id(item))
             if hit is None:
-                if not isinstance(item, dict):
-                    raise InputFileError(f"{where}.frames: got {type(item).__name__} entry, expected a dict")
-                frame = Frame(str(item.get("filename", "??")), _as_int(item.get("line", 0)), str(item.get("name", "??")))
+                frame = _parse_frame(item, f"{where}.frames[{i}]")
                 # Keep the raw dict referenced so its id() cannot be reused while cached.
                 self._by_id[id(item)] = (item, frame)
             else:
@@ -146,41 +145,65 @@ class FrameCache:
         return tuple(out)
 
 
+def _parse_frame(item: Any, where: str) -> Frame:
+    if not isinstance(item, dict):
+        raise type_error(where, "a dict", item)
+    filename, name = item.get("filename", "??"), item.get("name", "??")
+    if not isinstance(filename, str):
+        raise type_error(f"{where}.filename", "a string", filename)
+    if not isinstance(name, str):
+        raise type_error(f"{where}.name", "a string", name)
+    return Frame(filename, _int(item.get("line", 0), f"{where}.line"), name)
+
+
 def frames_from_raw(raw: list[Any], cache: FrameCache | None = None) -> tuple[Frame, ...]:
     """Convert a raw trace-entry frame list to Frames; pass one FrameCache for many entries."""
     return (cache or FrameCache()).frames(raw, "trace entry")
 
 
-def _as_int(value: Any) -> int:
-    return value if isinstance(value, int) else int(value or 0)
+MAX_INT = 1 << 64
+"""Addresses, sizes, streams and line numbers are 64-bit values in every snapshot torch writes."""
+
+
+def _int(value: Any, where: str, *, minimum: int = -MAX_INT) -> int:
+    """A snapshot integer field: a real int (not bool, str, float), within 64 bits."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < MAX_INT:
+        raise type_error(where, "an integer" if minimum < 0 else "a non-negative integer", value)
+    return value
+
+
+def _str(value: Any, where: str, default: str) -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise type_error(where, "a string", value)
+    return value
 
 
 def _field(raw: dict[str, Any], key: str, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise type_error(where, "a dict", raw)
     try:
         return raw[key]
     except KeyError:
         raise InputFileError(f"{where}: field '{key}' missing; not a torch CUDA memory snapshot") from None
-    except TypeError:
-        raise InputFileError(f"{where}: got {type(raw).__name__}, expected a dict") from None
 
 
 def _parse_pool(raw: Any, where: str) -> tuple[int, int]:
     if raw is None:
         return DEFAULT_POOL
-    if isinstance(raw, (tuple, list)) and len(raw) == 2 and all(isinstance(v, int) for v in raw):
-        return (raw[0], raw[1])
-    raise InputFileError(f"{where}.segment_pool_id: got {raw!r}, expected a (int, int) tuple")
+    if isinstance(raw, (tuple, list)) and len(raw) == 2:
+        return (_int(raw[0], f"{where}.segment_pool_id[0]"), _int(raw[1], f"{where}.segment_pool_id[1]"))
+    raise type_error(f"{where}.segment_pool_id", "a (int, int) tuple", raw)
 
 
 def _parse_block(raw: dict[str, Any], where: str, cache: FrameCache) -> Block:
-    size = _field(raw, "size", where)
-    if not isinstance(size, int) or size < 0:
-        raise InputFileError(f"{where}.size: got {size!r}, expected a non-negative int")
+    size = _int(_field(raw, "size", where), f"{where}.size", minimum=0)
     return Block(
-        address=_as_int(_field(raw, "address", where)),
+        address=_int(_field(raw, "address", where), f"{where}.address", minimum=0),
         size_bytes=size,
-        requested_bytes=_as_int(raw.get("requested_size", size)),
-        state=str(_field(raw, "state", where)),
+        requested_bytes=_int(raw.get("requested_size", size), f"{where}.requested_size", minimum=0),
+        state=_str(_field(raw, "state", where), f"{where}.state", "unknown"),
         frames=cache.frames(raw.get("frames"), where),
     )
 
@@ -189,21 +212,19 @@ def _parse_segment(raw: dict[str, Any], index: int, cache: FrameCache) -> Segmen
     where = f"segments[{index}]"
     raw_blocks = _field(raw, "blocks", where)
     if not isinstance(raw_blocks, list):
-        raise InputFileError(f"{where}.blocks: got {type(raw_blocks).__name__}, expected a list")
+        raise type_error(f"{where}.blocks", "a list", raw_blocks)
     blocks = tuple(_parse_block(b, f"{where}.blocks[{i}]", cache) for i, b in enumerate(raw_blocks))
-    total = _field(raw, "total_size", where)
-    if not isinstance(total, int) or total < 0:
-        raise InputFileError(f"{where}.total_size: got {total!r}, expected a non-negative int")
+    total = _int(_field(raw, "total_size", where), f"{where}.total_size", minimum=0)
     allocated = raw.get("allocated_size")
-    if not isinstance(allocated, int):
+    if allocated is None:
         allocated = sum(b.size_bytes for b in blocks if b.state == "active_allocated")
     return Segment(
-        device=_as_int(raw.get("device", 0)),
-        address=_as_int(_field(raw, "address", where)),
+        device=_int(raw.get("device", 0), f"{where}.device"),
+        address=_int(_field(raw, "address", where), f"{where}.address", minimum=0),
         total_bytes=total,
-        allocated_bytes=allocated,
-        stream=_as_int(raw.get("stream", 0)),
-        segment_type=str(raw.get("segment_type", "unknown")),
+        allocated_bytes=_int(allocated, f"{where}.allocated_size", minimum=0),
+        stream=_int(raw.get("stream", 0), f"{where}.stream"),
+        segment_type=_str(raw.get("segment_type"), f"{where}.segment_type", "unknown"),
         pool=_parse_pool(raw.get("segment_pool_id"), where),
         blocks=blocks,
     )
@@ -213,18 +234,41 @@ def _pick_trace(raw_traces: Any) -> tuple[int, list[dict[str, Any]]]:
     if raw_traces is None:
         return 0, []
     if not isinstance(raw_traces, list):
-        raise InputFileError(f"device_traces: got {type(raw_traces).__name__}, expected a list per device")
+        raise type_error("device_traces", "a list per device", raw_traces)
     best_device: int = 0
     best: list[Any] = []
     for device, entries in enumerate(raw_traces):
         if not isinstance(entries, list):
-            raise InputFileError(f"device_traces[{device}]: got {type(entries).__name__}, expected a list")
+            raise type_error(f"device_traces[{device}]", "a list", entries)
         if len(entries) > len(best):
             best_device, best = device, entries
-    for i in (0, len(best) - 1) if best else ():
-        if not isinstance(best[i], dict) or "action" not in best[i]:
-            raise InputFileError(f"device_traces[{best_device}][{i}]: expected a dict with 'action'")
+    for i, entry in enumerate(best):
+        _check_trace_entry(entry, f"device_traces[{best_device}][{i}]")
     return best_device, best
+
+
+def _check_trace_entry(entry: Any, where: str) -> None:
+    """Type-check the fields the analyses read, so they can use entry.get() without surprises.
+
+    Frames are checked when converted (frames_from_raw); here only that they are a list.
+    """
+    if not isinstance(entry, dict) or "action" not in entry:
+        raise type_error(where, "a dict with 'action'", entry)
+    if not isinstance(entry["action"], str):
+        raise type_error(f"{where}.action", "a string", entry["action"])
+    for key, minimum in _TRACE_INT_KEYS:
+        value = entry.get(key, 0)
+        if type(value) is not int or not minimum <= value < MAX_INT:
+            _int(value, f"{where}.{key}", minimum=minimum)  # raises the typed error
+    tag = entry.get("user_metadata")
+    if tag is not None and not isinstance(tag, str):
+        raise type_error(f"{where}.user_metadata", "a string", tag)
+    frames = entry.get("frames")
+    if frames is not None and not isinstance(frames, list):
+        raise type_error(f"{where}.frames", "a list", frames)
+
+
+_TRACE_INT_KEYS = (("addr", 0), ("size", 0), ("stream", -MAX_INT), ("time_us", -MAX_INT))
 
 
 def parse_snapshot(raw: dict[str, Any]) -> Snapshot:
@@ -241,7 +285,7 @@ def parse_snapshot(raw: dict[str, Any]) -> Snapshot:
     """
     raw_segments = _field(raw, "segments", "snapshot")
     if not isinstance(raw_segments, list):
-        raise InputFileError("snapshot.segments: expected a list")
+        raise type_error("segments", "a list", raw_segments)
     cache = FrameCache()
     segments = tuple(_parse_segment(seg, i, cache) for i, seg in enumerate(raw_segments))
     device, trace = _pick_trace(raw.get("device_traces"))

@@ -13,6 +13,7 @@ from tabulate import tabulate
 
 from graphdoctor.errors import UsageError
 from graphdoctor.report.envelope import envelope
+from graphdoctor.report.escape import escape_control
 from graphdoctor.report.table import fit_table, terminal_width
 
 if TYPE_CHECKING:
@@ -78,13 +79,13 @@ def render_report(report: CheckReport, fmt: str = "text", width: int | None = No
     summary = _summary(report.to_dict()["counts"])
     if fmt in ("md", "markdown"):
         notes = "".join(f"\n- {n}" for n in report.notes)
-        return f"{_md_table(report)}\n\n{summary}\n" + (f"\nNotes:{notes}\n" if notes else "")
+        return escape_control(f"{_md_table(report)}\n\n{summary}\n" + (f"\nNotes:{notes}\n" if notes else ""))
     if fmt != "text":
         raise ValueError(f"format: got {fmt!r}, expected one of {', '.join(FORMATS)}")
     parts = _text_table(report, width)
     parts.extend(f"note: {n}" for n in report.notes)
     parts.append(summary)
-    return "\n".join(parts) + "\n"
+    return escape_control("\n".join(parts) + "\n")
 
 
 def _batch_text(batch: BatchReport, width: int | None, markdown: bool) -> str:

@@ -10,6 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from graphdoctor.report.escape import escape_control
+
 if TYPE_CHECKING:
     from graphdoctor.launches.counts import LaunchCount, TraceAccounting
 
@@ -93,7 +95,8 @@ def render_launch_text(accounting: TraceAccounting) -> str:
             parts.append(f"\n{label}\n" + _table(["total"], [accounting.total]))
     if accounting.total.num_gpu_kernels == 0:
         parts.append("\nnote: no GPU kernel events; was the trace recorded with ProfilerActivity.CUDA?")
-    return "\n".join(parts)
+    # annotation names and the path come from the trace: escaped before a terminal sees them
+    return escape_control("\n".join(parts))
 
 
 def render_launch_json(accounting: TraceAccounting) -> str:
@@ -101,7 +104,7 @@ def render_launch_json(accounting: TraceAccounting) -> str:
     TraceAccounting.to_dict() (docs/launches.md), indented, trailing newline."""
     from graphdoctor.report.envelope import envelope
 
-    return json.dumps(envelope("count", accounting.to_dict()), indent=2) + "\n"
+    return json.dumps(envelope("count", accounting.to_dict()), indent=2, allow_nan=False) + "\n"
 
 
 __all__ = ["render_launch_json", "render_launch_text"]

@@ -9,6 +9,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from graphdoctor.report.escape import escape_control
+
 if TYPE_CHECKING:
     from graphdoctor.memory.analysis import SnapshotSummary, TriageReport
     from graphdoctor.memory.blockdiff import BlockDiff
@@ -117,7 +119,8 @@ def render_text(report: TriageReport) -> str:
                             f"largest {fmt_bytes(top.growth_bytes, signed=True)} at {top.site}")
         else:
             sections.append("verdict: no site's live bytes grew")
-    return "\n\n".join(sections) + "\n"
+    # frame and file names come from the snapshot: escaped once, here, before a terminal sees them
+    return escape_control("\n\n".join(sections) + "\n")
 
 
 def render_json(report: TriageReport) -> str:
@@ -125,7 +128,7 @@ def render_json(report: TriageReport) -> str:
     TriageReport.to_dict() (documented in docs/memory.md)."""
     from graphdoctor.report.envelope import envelope
 
-    return json.dumps(envelope("triage", report.to_dict()), indent=2, sort_keys=False) + "\n"
+    return json.dumps(envelope("triage", report.to_dict()), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
 __all__ = ["fmt_bytes", "render_json", "render_text"]

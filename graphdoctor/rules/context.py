@@ -15,6 +15,7 @@ from functools import cache
 from typing import Any
 
 from graphdoctor.errors import UsageError
+from graphdoctor.inputs import describe
 from graphdoctor.rules.facts import EnvironmentFacts
 from graphdoctor.rules.graphconfig import GraphSettings, normalize
 from graphdoctor.rules.megatron_args import (
@@ -62,7 +63,9 @@ def _matches(value: Any, annotation: Any) -> bool:
     if annotation is type(None):
         return value is None
     if origin is list or annotation is list:
-        return isinstance(value, list)
+        # element types too: offload_modules: [[1]] must fail here, not as a TypeError in a rule
+        args = typing.get_args(annotation)
+        return isinstance(value, list) and (not args or all(_matches(item, args[0]) for item in value))
     return True
 
 
@@ -83,7 +86,8 @@ def validate_transformer(values: dict[str, Any], where: str) -> None:
         annotation, default = known[key]
         if not (value is None and default is None) and not _matches(value, annotation):
             raise UsageError(
-                f"{where}: transformer.{key}: got {value!r} ({type(value).__name__}), expected {_expected(annotation)}"
+                f"{where}: transformer.{key}: got {describe(value)} ({type(value).__name__}), "
+                f"expected {_expected(annotation)}"
             )
 
 

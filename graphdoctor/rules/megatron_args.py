@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import InputFileError, UsageError
+from graphdoctor.inputs import describe, describe_error, read_text
+from graphdoctor.runfile_schema import check_field_range, check_plain_values
 from graphdoctor.suggest import did_you_mean
 
 # flag -> (section, key, kind); kind: true/false (store_true/store_false), int, float, str, list,
@@ -114,10 +116,7 @@ def _tokens(text_or_at: str) -> list[tuple[str, str | None]]:
         except ValueError as exc:
             raise UsageError(f"--megatron-args: cannot split the launch line ({exc})") from None
     path = Path(text_or_at[1:])
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    text = read_text(path, "--megatron-args file")
     out: list[tuple[str, str | None]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         # a line continuation may be followed by a comment: `--flag \\  # note`
@@ -125,41 +124,87 @@ def _tokens(text_or_at: str) -> list[tuple[str, str | None]]:
         try:
             out.extend((t, f"{path}:{number}") for t in shlex.split(line, comments=True))
         except ValueError as exc:
-            raise InputFileError(f"{path}:{number}: cannot split ({exc})") from None
+            raise InputFileError(f"{path}:{number}: cannot split ({describe_error(exc)})") from None
     return out
 
 
+MAX_MOE_PATTERN_CHARS = 1000
+"""Longest --moe-layer-freq expression accepted (Megatron's are a few dozen characters)."""
+MAX_MOE_PATTERN_LAYERS = 100_000
+"""Longest --moe-layer-freq pattern list accepted (one entry per layer)."""
+
+
 def parse_moe_layer_freq(text: str) -> int | list[int]:
-    """Megatron's moe_layer_freq: an int or a pattern such as `([0]+[1]*3)*2` (evaluated safely).
+    """Megatron's moe_layer_freq: an int, or a Python-list expression such as `([1]*3+[0]*1)*3`.
+
+    Evaluated by a bounded evaluator of the forms Megatron documents (int literals, list
+    literals of ints, `+` of two lists, `*` of a list and an int, parentheses), never by eval:
+    the result length is computed before a list is built and capped at MAX_MOE_PATTERN_LAYERS.
 
     Raises:
-        UsageError: anything but ints, lists of ints, + and *.
+        UsageError: anything else, or a pattern too long.
     """
-    def ev(node: ast.AST) -> Any:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.List):
-            return [ev(e) for e in node.elts]
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
-            left, right = ev(node.left), ev(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
-        raise UsageError(f"--moe-layer-freq: got {text!r}, expected an int or a pattern like ([0]+[1]*3)*2")
+    expected = "an int or a list pattern like ([1]*3+[0]*1)*3"
+    if len(text) > MAX_MOE_PATTERN_CHARS:
+        raise UsageError(f"--moe-layer-freq: got {len(text)} characters, expected {expected} "
+                         f"under {MAX_MOE_PATTERN_CHARS} characters")
     try:
-        return ev(ast.parse(text, mode="eval").body)
-    except SyntaxError:
-        raise UsageError(f"--moe-layer-freq: got {text!r}, expected an int or a pattern like ([0]+[1]*3)*2") from None
+        tree = ast.parse(text.strip(), mode="eval").body
+        return _moe_value(tree, text, expected)
+    except UsageError:
+        raise
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise UsageError(f"--moe-layer-freq: got {describe(text)}, expected {expected}") from None
+
+
+def _moe_value(node: ast.AST, text: str, expected: str) -> int | list[int]:
+    def fail(why: str = "") -> UsageError:
+        return UsageError(f"--moe-layer-freq: got {describe(text)}, expected {expected}{why}")
+
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        if not 0 <= node.value <= MAX_MOE_PATTERN_LAYERS:
+            raise fail(f" (an int between 0 and {MAX_MOE_PATTERN_LAYERS})")
+        return node.value
+    if isinstance(node, ast.List):
+        items = [_moe_value(e, text, expected) for e in node.elts]
+        if not all(type(i) is int for i in items):
+            raise fail(" (a flat list of ints)")
+        return items  # type: ignore[return-value]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+        left, right = _moe_value(node.left, text, expected), _moe_value(node.right, text, expected)
+        if isinstance(node.op, ast.Add):
+            if not (isinstance(left, list) and isinstance(right, list)):
+                raise fail(" (+ joins two lists)")
+            length = len(left) + len(right)
+        else:
+            if isinstance(left, list) == isinstance(right, list):
+                raise fail(" (* repeats a list an int number of times)")
+            times = right if isinstance(left, list) else left
+            seq = left if isinstance(left, list) else right
+            assert isinstance(times, int) and isinstance(seq, list)
+            length = len(seq) * max(times, 0)
+        if length > MAX_MOE_PATTERN_LAYERS:
+            raise fail(f" (at most {MAX_MOE_PATTERN_LAYERS} layers, got {length})")
+        return left + right if isinstance(node.op, ast.Add) else left * right  # type: ignore[operator,no-any-return]
+    raise fail()
 
 
 def _convert(flag: str, kind: str, values: list[str]) -> Any:
+    if kind == "freq":
+        return parse_moe_layer_freq(values[0])
     try:
         if kind == "int":
-            return int(values[0])
-        if kind == "float":
-            return float(values[0])
-        if kind == "freq":
-            return parse_moe_layer_freq(values[0])
+            number: int | float = int(values[0])
+        elif kind == "float":
+            number = float(values[0])
+        else:
+            number = 0
+        check_plain_values(number, flag)
+        if kind in ("int", "float"):
+            return number
     except ValueError:
-        raise UsageError(f"{flag}: got {values[0]!r}, expected {'an integer' if kind == 'int' else 'a number'}") from None
+        raise UsageError(f"{flag}: got {describe(values[0])}, expected "
+                         f"{'an integer' if kind == 'int' else 'a finite number'}") from None
     if kind in ("list", "list3"):
         return list(values)
     return values[0]
@@ -198,6 +243,8 @@ def parse_megatron_args(text_or_at: str) -> MegatronArgs:
             value = _convert(flag, kind, values if kind in ("list", "list3") else values[:1])
         if key == "cpu_offloading_num_layers" and value > 0:
             result.transformer["cpu_offloading"] = True
+        if section != "args":
+            check_field_range(key, value, flag)
         getattr(result, section)[key] = value
         result.locations[f"{section}.{key}"] = where or flag
     return result

@@ -24,7 +24,7 @@ def invoke(*args: str) -> tuple[int, str]:
     (["diff", "--impl", "eager"], "impl: got 'eager'"),
     (["diff", "--steps", "3"], "steps: got 3"),
     (["diff", "--layer-spec", "nocolon"], "layer_spec: got 'nocolon'"),
-    (["diff", "--config", "/nonexistent/run.yaml"], "cannot read"),
+    (["diff", "--config", "/nonexistent/run.yaml"], "no such file"),
 ])
 def test_bad_values_are_one_line_exit_2(args: list[str], needle: str) -> None:
     code, output = invoke(*args)

@@ -45,7 +45,7 @@ def test_bad_trace_is_one_line_and_exit_2(tmp_path: Path) -> None:
     bad.write_text("[1, 2")
     result = CliRunner().invoke(main, ["count", "--trace", str(bad)])
     assert result.exit_code == 2
-    assert result.output.count("\n") == 1 and "graphdoctor: error: trace:" in result.output
+    assert result.output.count("\n") == 1 and "graphdoctor: error: trace " in result.output
 
 
 def test_trace_without_phases_falls_back_to_steps(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def test_bare_event_list_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("content", "match"),
     [
-        (b"{not json", "not Chrome-trace JSON"),
+        (b"{not json", "not valid JSON"),
         (b'{"foo": 1}', "no 'traceEvents' list"),
         (b"\x1f\x8bgarbage", "not a valid gzip"),
     ],
@@ -59,5 +59,5 @@ def test_bad_files_raise_input_file_error(tmp_path: Path, content: bytes, match:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(InputFileError, match="cannot read"):
+    with pytest.raises(InputFileError, match="no such file"):
         read_trace(tmp_path / "absent.json")
