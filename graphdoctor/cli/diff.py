@@ -83,6 +83,12 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     1 otherwise, 2 for usage, config or environment errors (no GPU).
     """
     config = build_config(config_path, values)
+    from graphdoctor.inputs import check_output_path
+
+    # Refused before any GPU work: a report never overwrites the run file it came from.
+    for flag, target in (("--json", json_path), ("--html", html_path)):
+        if target:
+            check_output_path(target, flag, [config_path])
     if html_path and json_path and Path(html_path).resolve() == Path(json_path).resolve():
         from graphdoctor.errors import UsageError
 

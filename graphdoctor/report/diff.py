@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from graphdoctor.inputs import write_output
 from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
 from graphdoctor.report.envelope import envelope
 from graphdoctor.report.forensics import forensics_table
@@ -174,8 +175,7 @@ def write_json(report: DiffReport, path: str | os.PathLike[str]) -> Path:
     if target.parent and not target.parent.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = json_safe(envelope("diff", report.to_dict()))
-    target.write_text(json.dumps(data, indent=2, allow_nan=False, default=str) + "\n",
-                      encoding="utf-8")
+    write_output(target, json.dumps(data, indent=2, allow_nan=False, default=str) + "\n", flag="--json")
     return target
 
 

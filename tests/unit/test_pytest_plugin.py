@@ -86,7 +86,7 @@ def test_fixture_skips_on_cpu_under_strict_markers(pytester: pytest.Pytester) ->
 @pytest.mark.parametrize(("args", "needle"), [
     (["--gd-impl", "lokal"], "graphdoctor: impl: got 'lokal', expected one of local, full_iteration, transformer_engine"),
     (["--gd-dtype", "fp12"], "graphdoctor: dtype: got 'fp12'"),
-    (["--gd-config", "missing.yaml"], "graphdoctor: missing.yaml"),
+    (["--gd-config", "missing.yaml"], "missing.yaml: no such file"),
 ])
 def test_bad_gd_options_fail_at_start_up_with_one_line(pytester: pytest.Pytester, args: list[str], needle: str) -> None:
     pytester.makepyfile("def test_x():\n    pass\n")
