@@ -477,15 +477,12 @@ def load_report(path: str | Path) -> DiffReport:
     Raises:
         InputFileError: unreadable, not JSON, or not a diff report.
     """
-    import json
-
     from graphdoctor.errors import InputFileError
+    from graphdoctor.inputs import read_json
 
+    data = read_json(path, "diff report")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
         return DiffReport.from_dict(data)
-    except OSError as exc:
-        raise InputFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputFileError(f"{path}: not a graphdoctor diff report ({type(exc).__name__}: {exc})") from None
 

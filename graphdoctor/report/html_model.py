@@ -8,8 +8,6 @@ the eager reference's `impl` may be "none" or "eager". A recorded tap-table file
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import InputFileError
+from graphdoctor.inputs import read_json
 from graphdoctor.report.html_model_parts import (
     EAGER_NAMES,
     PASSING_VERDICTS,
@@ -269,21 +268,9 @@ def load_report(path: str | Path) -> ReportView:
     Raises:
         InputFileError: unreadable, not JSON, too large, or not a diff report.
     """
-    source = Path(path)
-    try:
-        with source.open("rb") as handle:
-            head = handle.read(2)
-        opener: Any = gzip.open if head == b"\x1f\x8b" else open
-        with opener(source, "rb") as handle:
-            data = handle.read(MAX_REPORT_BYTES + 1)
-    except (OSError, EOFError) as exc:
-        raise InputFileError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if len(data) > MAX_REPORT_BYTES:
-        raise InputFileError(f"{path}: larger than {MAX_REPORT_BYTES} bytes; not a diff report")
-    try:
-        payload = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputFileError(f"{path}: not JSON ({exc})") from None
+    # The one input layer: regular files only (a FIFO or /dev/zero is refused before reading), the
+    # size and decompression caps, strict JSON.
+    payload = read_json(path, "diff report", max_bytes=MAX_REPORT_BYTES)
     if not isinstance(payload, Mapping):
         raise InputFileError(f"{path}: not a graphdoctor diff report (top level is not an object)")
     try:

@@ -136,7 +136,7 @@ def test_cli_writes_the_page(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content, needle", [
-    ("not json", "not JSON"),
+    ("not json", "not valid JSON"),
     ('{"schema_version": 1}', "not a graphdoctor diff report"),
     ("[1, 2]", "top level is not an object"),
 ])
@@ -150,7 +150,7 @@ def test_cli_bad_file_is_one_line_exit_2(tmp_path: Path, content: str, needle: s
 
 def test_cli_missing_file_and_missing_html(tmp_path: Path) -> None:
     code, _, stderr = _report(str(tmp_path / "none.json"), "--html", str(tmp_path / "x.html"))
-    assert code == 2 and "cannot read" in stderr
+    assert code == 2 and "no such file" in stderr
     code, _, stderr = _report(str(DEFAULT))
     assert code == 2 and "--html" in stderr
 
