@@ -183,9 +183,11 @@ def build_optimizer(dtype: str, config: Any, model: torch.nn.Module) -> Any:
 
 
 _CONSTANT_INPUTS: dict[tuple[int, int, str], dict[str, torch.Tensor]] = {}
-"""The batch tensors that are the same every step (causal mask, positions, loss mask), allocated once:
-a graph that captured one of them keeps reading its address at every replay, so it must stay alive
-and unchanged (a fresh tensor per step would free the captured one for the allocator to reuse)."""
+"""The batch tensors that are the same every step (causal mask, positions, loss mask), allocated once,
+so the tensors a graph captured stay alive at a stable address and every step allocates the same.
+On the H200 a fresh mask per step coincided with local differing from eager at dropout 0 once the
+allocation pattern shifted; that run also had Transformer Engine importable, which changes how
+Megatron's local graphs hold their buffers (make_weakref), so the cause is not isolated yet."""
 
 
 def constant_inputs(config: DiffConfig, device: torch.device) -> dict[str, torch.Tensor]:
