@@ -76,3 +76,15 @@ def test_none_attention_mask_with_local_spec_is_caught() -> None:
     assert result.verdict == Verdict.NUMERIC_DIVERGENCE, result
     diag = result.diagnosis
     assert diag is not None and diag.module is not None and "attention" in diag.module, diag
+
+
+def test_local_graphs_match_eager_at_dropout_0_with_te_installed() -> None:
+    """Megatron's local graphs with Transformer Engine importable (HAVE_TE_GRAPHS: make_weakref then
+    drops ownership of graph-mempool buffers), the local spec, fp32, memory observer on: bitwise as
+    without TE. A session saw local differ at dropout 0 in this set-up (with a per-step mask); this
+    test settles whether that is a hazard of Megatron's local graphs when TE is installed."""
+    report = diff(DiffConfig(impls=("local",), dropout=0.0, num_layers=2, hidden_size=128, num_attention_heads=4,
+                             seq_length=64, vocab_size=512, steps=6, cuda_graph_warmup_steps=2, timeout_s=300.0))
+    _keep(report, "local_dropout0_te_installed")
+    (local,) = report.results
+    assert local.verdict == Verdict.MATCH, local
