@@ -21,9 +21,6 @@ from graphdoctor.suggest import did_you_mean
 IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
 """Graphed implementations graphdoctor knows, in the order they are reported."""
 
-REFERENCE_IMPL = "none"
-"""The eager reference implementation."""
-
 DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 
 TE_LAYER_SPECS: tuple[str, ...] = ("te", "transformer_engine")
@@ -46,7 +43,7 @@ class DiffConfig:
     """Everything one `graphdoctor diff` needs; the same object drives the CLI and the Python API."""
 
     impls: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
-    """Graphed implementations to compare against eager (`none`)."""
+    """Graphed implementations to compare against eager."""
 
     num_layers: int = 4
     """Transformer layers of the built-in GPT model."""
@@ -467,7 +464,6 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
 __all__ = [
     "DTYPES",
     "IMPLS",
-    "REFERENCE_IMPL",
     "TE_LAYER_SPECS",
     "DiffConfig",
     "RunFile",
