@@ -241,6 +241,7 @@ class DiffRun:
         self.ref_dir = _scratch_dir(session.workdir, "ref")
         self.control_reference: RunRecord | None = None
         self._tapped_reference: RunRecord | None = None
+        self._saved: dict[tuple[float, tuple[int, ...]], RunRecord] = {}
         self.scratch_bytes = 0
 
     def run_all(self) -> DiffReport:
@@ -305,12 +306,20 @@ class DiffRun:
             return graphed
         io_steps = steps if not self.config.bitwise else steps[:1]
         dropout = graphed.dropout
-        rerun = dict(io_steps=io_steps, stop_after=max(io_steps))
-        saved = self.session.run_request(self.request(EAGER, dropout, Role.REFERENCE, **rerun))
-        self.scratch_bytes = max(self.scratch_bytes, _tree_bytes(self.ref_dir))
-        if saved.status != "ok":
+        # One scratch directory per dropout: the eager tensors saved for one implementation serve
+        # every other implementation that differs at the same steps (the eager re-run runs once).
+        scratch = self.ref_dir / f"d{dropout:g}"
+        scratch.mkdir(exist_ok=True)
+        last = max(io_steps)
+        key = (dropout, io_steps)
+        if key not in self._saved:
+            self._saved[key] = self.session.run_request(
+                ChildRequest(EAGER, dropout, Role.REFERENCE, scratch, io_steps=io_steps, stop_after=last))
+            self.scratch_bytes = max(self.scratch_bytes, _tree_bytes(self.ref_dir))
+        if self._saved[key].status != "ok":
             return graphed
-        compared = self.session.run_request(self.request(graphed.impl, dropout, Role.GRAPHED, **rerun))
+        compared = self.session.run_request(
+            ChildRequest(graphed.impl, dropout, Role.GRAPHED, scratch, io_steps=io_steps, stop_after=last))
         measured = {s.step: s for s in compared.steps if s.step in io_steps}
         if compared.status != "ok" or len(measured) != len(io_steps):
             return graphed
