@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphdoctor.compare.lanes import decode_step, encode_step, pairs
+
 
 class Verdict(enum.StrEnum):
     """Outcome of one implementation against the eager reference (the JSON uses these values)."""
@@ -110,15 +112,15 @@ class StepPrints:
     """Likewise for the parameters."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON view: lanes as 16-digit hex strings (exact in every JSON reader)."""
-        return {"grads": [f"{v & (2**64 - 1):016x}" for v in self.grads],
-                "params": [f"{v & (2**64 - 1):016x}" for v in self.params]}
+        """JSON view: one 32-hex-digit string per tensor (compare.lanes.encode_step; exact in every
+        JSON reader)."""
+        return {"grads": encode_step(pairs(self.grads)), "params": encode_step(pairs(self.params))}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepPrints:
         """Inverse of to_dict."""
-        return cls(grads=tuple(int(v, 16) for v in data["grads"]),
-                   params=tuple(int(v, 16) for v in data["params"]))
+        return cls(grads=tuple(v for pair in decode_step(data["grads"]) for v in pair),
+                   params=tuple(v for pair in decode_step(data["params"]) for v in pair))
 
 
 @dataclass(frozen=True, slots=True)

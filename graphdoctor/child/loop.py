@@ -122,7 +122,10 @@ class StepPrinter:
 
 
 def _lanes(fingerprints: torch.Tensor) -> tuple[int, ...]:
-    return tuple(int(v) for v in fingerprints.cpu().reshape(-1).tolist())
+    """The lanes on the host (one copy), stored flat as StepPrints keeps them."""
+    from graphdoctor.compare.bitprint import host_lanes
+
+    return tuple(v for pair in host_lanes(fingerprints) for v in pair)
 
 
 def _main_grad(param: torch.nn.Parameter) -> torch.Tensor:

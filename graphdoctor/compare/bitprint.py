@@ -7,19 +7,22 @@ Semantics, collision model and memory/host-work bounds: docs/fingerprints.md.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from graphdoctor.errors import GraphDoctorError
-
-NUM_LANES = 2
-"""Independent 64-bit hash lanes per tensor."""
+from graphdoctor.compare.lanes import (
+    NUM_LANES,
+    BitprintError,
+    decode_step,
+    differing_tensors,
+    encode_step,
+    family_digest,
+    to_unsigned64,
+)
 
 BLOCK_NUMEL = 1 << 14
 """Elements per block: element i's multiplier is R(i // BLOCK_NUMEL) * M(i % BLOCK_NUMEL)."""
@@ -65,19 +68,10 @@ _INT_VIEW: dict[torch.dtype, tuple[torch.dtype, int]] = {
 """dtype -> (integer dtype of the same width whose bits are hashed, dtype code folded into the salt)."""
 
 
-class BitprintError(GraphDoctorError, ValueError):
-    """Tensors handed to a fingerprinter do not match its layout, or fingerprints cannot be compared."""
-
-
 def to_signed64(value: int) -> int:
     """`value` mod 2^64 as a two's-complement int64 (what torch stores)."""
     value &= _MASK64
     return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def to_unsigned64(value: int) -> int:
-    """An int64 lane read back from torch, as its unsigned 64-bit value."""
-    return value & _MASK64
 
 
 def splitmix64(value: int) -> int:
@@ -362,51 +356,6 @@ def reference_lanes(tensor: torch.Tensor) -> tuple[int, int]:
 def host_lanes(fingerprints: torch.Tensor) -> list[tuple[int, int]]:
     """Copy a [num_tensors, 2] fingerprint tensor to the host (one synchronisation) as unsigned ints."""
     return [(to_unsigned64(a), to_unsigned64(b)) for a, b in fingerprints.cpu().tolist()]
-
-
-def differing_tensors(first: Sequence[Sequence[int]], second: Sequence[Sequence[int]]) -> list[int]:
-    """Indices of the tensors whose lanes differ (lanes compared mod 2^64, signed or unsigned alike).
-
-    Raises:
-        BitprintError: the two steps have different numbers of tensors or lanes.
-    """
-    if len(first) != len(second):
-        raise BitprintError(f"fingerprints: got {len(first)} and {len(second)} tensors, expected equal counts")
-    out: list[int] = []
-    for index, (a, b) in enumerate(zip(first, second, strict=True)):
-        if len(a) != NUM_LANES or len(b) != NUM_LANES:
-            raise BitprintError(f"fingerprint {index}: got {len(a)} and {len(b)} lanes, expected {NUM_LANES}")
-        if any(to_unsigned64(x) != to_unsigned64(y) for x, y in zip(a, b, strict=True)):
-            out.append(index)
-    return out
-
-
-def encode_step(lanes: Sequence[Sequence[int]]) -> list[str]:
-    """JSON-friendly form of one step's fingerprints: one 32-hex-digit string (lane 0, lane 1) per tensor."""
-    return [f"{to_unsigned64(a):016x}{to_unsigned64(b):016x}" for a, b in lanes]
-
-
-def decode_step(encoded: Sequence[str]) -> list[tuple[int, int]]:
-    """Inverse of encode_step.
-
-    Raises:
-        BitprintError: an entry is not 32 hexadecimal digits.
-    """
-    out: list[tuple[int, int]] = []
-    for index, text in enumerate(encoded):
-        try:
-            if len(text) != 32:
-                raise ValueError(text)
-            out.append((int(text[:16], 16), int(text[16:], 16)))
-        except ValueError:
-            raise BitprintError(f"fingerprint {index}: got {text!r}, expected 32 hexadecimal digits") from None
-    return out
-
-
-def family_digest(lanes: Sequence[Sequence[int]]) -> int:
-    """One unsigned 64-bit value for a whole family and step (blake2b of the ordered lanes), for reports."""
-    packed = b"".join(struct.pack("<QQ", to_unsigned64(a), to_unsigned64(b)) for a, b in lanes)
-    return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little")
 
 
 __all__ = [

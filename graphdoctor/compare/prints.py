@@ -3,11 +3,9 @@ computed on the GPU by graphdoctor.compare.bitprint inside each child)."""
 
 from __future__ import annotations
 
+from graphdoctor.compare.lanes import NUM_LANES, BitprintError, differing_tensors, pairs
 from graphdoctor.errors import GraphDoctorError
 from graphdoctor.types import StepRecord, TensorDiff
-
-LANES = 2
-"""64-bit hash lanes per tensor."""
 
 FAMILIES: tuple[str, ...] = ("grads", "params")
 
@@ -22,12 +20,11 @@ def prints_diff(names: tuple[str, ...], reference: tuple[int, ...], graphed: tup
     Raises:
         TensorMismatchError: the runs fingerprinted different numbers of tensors.
     """
-    if len(reference) != len(graphed):
-        raise TensorMismatchError(f"fingerprints of {len(graphed) // LANES} tensors against the reference's "
-                                  f"{len(reference) // LANES}: the runs did not build the same model")
-    num = len(reference) // LANES
-    unequal = [i for i in range(num)
-               if reference[LANES * i:LANES * (i + 1)] != graphed[LANES * i:LANES * (i + 1)]]
+    try:
+        unequal = differing_tensors(pairs(reference), pairs(graphed))
+    except BitprintError as exc:
+        raise TensorMismatchError(f"{exc}: the runs did not build the same model") from None
+    num = len(reference) // NUM_LANES
     first = (names[unequal[0]] if unequal[0] < len(names) else f"tensor {unequal[0]}") if unequal else None
     return TensorDiff(num_tensors=num, num_unequal=len(unequal), max_abs=0.0, max_rel=0.0,
                       first_tensor=first, measured=False)
@@ -58,4 +55,4 @@ def differing_steps(names: tuple[str, ...], reference: tuple[StepRecord, ...],
     return tuple(found)
 
 
-__all__ = ["FAMILIES", "LANES", "TensorMismatchError", "differing_steps", "family_diff", "prints_diff"]
+__all__ = ["FAMILIES", "TensorMismatchError", "differing_steps", "family_diff", "prints_diff"]
