@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_size(name.strip(), args)
         results.append(result)
         print(json.dumps({k: v for k, v in result.items() if k != "children"}), flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        if args.out:  # after every size: a run stopped by a time limit keeps the sizes it finished
+            Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print("\nsize     params     plain s  diff s  ratio  disk MB  extra GPU  % of params  verdicts")
     for r in results:
         print(f"{r['size']:<8} {r['num_parameters'] / 1e9:>6.3f} B  {r['plain_wall_s']:>7.1f} {r['diff_wall_s']:>7.1f} "

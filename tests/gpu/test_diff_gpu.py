@@ -22,6 +22,7 @@ def planted_line(module: str, code: str) -> int:
     return next(i for i, line in enumerate(text.splitlines(), 1) if f"# [{code}]" in line)
 
 
+@pytest.mark.without_te
 def test_dropout_local_rng_divergence_full_iteration_match() -> None:
     report = diff(DiffConfig(impls=("local", "full_iteration"), dropout=0.1, **SMALL))
     by_impl = {r.impl: r for r in report.results}
@@ -39,6 +40,7 @@ def test_dropout_local_rng_divergence_full_iteration_match() -> None:
     assert report.reference.env is not None and report.reference.env.world_size == 1
 
 
+@pytest.mark.without_te
 def test_dropout0_matches_from_fingerprints_alone(tmp_path: Path) -> None:
     report = diff(DiffConfig(impls=("local", "full_iteration"), dropout=0.0, **SMALL), workdir=tmp_path)
     assert [r.verdict for r in report.results] == [Verdict.MATCH, Verdict.MATCH], report.results

@@ -60,6 +60,7 @@ def test_reassigned_scale_is_numeric_divergence_localized_to_its_layer() -> None
     assert local.forensics is not None and local.forensics.frozen == ()
 
 
+@pytest.mark.without_te
 def test_clean_dropout_is_rng_divergence_only_and_aligned_rng_matches_bitwise() -> None:
     base = DiffConfig(impls=("local",), dropout=0.1, localize=True, **SMALL)
     shifted = diff(base)

@@ -78,13 +78,17 @@ def test_none_attention_mask_with_local_spec_is_caught() -> None:
     assert diag is not None and diag.module is not None and "attention" in diag.module, diag
 
 
-def test_local_graphs_match_eager_at_dropout_0_with_te_installed() -> None:
-    """Megatron's local graphs with Transformer Engine importable (HAVE_TE_GRAPHS: make_weakref then
-    drops ownership of graph-mempool buffers), the local spec, fp32, memory observer on: bitwise as
-    without TE. A session saw local differ at dropout 0 in this set-up (with a per-step mask); this
-    test settles whether that is a hazard of Megatron's local graphs when TE is installed."""
+def test_local_graphs_differ_from_eager_at_dropout_0_with_te_installed() -> None:
+    """Megatron-Core 0.19.2's local graphs with Transformer Engine importable (HAVE_TE_GRAPHS: make_weakref
+    then drops allocator ownership of graph-mempool buffers), local spec, fp32, dropout 0. Measured on the
+    H200 (2026-11-30): the graphed run differs from eager from the first replay (step 1), first in the
+    gradients, while eager repeated against eager is bitwise; without TE the same run matches
+    (test_diff_gpu.py::test_dropout0_matches_from_fingerprints_alone). This test pins that graphdoctor
+    reports it as a numeric divergence that the graphed run causes, not as noise or a match."""
     report = diff(DiffConfig(impls=("local",), dropout=0.0, num_layers=2, hidden_size=128, num_attention_heads=4,
                              seq_length=64, vocab_size=512, steps=6, cuda_graph_warmup_steps=2, timeout_s=300.0))
     _keep(report, "local_dropout0_te_installed")
     (local,) = report.results
-    assert local.verdict == Verdict.MATCH, local
+    assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
+    assert local.divergence is not None and local.divergence.step >= 1, local.divergence
+    assert any("eager repeated against eager is bitwise" in note for note in local.notes), local.notes
