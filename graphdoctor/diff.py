@@ -398,10 +398,12 @@ class DiffRun:
         return result
 
     def hunt_culprit(self, result: ImplResult, impl: str) -> ImplResult:
-        """Re-run a failed capture with sync errors raised at their call site; keep what it finds."""
+        """Re-run a failed capture with sync errors raised at their call site and the failing
+        operation classified (host sync, nonzero, legacy stream, ...); keep what it finds. A located
+        GD501 is hunted too: its text says only that *some* unsupported operation ran."""
         diag = result.diagnosis
-        if diag is None or (diag.location is not None and diag.cuda_error !=
-                            "cudaErrorStreamCaptureInvalidated"):
+        if diag is None or (diag.location is not None and diag.rule != "GD501" and diag.cuda_error
+                            != "cudaErrorStreamCaptureInvalidated"):
             return result
         hunt = self.session.run_request(self.request(impl, self.config.dropout, Role.GRAPHED, hunt=True))
         found = hunt.diagnosis

@@ -1,9 +1,11 @@
-"""Find the first culprit of a failed capture inside a child.
+"""Find the first culprit of a failed capture inside a child, and classify it.
 
 CUDA reports an unsupported operation during capture lazily: the user's `.item()` often raises
 nothing, and the capture dies later with cudaErrorStreamCaptureInvalidated at capture_end, naming the
 wrong line. In culprit-hunt mode the child turns torch's sync-debug mode to "error" for exactly the
-span of each capture, so a synchronizing operation raises at its own call site, with its stack.
+span of each capture, so a synchronizing operation raises at its own call site, with its stack; and it
+runs the probes' Recorder over the same span, so the operation that raised is classified by the one
+table `check --probe` uses (host sync, data-dependent shape, legacy stream, pageable copy, ...).
 """
 
 from __future__ import annotations
@@ -14,31 +16,79 @@ from typing import Any
 
 from graphdoctor.cuda_errors import match_known
 from graphdoctor.errors import exception_chain
+from graphdoctor.probes.analyze import culprit_of
+from graphdoctor.probes.types import Observation
 
 
-@contextmanager
-def sync_errors_during_capture() -> Iterator[None]:
-    """Within this block, every CUDAGraph capture runs under set_sync_debug_mode("error")."""
-    import torch
+class CulpritHunt:
+    """Sync errors and operation recording during every CUDAGraph capture of a run.
 
-    cls: Any = torch.cuda.CUDAGraph
-    orig_begin, orig_end = cls.capture_begin, cls.capture_end
+    Args:
+        module_names: id(module) -> qualified name, for the culprit's module.
+    """
 
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = orig_begin(self, *args, **kwargs)
-        torch.cuda.set_sync_debug_mode("error")
-        return result
+    def __init__(self, module_names: dict[int, str]) -> None:
+        self.module_names = module_names
+        self.culprit: Observation | None = None
+        """The classified operation that raised first during a capture (None until one does)."""
+        self.last_capture: tuple[Observation, ...] = ()
+        """Everything recorded during the latest capture: the failing one, when a run fails in
+        capture without a classified operation raising (a capture invalidated silently)."""
+        self._recorder: Any = None
 
-    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-        torch.cuda.set_sync_debug_mode("default")
-        return orig_end(self, *args, **kwargs)
+    def begin(self) -> None:
+        """Start recording (called right after capture_begin)."""
+        from graphdoctor.child.probe_recorder import Recorder
+        from graphdoctor.child.probe_worker import registered_generators
 
-    cls.capture_begin, cls.capture_end = capture_begin, capture_end
-    try:
-        yield
-    finally:
-        cls.capture_begin, cls.capture_end = orig_begin, orig_end
-        torch.cuda.set_sync_debug_mode("default")
+        if self._recorder is not None:
+            return
+        self._recorder = Recorder(device_type="cuda", module_names=self.module_names,
+                                  registered_generators=registered_generators(), check_streams=True)
+        self._recorder.__enter__()
+
+    def end(self) -> None:
+        """Stop recording (called before capture_end) and keep the culprit, if an operation raised."""
+        recorder, self._recorder = self._recorder, None
+        if recorder is None:
+            return
+        recorder.__exit__(None, None, None)
+        if self.culprit is None:
+            self.culprit = culprit_of(recorder.failed)
+        self.last_capture = tuple(recorder.observations)
+
+    @contextmanager
+    def during_captures(self) -> Iterator[CulpritHunt]:
+        """Within this block, every CUDAGraph capture runs under set_sync_debug_mode("error") and
+        the Recorder."""
+        import torch
+
+        cls: Any = torch.cuda.CUDAGraph
+        orig_begin, orig_end = cls.capture_begin, cls.capture_end
+        hunt = self
+
+        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            result = orig_begin(graph, *args, **kwargs)
+            torch.cuda.set_sync_debug_mode("error")
+            hunt.begin()
+            return result
+
+        def capture_end(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            hunt.end()
+            torch.cuda.set_sync_debug_mode("default")
+            return orig_end(graph, *args, **kwargs)
+
+        cls.capture_begin, cls.capture_end = capture_begin, capture_end
+        try:
+            yield self
+        finally:
+            self.end()
+            cls.capture_begin, cls.capture_end = orig_begin, orig_end
+            torch.cuda.set_sync_debug_mode("default")
+
+    def found(self) -> Observation | None:
+        """The culprit: the classified operation that raised, else the first unsafe one recorded."""
+        return self.culprit or culprit_of(self.last_capture)
 
 
 def root_exception(exc: BaseException) -> BaseException:
@@ -49,4 +99,4 @@ def root_exception(exc: BaseException) -> BaseException:
     return exc
 
 
-__all__ = ["root_exception", "sync_errors_during_capture"]
+__all__ = ["CulpritHunt", "root_exception"]

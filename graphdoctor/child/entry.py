@@ -79,10 +79,12 @@ class ChildRun:
     spec: ChildSpec
     events: EventWriter
     names: dict[int, str]
+    hunt: Any = None
+    """The CulpritHunt of a culprit-hunt run (graphdoctor.child.culprit)."""
 
     def train(self, state: Any) -> None:
         """Everything from the model build to the end event."""
-        from graphdoctor.child.culprit import sync_errors_during_capture
+        from graphdoctor.child.culprit import CulpritHunt
         from graphdoctor.child.loop import run_steps, strip_wrappers
         from graphdoctor.child.megatron_setup import build_setup
         from graphdoctor.child.observers import make_observers
@@ -96,8 +98,9 @@ class ChildRun:
         taps = self._install_taps(setup)
         undo_align = _align(self.spec)
         t0 = time.perf_counter()
-        hunt = sync_errors_during_capture() if self.spec.hunt_culprit else contextlib.nullcontext()
-        with hunt:
+        if self.spec.hunt_culprit:
+            self.hunt = CulpritHunt(self.names)
+        with self.hunt.during_captures() if self.hunt else contextlib.nullcontext():
             compare_s = run_steps(self.spec, setup, state, self.events.emit, observers, taps)
         train_s = time.perf_counter() - t0 - compare_s
         for observer in observers:
@@ -127,11 +130,14 @@ class ChildRun:
 
         root = root_exception(exc)
         tb = root.__traceback__
+        culprit = self.hunt.found() if self.hunt is not None else None
         self.events.emit(Error(
             error_type=type(root).__name__, message=str(root)[:4000],
             final_error=None if root is exc else f"{type(exc).__name__}: {exc}"[:1000],
             frames=_frames(tb), module=_module_on_stack(tb, self.names), step=state.step,
-            phase=state.phase, unavailable=isinstance(exc, MissingDependencyError)))
+            phase=state.phase, unavailable=isinstance(exc, MissingDependencyError),
+            culprit_rule=culprit.code if culprit else None,
+            culprit_operator=culprit.operator if culprit else None))
 
 
 def _close_taps(taps: Any) -> Any:

@@ -175,6 +175,9 @@ class Recorder:
         self.registered_ids = {id(g) for g in registered_generators}
         self.check_streams = check_streams and device_type == "cuda"
         self.observations: list[Observation] = []
+        self.failed: tuple[Observation, ...] = ()
+        """What the recorder classified for the first operation that raised (the culprit of a failed
+        capture): empty until an operation it classified raises."""
         self.module_inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._stack: list[str | None] = []
         self._taint: dict[int, tuple[str, str, bool, str]] = {}
@@ -199,13 +202,19 @@ class Recorder:
 
     # -- recording ---------------------------------------------------------------------------
     def add(self, code: str, operator: str, detail: str = "", *, skip: int = 3,
-            location: tuple[str, bool] | None = None) -> None:
+            location: tuple[str, bool] | None = None, host_only: bool = False) -> None:
         """Append one observation at the current stack position."""
         where, user = location if location is not None else current_location(skip)
         self.observations.append(Observation(
             code=code, operator=operator, module=self.current_module, location=where,
-            user_code=user, seq=len(self.observations), detail=detail,
+            user_code=user, seq=len(self.observations), detail=detail, host_only=host_only,
         ))
+
+    def note_failure(self, first: int) -> None:
+        """The operation whose classification began at observation `first` raised: keep what was
+        recorded for it as the culprit (the first raising operation that was classified wins)."""
+        if not self.failed and len(self.observations) > first:
+            self.failed = tuple(self.observations[first:])
 
     def _is_device(self, t: torch.Tensor) -> bool:
         return t.device.type == self.device_type
@@ -252,7 +261,8 @@ class Recorder:
         if self.device_type != "cpu" and tensors and not on_device and packet not in _VIEW_ONLY_OPS:
             host = [t for t in tensors if t.device.type == "cpu"]
             if host and not any(self._tainted(t) for t in host) and packet not in _RANDOM_OPS:
-                self.add("GD507", name, "computed on the host inside the captured region")
+                self.add("GD507", name, "computed on the host inside the captured region",
+                         host_only=True)
 
     def _on_copy(self, name: str, packet: str, args: Any, kwargs: Any) -> None:
         if packet == "_to_copy":
@@ -315,8 +325,13 @@ class Recorder:
         def sync_wrapper(label: str) -> Callable[[Any], Any]:
             def make(original: Any) -> Any:
                 def wrapper(*args: Any, **kwargs: Any) -> Any:
+                    first = len(recorder.observations)
                     recorder.add("GD501", label)
-                    return original(*args, **kwargs)
+                    try:
+                        return original(*args, **kwargs)
+                    except BaseException:
+                        recorder.note_failure(first)
+                        raise
                 return wrapper
             return make
 
@@ -387,8 +402,13 @@ class _FunctionMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        first = len(self.recorder.observations)
         self.recorder.on_function(func, args, kwargs)
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except BaseException:
+            self.recorder.note_failure(first)
+            raise
 
 
 class _DispatchMode(TorchDispatchMode):
@@ -398,8 +418,13 @@ class _DispatchMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        first = len(self.recorder.observations)
         self.recorder.on_dispatch(func, args, kwargs)
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except BaseException:
+            self.recorder.note_failure(first)
+            raise
         self.recorder.after_dispatch(func, args, kwargs, out)
         return out
 

@@ -74,7 +74,8 @@ def _outcome(spec: ChildSpec, last_step: int, end: End | None, error: Error | No
     if error is not None:
         frames = list(error.frames)
         diagnosis = diagnose(error.error_type, error.message, frames, module=error.module,
-                             step=error.step, phase=error.phase)
+                             step=error.step, phase=error.phase, culprit_rule=error.culprit_rule,
+                             culprit_operator=error.culprit_operator)
         if error.unavailable:
             return "unavailable", diagnosis
         if is_capture_error(error.error_type, error.message, frames):

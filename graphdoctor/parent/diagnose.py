@@ -11,7 +11,7 @@ import sysconfig
 
 from graphdoctor.cuda_errors import CUDA_CAPTURE_ERRORS, KnownError, match_known
 from graphdoctor.protocol.events import Frame
-from graphdoctor.rules import rule_fix
+from graphdoctor.rules import get_rule, rule_fix
 from graphdoctor.types import Diagnosis
 
 _LIBRARY_MARKERS = (
@@ -66,6 +66,17 @@ def is_capture_error(error_type: str, message: str, frames: list[Frame]) -> bool
     return any(fn in capture_functions for _, _, fn in frames)
 
 
+def culprit_meaning(rule: str, operator: str | None, known: KnownError | None) -> str:
+    """What a classified culprit means: the operation, its rule's name and summary, then what CUDA
+    reported (the error text alone only says that *some* unsupported operation ran)."""
+    entry = get_rule(rule)
+    what = f"{operator} " if operator else ""
+    text = f"the first unsafe operation was {what}({entry.code} {entry.name}): {entry.summary()}"
+    if known is not None:
+        text += f"; CUDA reported: {known.meaning}"
+    return text
+
+
 def diagnose(
     error_type: str,
     message: str,
@@ -74,6 +85,8 @@ def diagnose(
     module: str | None = None,
     step: int | None = None,
     phase: str | None = None,
+    culprit_rule: str | None = None,
+    culprit_operator: str | None = None,
 ) -> Diagnosis:
     """Build a Diagnosis from an exception's type, message and frames (outermost first).
 
@@ -84,21 +97,32 @@ def diagnose(
         module: qualified name of the innermost module on the stack, when known.
         step: step at which it failed.
         phase: phase at which it failed.
+        culprit_rule: rule of the operation a culprit hunt classified as the cause; it decides the
+            rule and fix (the message alone cannot tell a host sync from nonzero or the legacy stream).
+        culprit_operator: that operation, for the meaning.
 
     Returns:
         The diagnosis with CUDA error name, meaning and fix where the message is recognised, and the
         user's file:line when the stack reaches user code.
     """
     known = match_known(message)
+    if culprit_rule is not None:
+        rule: str | None = culprit_rule
+        meaning: str | None = culprit_meaning(culprit_rule, culprit_operator, known)
+        fix: str | None = rule_fix(culprit_rule)
+    else:
+        rule = known.rule if known else None
+        meaning = known.meaning if known else None
+        fix = known_fix(known) if known else None
     first_line = next((ln.strip() for ln in message.splitlines() if ln.strip()), error_type)
     tail = [f"{_short_path(f)}:{ln} in {fn}" for f, ln, fn in frames[-8:]]
     return Diagnosis(
         error_type=error_type,
         message=first_line[:400],
         cuda_error=known.cuda_error if known else None,
-        meaning=known.meaning if known else None,
-        fix=known_fix(known) if known else None,
-        rule=known.rule if known else None,
+        meaning=meaning,
+        fix=fix,
+        rule=rule,
         module=module,
         location=user_location(frames),
         step=step,
@@ -107,4 +131,4 @@ def diagnose(
     )
 
 
-__all__ = ["diagnose", "is_capture_error", "is_user_frame", "known_fix", "user_location"]
+__all__ = ["culprit_meaning", "diagnose", "is_capture_error", "is_user_frame", "known_fix", "user_location"]

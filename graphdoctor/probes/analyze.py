@@ -21,23 +21,55 @@ PROBE_CODES: tuple[str, ...] = tuple(f"GD5{n:02d}" for n in range(1, 11))
 CAPTURE_BREAKING: frozenset[str] = frozenset({"GD501", "GD502", "GD503", "GD504", "GD505"})
 """Codes whose operation makes the capture itself fail (the others replay wrongly)."""
 
+
+
+def culprit_of(observations: Iterable[Observation]) -> Observation | None:
+    """The first observation whose operation makes a capture fail (CAPTURE_BREAKING), or None.
+
+    One classification for both sides: `check --probe` reports these observations, and the culprit
+    hunt of `graphdoctor diff` names the rule of the one the failed capture raised at.
+    """
+    return next((o for o in observations if o.code in CAPTURE_BREAKING), None)
+
+
 # Heuristic rules are only errors when the offending line is user code.
 _USER_ONLY_ERRORS = frozenset({"GD507", "GD508", "GD509"})
 
 
+HOST_ONLY_LIBRARY_REASON = ("library code that touched only host tensors: it launched no device work, "
+                            "so it cannot change what the graph computes")
+"""Why a host-only operation in library code is reported as info, not as a warning."""
+
+
+def host_only_library(obs: Observation) -> bool:
+    """True for an operation the probe saw touch only host (CPU) tensors, from a frame in library
+    code (torch, megatron, ...; not the user's): e.g. Megatron's RNG tracker comparing CPU RNG states.
+    Decided from what the recorder saw, not from file names."""
+    return obs.host_only and not obs.user_code
+
+
+def _severity(obs: Observation, default: Severity) -> Severity:
+    if host_only_library(obs):
+        return Severity.INFO
+    if obs.code in _USER_ONLY_ERRORS and not obs.user_code and default is Severity.ERROR:
+        return Severity.WARNING
+    return default
+
+
 def _finding(obs: Observation, *, also_in: list[str], confirmed: bool) -> Finding:
     rule = get_rule(obs.code)
-    severity = rule.severity
-    if rule.code in _USER_ONLY_ERRORS and not obs.user_code and severity is Severity.ERROR:
-        severity = Severity.WARNING
+    severity = _severity(obs, rule.severity)
     detail = f"{obs.operator} in {obs.module or '<root>'}"
     if obs.detail:
         detail += f" ({obs.detail})"
+    if host_only_library(obs):
+        detail += f"; info: {HOST_ONLY_LIBRARY_REASON}"
     if also_in:
         detail += f" and {len(also_in)} more module(s)"
     return rule.finding(
         locations=(obs.location,), severity=severity, source="probe", detail=detail, where=obs.location,
         extra={"module": obs.module, "operator": obs.operator, "user_code": obs.user_code,
+               "host_only": obs.host_only,
                "also_in": also_in, "confirmed_by_capture": confirmed, "detail": obs.detail},
     )
 
@@ -147,4 +179,4 @@ def analyze(observations: Iterable[Observation], captures: Iterable[CaptureResul
     return sorted(findings, key=lambda f: (order[f.severity], f.code))
 
 
-__all__ = ["CAPTURE_BREAKING", "PROBE_CODES", "analyze", "dedupe", "failing_leaves"]
+__all__ = ["CAPTURE_BREAKING", "HOST_ONLY_LIBRARY_REASON", "PROBE_CODES", "analyze", "culprit_of", "dedupe", "failing_leaves", "host_only_library"]

@@ -36,6 +36,10 @@ class Observation:
     detail: str = ""
     """Extra facts for the message (devices, generator, attribute name, ...)."""
 
+    host_only: bool = False
+    """True when every tensor the operation touched was a host (CPU) tensor: it launched no device
+    work, so by itself it cannot change what a graph computes."""
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view for the worker's JSON."""
         return asdict(self)

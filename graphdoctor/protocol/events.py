@@ -141,6 +141,10 @@ class Error:
     phase: str = "setup"
     unavailable: bool = False
     """The implementation cannot run here (a missing dependency), not a failure of it."""
+    culprit_rule: str | None = None
+    """Rule of the operation a culprit hunt classified as the cause (the probes' Recorder)."""
+    culprit_operator: str | None = None
+    """That operation, e.g. `aten::nonzero`."""
 
 
 @dataclass(frozen=True, slots=True)

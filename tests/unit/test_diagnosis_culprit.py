@@ -1,0 +1,128 @@
+"""The culprit of a failed capture names its own rule: one classification (the probes' Recorder) for
+`check --probe` and diff's culprit hunt, and the diagnosis built from it.
+
+The failing operations run for real under the Recorder with `meta` standing in for the device: like
+a stream capture, a meta tensor cannot hand a value (`.item()`) or a data-dependent shape (`nonzero`)
+back to the host, so the same operations raise at the same lines. The diagnosis side uses the error
+text and traceback diff recorded on the H200 (fixtures/data/diff/h200_item_mlp_schema2.json).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphdoctor.child.probe_recorder import Recorder
+from graphdoctor.parent.diagnose import diagnose
+from graphdoctor.probes.analyze import CAPTURE_BREAKING, analyze, culprit_of
+from graphdoctor.protocol.events import Error, decode, encode
+from graphdoctor.rules import get_rule, rule_fix
+
+THIS_FILE = os.path.relpath(os.path.realpath(__file__), os.path.realpath(os.getcwd()))
+H200_ITEM_MLP = Path(__file__).resolve().parents[2] / "fixtures/data/diff/h200_item_mlp_schema2.json"
+
+
+def marked_line(code: str) -> str:
+    lines = inspect.getsource(inspect.getmodule(marked_line)).splitlines()
+    numbers = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith(f"# [{code}]")]
+    assert len(numbers) == 1, numbers
+    return f"{THIS_FILE}:{numbers[0]}"
+
+
+class NonzeroAfterItemFreeWork(torch.nn.Module):
+    """Host-side bookkeeping first (recorded, does not fail), then nonzero (fails)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        rows = torch.nonzero(y > 0)  # [GD502]
+        return y + rows.shape[0]
+
+
+class ItemModule(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.sum() > 1e9).item():  # [GD501]
+            return x * 2
+        return x
+
+
+def failed_run(module: torch.nn.Module) -> Recorder:
+    model = torch.nn.Sequential(module)
+    names = {id(m): n for n, m in model.named_modules()}
+    recorder = Recorder(device_type="meta", module_names=names)
+    with recorder, pytest.raises((NotImplementedError, RuntimeError)):
+        model(torch.randn(4, 8, device="meta"))
+    return recorder
+
+
+@pytest.mark.parametrize(("module", "code"), [(NonzeroAfterItemFreeWork(), "GD502"), (ItemModule(), "GD501")])
+def test_the_operation_that_raised_is_the_culprit(module: torch.nn.Module, code: str) -> None:
+    recorder = failed_run(module)
+    culprit = culprit_of(recorder.failed)
+    assert culprit is not None, recorder.observations
+    assert (culprit.code, culprit.location, culprit.module) == (code, marked_line(code), "0")
+    assert culprit.user_code
+
+
+def test_check_probe_gives_the_same_rule_for_the_same_code() -> None:
+    recorder = failed_run(NonzeroAfterItemFreeWork())
+    culprit = culprit_of(recorder.failed)
+    assert culprit is not None
+    findings = analyze(recorder.observations, [])
+    at_line = [f.code for f in findings if f.locations == (culprit.location,)]
+    assert at_line == [culprit.code] == ["GD502"]
+
+
+def test_no_failure_no_culprit() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8)).to("meta")
+    with Recorder(device_type="meta") as recorder:
+        model(torch.randn(4, 8, device="meta"))
+    assert recorder.failed == ()
+    assert culprit_of(recorder.failed) is None
+
+
+def _h200_item_failure() -> tuple[str, list[tuple[str, int, str]]]:
+    doc = json.loads(H200_ITEM_MLP.read_text(encoding="utf-8"))
+    diag = doc["impls"][0]["diagnosis"]
+    frames = []
+    for entry in diag["traceback_tail"]:
+        where, function = entry.rsplit(" in ", 1)
+        path, line = where.rsplit(":", 1)
+        frames.append((path, int(line), function))
+    return diag["message"], frames
+
+
+@pytest.mark.parametrize(("rule", "operator"), [
+    ("GD502", "aten::nonzero"), ("GD503", "aten::mul.Tensor"), ("GD504", "aten::copy_ (pageable host to device)"),
+    ("GD505", "rand(generator=...)"), ("GD501", "aten::_local_scalar_dense"),
+])
+def test_diagnosis_cites_the_culprit_rule_not_the_message_rule(rule: str, operator: str) -> None:
+    message, frames = _h200_item_failure()
+    # Without a culprit the H200 text alone reads as a host sync.
+    assert diagnose("AcceleratorError", message, frames).rule == "GD501"
+    diag = diagnose("AcceleratorError", message, frames, module="decoder.layers.0.mlp", step=0,
+                    phase="capture", culprit_rule=rule, culprit_operator=operator)
+    assert diag.rule == rule
+    assert diag.fix == rule_fix(rule)
+    assert diag.meaning is not None and operator in diag.meaning and get_rule(rule).name in diag.meaning
+    assert diag.cuda_error == "cudaErrorStreamCaptureUnsupported"
+    assert diag.location is not None and diag.location.endswith("fixtures/planted/item_mlp.py:19")
+
+
+def test_error_event_carries_the_culprit_to_the_parent() -> None:
+    message, frames = _h200_item_failure()
+    event = Error(error_type="AcceleratorError", message=message, frames=tuple(frames), step=0,
+                  phase="capture", culprit_rule="GD502", culprit_operator="aten::nonzero")
+    back = decode(encode(event))
+    assert back == event
+    old = json.loads(encode(event))
+    del old["culprit_rule"], old["culprit_operator"]
+    assert decode(json.dumps(old)).culprit_rule is None  # type: ignore[union-attr]
+
+
+def test_every_capture_breaking_kind_is_a_catalogue_rule() -> None:
+    assert {get_rule(code).code for code in CAPTURE_BREAKING} == set(CAPTURE_BREAKING)
