@@ -212,7 +212,9 @@ class HostDrawnRandomMask(RuntimeRule):
 
 class CpuTensorInCapture(RuntimeRule):
     """## What it does
-    Reports a CPU tensor used as an operand inside a captured region.
+    Reports a CPU tensor used as an operand inside a captured region. Info, with the reason, when the
+    operation touched only host tensors and was issued by library code (Megatron's RNG tracker
+    comparing CPU RNG states): it launches no device work.
 
     ## Why is this bad?
     CPU work is not recorded; its value is frozen at capture or forces a sync (Inductor skips graphs

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from graphdoctor.cuda_errors import match_known
+from graphdoctor.cuda_errors import match_known, rule_of_text
 from graphdoctor.errors import exception_chain
 from graphdoctor.probes.analyze import culprit_of
 from graphdoctor.probes.types import Observation
@@ -86,9 +86,14 @@ class CulpritHunt:
             cls.capture_begin, cls.capture_end = orig_begin, orig_end
             torch.cuda.set_sync_debug_mode("default")
 
-    def found(self) -> Observation | None:
-        """The culprit: the classified operation that raised, else the first unsafe one recorded."""
-        return self.culprit or culprit_of(self.last_capture)
+    def found(self, message: str) -> Observation | None:
+        """The culprit: the classified operation that raised; else, when the error text `message`
+        does not name a rule by itself (a bare 900/901), the first unsafe operation of the capture."""
+        if self.culprit is not None:
+            return self.culprit
+        if rule_of_text(message) is not None:
+            return None
+        return culprit_of(self.last_capture)
 
 
 def root_exception(exc: BaseException) -> BaseException:

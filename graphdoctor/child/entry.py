@@ -130,7 +130,7 @@ class ChildRun:
 
         root = root_exception(exc)
         tb = root.__traceback__
-        culprit = self.hunt.found() if self.hunt is not None else None
+        culprit = self.hunt.found(str(root)) if self.hunt is not None else None
         self.events.emit(Error(
             error_type=type(root).__name__, message=str(root)[:4000],
             final_error=None if root is exc else f"{type(exc).__name__}: {exc}"[:1000],

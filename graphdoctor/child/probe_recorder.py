@@ -95,6 +95,20 @@ def current_location(skip: int = 2) -> tuple[str, bool]:
     return pick_location(pairs)
 
 
+def issued_by_library(skip: int = 2) -> bool:
+    """True when the innermost frame outside torch and the recorder (the code that issued the
+    operation) is library code, e.g. Megatron, even when a user frame further out calls it."""
+    torch_root = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+    frame: types.FrameType | None = sys._getframe(skip)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        real = filename if filename.startswith("<") else os.path.realpath(filename)
+        if not filename.startswith("<") and not real.startswith((_PROBE_ROOT, torch_root)):
+            return not is_user_file(filename)
+        frame = frame.f_back
+    return False
+
+
 def traceback_location(exc: BaseException) -> str | None:
     """Innermost user frame of an exception's traceback, or None."""
     pairs = []
@@ -203,11 +217,13 @@ class Recorder:
     # -- recording ---------------------------------------------------------------------------
     def add(self, code: str, operator: str, detail: str = "", *, skip: int = 3,
             location: tuple[str, bool] | None = None, host_only: bool = False) -> None:
-        """Append one observation at the current stack position."""
+        """Append one observation at the current stack position; `host_only` when the operation
+        touched only host tensors (then who issued it is recorded too)."""
         where, user = location if location is not None else current_location(skip)
         self.observations.append(Observation(
             code=code, operator=operator, module=self.current_module, location=where,
             user_code=user, seq=len(self.observations), detail=detail, host_only=host_only,
+            library_issuer=host_only and issued_by_library(skip),
         ))
 
     def note_failure(self, first: int) -> None:
@@ -434,6 +450,7 @@ __all__ = [
     "current_location",
     "format_location",
     "is_user_file",
+    "issued_by_library",
     "pick_location",
     "traceback_location",
 ]

@@ -42,10 +42,10 @@ HOST_ONLY_LIBRARY_REASON = ("library code that touched only host tensors: it lau
 
 
 def host_only_library(obs: Observation) -> bool:
-    """True for an operation the probe saw touch only host (CPU) tensors, from a frame in library
-    code (torch, megatron, ...; not the user's): e.g. Megatron's RNG tracker comparing CPU RNG states.
+    """True for an operation the probe saw touch only host (CPU) tensors, issued by library code
+    (torch, megatron, ...; not the user's): e.g. Megatron's RNG tracker comparing CPU RNG states.
     Decided from what the recorder saw, not from file names."""
-    return obs.host_only and not obs.user_code
+    return obs.host_only and (obs.library_issuer or not obs.user_code)
 
 
 def _severity(obs: Observation, default: Severity) -> Severity:

@@ -40,6 +40,10 @@ class Observation:
     """True when every tensor the operation touched was a host (CPU) tensor: it launched no device
     work, so by itself it cannot change what a graph computes."""
 
+    library_issuer: bool = False
+    """True when the code that issued the operation (innermost frame outside torch) is library
+    code such as Megatron, even when user code further out called it."""
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view for the worker's JSON."""
         return asdict(self)
