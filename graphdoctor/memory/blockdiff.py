@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from graphdoctor.memory.model import Block, Snapshot, pool_label
-from graphdoctor.memory.sites import SiteNamer
+from graphdoctor.memory.sites import SiteNamer, is_graphdoctor_site
 from graphdoctor.memory.summary import live_bytes_by_site
 
 
@@ -167,7 +167,8 @@ def diff_blocks(before: Snapshot, after: Snapshot, namer: SiteNamer, *, limit: i
 def leak_suspects(
     before: Snapshot, after: Snapshot, namer: SiteNamer, *, min_growth_bytes: int = 1
 ) -> tuple[LeakSuspect, ...]:
-    """Sites whose live bytes grew by at least min_growth_bytes, largest growth first."""
+    """Sites whose live bytes grew by at least min_growth_bytes, largest growth first (sites made only of
+    graphdoctor's own frames after all others)."""
     old = live_bytes_by_site(before, namer)
     new = live_bytes_by_site(after, namer)
     out = []
@@ -175,7 +176,7 @@ def leak_suspects(
         num_before, bytes_before = old.get(site, (0, 0))
         if bytes_after - bytes_before >= min_growth_bytes:
             out.append(LeakSuspect(site, bytes_before, bytes_after, num_before, num_after))
-    out.sort(key=lambda s: (-s.growth_bytes, s.site))
+    out.sort(key=lambda s: (is_graphdoctor_site(s.site), -s.growth_bytes, s.site))
     return tuple(out)
 
 

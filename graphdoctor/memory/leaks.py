@@ -12,7 +12,7 @@ from typing import Any
 from graphdoctor.errors import UsageError
 from graphdoctor.memory.model import FrameCache, Snapshot, frames_from_raw, parse_snapshot
 from graphdoctor.memory.phases import phase_family
-from graphdoctor.memory.sites import SiteNamer, user_frames_first
+from graphdoctor.memory.sites import SiteNamer, is_graphdoctor_site, user_frames_first
 from graphdoctor.memory.summary import totals
 
 REPLAY_PHASE = "replay"
@@ -158,8 +158,11 @@ class MemoryReport:
             parts.append(f"peak reserved {_fmt(self.peak_reserved_bytes)}")
         parts.append(f"{_fmt(round(self.bytes_gained_per_replay_step), signed=True)}/replay step")
         suspects = [s for s in self.unfreed_replay_sites if s.is_suspect]
-        if suspects:
-            parts.append(f"{len(suspects)} site(s) keep replay allocations alive, top {suspects[0].site}")
+        theirs = [s for s in suspects if not is_graphdoctor_site(s.site)]
+        if theirs:
+            parts.append(f"{len(theirs)} site(s) keep replay allocations alive, top {theirs[0].site}")
+        elif suspects:
+            parts.append(f"{len(suspects)} site(s) of graphdoctor's own keep replay allocations alive")
         return ", ".join(parts)
 
 
@@ -190,7 +193,8 @@ def graph_pools(snapshot: Snapshot) -> tuple[PoolBytes, ...]:
 
 
 def unfreed_replay_allocations(
-    snapshot: Snapshot, *, all_frames: bool = False, min_steps: int = DEFAULT_MIN_UNFREED_STEPS
+    snapshot: Snapshot, *, all_frames: bool = False, min_steps: int = DEFAULT_MIN_UNFREED_STEPS,
+    run_grows: bool = False,
 ) -> tuple[bool, tuple[UnfreedSite, ...]]:
     """Allocations tagged with a 'replay*' phase that were never freed and are still live.
 
@@ -198,19 +202,26 @@ def unfreed_replay_allocations(
         snapshot: The snapshot taken after the replay steps (its trace must cover them).
         all_frames: Group by whole stacks rather than the first user frame.
         min_steps: Distinct replay tags (or, with untagged steps, allocations) that make a suspect.
+        run_grows: The run's live bytes grow per replay step (measured over all replay steps). A
+            trace covering no more than `min_steps` replay steps (diff records two) cannot show
+            `min_steps` settled steps; a site then is a suspect when allocations from every
+            recorded replay step are alive and the run grows.
 
     Returns:
-        (whether any replay tag was seen, sites largest first).
+        (whether any replay tag was seen, sites: user and library sites before graphdoctor's own,
+        suspects first, largest first).
     """
     pending: dict[int, dict[str, Any]] = {}
     seen_tag = False
     last_tag: str | None = None
+    all_tags: set[str] = set()
     for entry in snapshot.trace:
         action = entry.get("action")
         if action == "alloc":
             if phase_family(entry.get("user_metadata") or "") == REPLAY_PHASE:
                 seen_tag = True
                 last_tag = entry.get("user_metadata")
+                all_tags.add(str(last_tag))
                 pending[entry.get("addr", 0)] = entry
             else:
                 pending.pop(entry.get("addr", 0), None)
@@ -234,10 +245,11 @@ def unfreed_replay_allocations(
         # The newest replay step's tensors are naturally still alive when the snapshot is taken;
         # only steps before it can prove a leak.
         settled = len(tags - {last_tag}) if indexed else num
-        suspect = settled >= min_steps
+        short_trace = indexed and 2 <= len(all_tags) <= min_steps
+        suspect = settled >= min_steps or (run_grows and short_trace and tags >= all_tags)
         shown = tuple(f.label() for f in user_frames_first(frames)[:_MAX_FRAMES])
         sites.append(UnfreedSite(site, num, size, num_steps, suspect, shown))
-    sites.sort(key=lambda s: (not s.is_suspect, -s.live_bytes, s.site))
+    sites.sort(key=lambda s: (is_graphdoctor_site(s.site), not s.is_suspect, -s.live_bytes, s.site))
     return seen_tag, tuple(sites)
 
 
@@ -320,7 +332,8 @@ def _report(
         gained = (replay_live_bytes[-1] - replay_live_bytes[0]) / (len(replay_live_bytes) - 1)
         notes.append(f"bytes gained per replay step: slope of allocated bytes over "
                      f"{len(replay_live_bytes)} replay steps")
-    tags_found, sites = unfreed_replay_allocations(replayed, all_frames=all_frames, min_steps=min_unfreed_steps)
+    tags_found, sites = unfreed_replay_allocations(replayed, all_frames=all_frames, min_steps=min_unfreed_steps,
+                                                   run_grows=gained > growth_threshold_bytes)
     if not tags_found:
         notes.append("no 'replay' phase tags in the trace: allocations during replay were not checked")
     if not replayed.trace:

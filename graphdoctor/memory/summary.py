@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from graphdoctor.memory.model import DEFAULT_POOL, Segment, Snapshot, pool_label
-from graphdoctor.memory.sites import SiteNamer
+from graphdoctor.memory.sites import SiteNamer, is_graphdoctor_site
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +145,9 @@ def live_bytes_by_site(snapshot: Snapshot, namer: SiteNamer) -> dict[str, tuple[
 
 
 def top_sites(snapshot: Snapshot, namer: SiteNamer, *, limit: int = 15) -> tuple[SiteBytes, ...]:
-    """The sites holding the most live bytes, largest first."""
+    """The sites holding the most live bytes, largest first (graphdoctor's own sites last)."""
     rows = [SiteBytes(site, n, size) for site, (n, size) in live_bytes_by_site(snapshot, namer).items()]
-    rows.sort(key=lambda r: (-r.live_bytes, r.site))
+    rows.sort(key=lambda r: (is_graphdoctor_site(r.site), -r.live_bytes, r.site))
     return tuple(rows[:limit])
 
 
