@@ -137,7 +137,7 @@ class ChildRun:
             frames=_frames(tb), module=_module_on_stack(tb, self.names), step=state.step,
             phase=state.phase, unavailable=isinstance(exc, MissingDependencyError),
             culprit_rule=culprit.code if culprit else None,
-            culprit_operator=culprit.operator if culprit else None))
+            culprit_operator=f"{culprit.operator} at {culprit.location}" if culprit else None))
 
 
 def _close_taps(taps: Any) -> Any:

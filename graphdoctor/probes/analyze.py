@@ -23,13 +23,18 @@ CAPTURE_BREAKING: frozenset[str] = frozenset({"GD501", "GD502", "GD503", "GD504"
 
 
 
+CULPRIT_CODES: frozenset[str] = CAPTURE_BREAKING | {"GD506"}
+"""Codes that can name why a capture failed: the capture-breaking ones, and GD506, recorded just
+before the pageable copy (GD504) of a host-drawn random tensor: pinning alone would freeze the draw."""
+
+
 def culprit_of(observations: Iterable[Observation]) -> Observation | None:
-    """The first observation whose operation makes a capture fail (CAPTURE_BREAKING), or None.
+    """The first observation whose kind can make a capture fail (CULPRIT_CODES), or None.
 
     One classification for both sides: `check --probe` reports these observations, and the culprit
     hunt of `graphdoctor diff` names the rule of the one the failed capture raised at.
     """
-    return next((o for o in observations if o.code in CAPTURE_BREAKING), None)
+    return next((o for o in observations if o.code in CULPRIT_CODES), None)
 
 
 # Heuristic rules are only errors when the offending line is user code.
@@ -179,4 +184,4 @@ def analyze(observations: Iterable[Observation], captures: Iterable[CaptureResul
     return sorted(findings, key=lambda f: (order[f.severity], f.code))
 
 
-__all__ = ["CAPTURE_BREAKING", "HOST_ONLY_LIBRARY_REASON", "PROBE_CODES", "analyze", "culprit_of", "dedupe", "failing_leaves", "host_only_library"]
+__all__ = ["CAPTURE_BREAKING", "CULPRIT_CODES", "HOST_ONLY_LIBRARY_REASON", "PROBE_CODES", "analyze", "culprit_of", "dedupe", "failing_leaves", "host_only_library"]

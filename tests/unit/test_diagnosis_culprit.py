@@ -126,3 +126,26 @@ def test_error_event_carries_the_culprit_to_the_parent() -> None:
 
 def test_every_capture_breaking_kind_is_a_catalogue_rule() -> None:
     assert {get_rule(code).code for code in CAPTURE_BREAKING} == set(CAPTURE_BREAKING)
+
+
+class HostMaskCopy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = (torch.rand(x.shape, generator=self.gen) > 0.1).to(torch.float32)  # [GD506]
+        return x * keep.to(x.device)  # [GD504]
+
+
+def test_host_drawn_mask_copy_is_gd506_not_the_copy() -> None:
+    # A capture fails at the pageable copy (GD504 by its text), but pinning alone would freeze the
+    # draw: the copy's classification carries GD506 first, at the draw's line.
+    model = torch.nn.Sequential(HostMaskCopy())
+    with Recorder(device_type="meta") as recorder:
+        model(torch.randn(4, 8, device="meta"))
+    copy_ops = [o for o in recorder.observations if o.code in ("GD504", "GD506")]
+    assert [o.code for o in copy_ops] == ["GD506", "GD504"]
+    culprit = culprit_of(copy_ops)
+    assert culprit is not None and (culprit.code, culprit.location) == ("GD506", marked_line("GD506"))
+    assert copy_ops[1].location == marked_line("GD504")
