@@ -149,3 +149,62 @@ def test_host_drawn_mask_copy_is_gd506_not_the_copy() -> None:
     culprit = culprit_of(copy_ops)
     assert culprit is not None and (culprit.code, culprit.location) == ("GD506", marked_line("GD506"))
     assert copy_ops[1].location == marked_line("GD504")
+
+
+class HuntSession:
+    """Hands out the culprit-hunt record a child would produce: its Error event (with the culprit
+    the Recorder classified) through the event codec and the parent's diagnose()."""
+
+    def __init__(self, workdir: Path, culprit_rule: str | None) -> None:
+        from graphdoctor.config import DiffConfig
+
+        self.config = DiffConfig(impls=("local",), dropout=0.0)
+        self.workdir = workdir
+        self.culprit_rule = culprit_rule
+        self.requests: list = []
+
+    def run_request(self, request):  # noqa: ANN001, ANN201 - the session protocol of DiffRun
+        from graphdoctor.protocol import RunRecord
+
+        self.requests.append(request)
+        message, frames = _h200_item_failure()
+        sent = Error(error_type="RuntimeError", message="called a synchronizing CUDA operation",
+                     frames=tuple(frames), step=0, phase="capture", culprit_rule=self.culprit_rule,
+                     culprit_operator="aten::nonzero at fixtures/planted/nonzero_mlp.py:19")
+        got = decode(encode(sent))
+        assert isinstance(got, Error)
+        diag = diagnose(got.error_type, got.message, list(got.frames), step=got.step, phase=got.phase,
+                        culprit_rule=got.culprit_rule, culprit_operator=got.culprit_operator)
+        return RunRecord(impl=request.impl, dropout=request.dropout, status="error", diagnosis=diag)
+
+
+def _failed_row(message: str):  # noqa: ANN202
+    from graphdoctor.compare.verdict import ImplResult
+    from graphdoctor.types import Verdict
+
+    _, frames = _h200_item_failure()
+    return ImplResult(impl="local", verdict=Verdict.CAPTURE_FAILED,
+                      diagnosis=diagnose("AcceleratorError", message, frames, step=0, phase="capture"))
+
+
+def test_hunt_replaces_a_located_gd501_by_the_culprit_rule(tmp_path: Path) -> None:
+    from graphdoctor.diff import DiffRun
+
+    message, _ = _h200_item_failure()
+    session = HuntSession(tmp_path, "GD502")
+    row = DiffRun(session).hunt_culprit(_failed_row(message), "local")  # type: ignore[arg-type]
+    assert [r.hunt for r in session.requests] == [True]
+    assert row.diagnosis is not None and row.diagnosis.rule == "GD502"
+    assert row.diagnosis.fix == rule_fix("GD502")
+    assert row.diagnosis.cuda_error == "cudaErrorStreamCaptureUnsupported"
+    assert row.diagnosis.reported_as is not None and "item_mlp.py:19" in row.diagnosis.reported_as
+
+
+def test_a_text_that_names_its_rule_needs_no_hunt(tmp_path: Path) -> None:
+    from graphdoctor.diff import DiffRun
+
+    implicit = "CUDA error: operation would make the legacy stream depend on a capturing blocking stream"
+    session = HuntSession(tmp_path, None)
+    row = DiffRun(session).hunt_culprit(_failed_row(implicit), "local")  # type: ignore[arg-type]
+    assert session.requests == []
+    assert row.diagnosis is not None and row.diagnosis.rule == "GD503"
