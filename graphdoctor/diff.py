@@ -19,7 +19,7 @@ from typing import Any
 from graphdoctor.compare.forensics import analyze
 from graphdoctor.compare.prints import differing_steps, family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
-from graphdoctor.compare.verdict import ImplResult, find_divergence, judge
+from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed
 from graphdoctor.config import TE_LAYER_SPECS, DiffConfig
 from graphdoctor.errors import MissingDependencyError, NoGPUError
 from graphdoctor.parent.children import ChildRequest, ChildSession
@@ -69,7 +69,9 @@ class DiffReport:
         return self.reference.env
 
     def exit_code(self) -> int:
-        """0 when every implementation passed (rng-divergence passes unless strict_rng), else 1."""
+        """0: all passed (rng-divergence unless strict_rng); 2: the reference hit a usage error; else 1."""
+        if self.reference.status == "error" and getattr(self.reference.diagnosis, "error_type", "") == "UsageError":
+            return 2
         for result in self.results:
             if result.verdict == Verdict.UNAVAILABLE:
                 continue
@@ -281,8 +283,7 @@ class DiffRun:
         if why_not is not None or graphed is None:
             return _unavailable(impl, why_not or "not run")
         if reference.status != "ok":
-            return dataclasses.replace(self.judge(reference, reference), impl=impl,
-                                       notes=("not run: the eager reference failed; see its diagnosis",))
+            return reference_failed(impl)
         graphed = _with_print_diffs(reference, self.measure(reference, graphed))
         result = _with_eager_memory(self.judge(reference, graphed), reference)
         if result.verdict == Verdict.CAPTURE_FAILED:
@@ -358,7 +359,7 @@ class DiffRun:
                                      "the difference comes from the graphed run")
         return dataclasses.replace(result, runs=(*result.runs, again), notes=(
             *result.notes, f"eager is not reproducible run to run here (eager vs eager first differs "
-                           f"at step {noise.step} {noise.what}{', max abs ' + format(noise.max_abs, '.3g') if noise.measured else ''}); "
+                           f"at step {noise.step} {noise.label}{', max abs ' + format(noise.max_abs, '.3g') if noise.measured else ''}); "
                            f"compare with --atol at or above that noise floor"))
 
     def tapped_pair(self, impl: str) -> tuple[RunRecord, RunRecord]:

@@ -134,7 +134,9 @@ class StepRecord:
     """eager | record | warmup | capture | replay."""
 
     loss: float
-    """Reported LM loss of the step (token-weighted over micro-batches)."""
+    """The step's loss: the loss function's loss as the schedule scales it, summed over micro-batches
+    (graphdoctor.child.reported); for Megatron-LM's GPT loss with as many tokens in every
+    micro-batch, its `lm loss`."""
 
     step_time_ms: float
     """CUDA-event time of forward_backward + optimizer step."""
@@ -157,6 +159,10 @@ class StepRecord:
     prints: StepPrints | None = None
     """Bitwise fingerprints of the step's main_grads and parameters (not in the report JSON)."""
 
+    reported: tuple[tuple[str, float], ...] = ()
+    """Every value the loss function reported, (key, value) in its dict's order, reduced over
+    micro-batches as Megatron-LM's trainer does ([sum, count]: sum / count; one element: the mean)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -169,6 +175,7 @@ class StepRecord:
             "grads": self.grads.to_dict() if self.grads else None,
             "params": self.params.to_dict() if self.params else None,
             "quiet": self.quiet,
+            "reported": dict(self.reported),
         }
 
     def to_event(self) -> dict[str, Any]:
@@ -186,6 +193,8 @@ class StepRecord:
                 data[key] = TensorDiff.from_dict(data[key])
         if data.get("prints") is not None:
             data["prints"] = StepPrints.from_dict(data["prints"])
+        # Reports before the reported values were recorded have none.
+        data["reported"] = tuple((str(k), float(v)) for k, v in (data.get("reported") or {}).items())
         return cls(**data)
 
 

@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 import torch
 
-from graphdoctor.child.megatron_setup import Setup, step_batches
+from graphdoctor.child.megatron_setup import Setup, forward_step_name, step_batches
 from graphdoctor.child.quiet import GpuTurn
+from graphdoctor.child.reported import reduce_step
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
 from graphdoctor.protocol.events import Capture, Event, Step, Tensors
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Role
@@ -177,11 +178,6 @@ class LoopState:
     records: list[StepRecord] = field(default_factory=list)
 
 
-def _reported_loss(losses: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-    reports = torch.stack([d["lm loss"].float() for d in losses])
-    return reports[:, 0].sum() / reports[:, 1].sum().clamp_min(1)
-
-
 @dataclass(slots=True)
 class StepRunner:
     """One training step as Megatron-LM's trainer runs it, timed with CUDA events, with the per-step
@@ -232,7 +228,8 @@ class StepRunner:
         finally:
             if self.taps is not None:
                 self.taps.end_step(step)
-        loss = _reported_loss(losses).clone()
+        values = reduce_step(losses, per_token_loss=bool(getattr(setup.config, "calculate_per_token_loss", False)),
+                             where=forward_step_name(cfg.forward_step))
         end_fb.record()
         grad_prints = None if profiled or self.printer is None else self.printer.grads()
         grads = None if profiled else self.io.process(step, "grads")
@@ -245,9 +242,10 @@ class StepRunner:
         if grad_prints is not None and self.printer is not None:
             prints = StepPrints(grads=_lanes(grad_prints), params=_lanes(self.printer.params()))
         params = None if profiled else self.io.process(step, "params")
-        return StepRecord(step=step, phase=phase, loss=float(loss.item()), step_time_ms=step_ms,
+        loss, reported = values.host()
+        return StepRecord(step=step, phase=phase, loss=loss, step_time_ms=step_ms,
                           grad_norm=None if grad_norm is None else float(grad_norm),
-                          grads=grads, params=params, profiled=profiled, prints=prints)
+                          grads=grads, params=params, profiled=profiled, prints=prints, reported=reported)
 
 
 def timed_steps(spec: ChildSpec) -> range:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from graphdoctor.child.probe_modules import track_hook_registrations
+from graphdoctor.child.reported import checked_forward_step
 from graphdoctor.config import TE_LAYER_SPECS, DiffConfig, build_layer_spec, resolve_entry_point
 from graphdoctor.errors import MissingDependencyError
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement, free_port, megatron_impl
@@ -133,8 +134,10 @@ def build_model(config: DiffConfig, tconfig: Any, *, float16_wrapper: bool = Tru
     layer_spec = build_layer_spec(config.layer_spec)
     if config.model_provider:
         provider = resolve_entry_point(config.model_provider, "model_provider")
-        model = provider(tconfig, vocab_size=config.vocab_size, max_sequence_length=config.seq_length,
-                         transformer_layer_spec=layer_spec, pre_process=True, post_process=True)
+        args, kwargs = provider_arguments(provider, config.model_provider, tconfig, {
+            "vocab_size": config.vocab_size, "max_sequence_length": config.seq_length,
+            "transformer_layer_spec": layer_spec})
+        model = provider(*args, **kwargs)
     else:
         model = GPTModel(config=tconfig, transformer_layer_spec=layer_spec,
                          vocab_size=config.vocab_size, max_sequence_length=config.seq_length)
@@ -142,6 +145,61 @@ def build_model(config: DiffConfig, tconfig: Any, *, float16_wrapper: bool = Tru
     if float16_wrapper and config.dtype in ("bf16", "fp16"):
         model = Float16Module(tconfig, model)
     return model
+
+
+MEGATRON_PROVIDER_KEYWORDS: dict[str, Any] = {"pre_process": True, "post_process": True}
+"""What Megatron-LM's get_model passes every model provider (one pipeline stage: both True)."""
+
+
+def provider_arguments(provider: Callable[..., Any], name: str, tconfig: Any,
+                       extras: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments a model provider accepts, from its signature.
+
+    The TransformerConfig goes to a parameter named `config` (or `**kwargs` alone), else to a first
+    positional parameter that is none of the keywords below (graphdoctor's `fn(config, ...)`); a
+    provider that takes no config is refused, since it would not build the run's graphs. `pre_process` and
+    `post_process` (True), as Megatron-LM passes them, and graphdoctor's `vocab_size`,
+    `max_sequence_length` and `transformer_layer_spec` go where the signature names them or takes
+    `**kwargs`; `vp_stage` (None: no virtual pipeline) only where it is named. Nothing else is passed.
+
+    Raises:
+        UsageError: the provider takes no config, or needs a parameter none of these fill.
+    """
+    import inspect
+
+    from graphdoctor.errors import UsageError
+
+    offered = {**MEGATRON_PROVIDER_KEYWORDS, **extras}
+    try:
+        params = inspect.signature(provider).parameters
+    except (TypeError, ValueError):  # no signature (a builtin): graphdoctor's own form
+        return (tconfig,), offered
+    kinds = inspect.Parameter
+    takes_any = any(p.kind is kinds.VAR_KEYWORD for p in params.values())
+    named = {n for n, p in params.items() if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+    first = next(iter(params.values()), None)
+    positional = first is not None and first.kind in (
+        kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD, kinds.VAR_POSITIONAL) and first.name not in offered \
+        and first.name != "vp_stage"
+    args: tuple[Any, ...] = ()
+    kwargs = {key: value for key, value in offered.items() if key in named or takes_any}
+    if "config" in named or (takes_any and not positional):
+        kwargs["config"] = tconfig
+    elif positional:
+        args = (tconfig,)
+    else:
+        raise UsageError(f"model_provider: got {name}, which takes no config; graphdoctor builds each run's "
+                         "TransformerConfig (its cuda_graph_impl and dropout) and passes it as `config` or as "
+                         "the first positional argument")
+    if "vp_stage" in named:
+        kwargs["vp_stage"] = None
+    try:
+        inspect.signature(provider).bind(*args, **kwargs)
+    except TypeError as exc:
+        passed = ", ".join((["config (positional)"] if args else []) + sorted(kwargs))
+        raise UsageError(f"model_provider: got {name}, which cannot be called with what graphdoctor "
+                         f"passes ({passed}): {exc}") from None
+    return args, kwargs
 
 
 def wrap_ddp(impl: str, config: Any, model: torch.nn.Module) -> torch.nn.Module:
@@ -241,6 +299,11 @@ def default_forward_step(data_iterator: Iterator[dict[str, torch.Tensor]],
     return output, partial(loss_func, batch["loss_mask"])
 
 
+def forward_step_name(forward_step: str | None) -> str:
+    """How messages name the run's forward_step."""
+    return f"--forward-step {forward_step}" if forward_step else "graphdoctor's default forward_step"
+
+
 def have_transformer_engine() -> tuple[bool, str]:
     """(available, why not) without letting an import error escape."""
     import warnings
@@ -298,6 +361,7 @@ def build_setup(spec: ChildSpec) -> Setup:
     forward_step = default_forward_step
     if config.forward_step:
         forward_step = resolve_entry_point(config.forward_step, "forward_step")
+    forward_step = checked_forward_step(forward_step, forward_step_name(config.forward_step))
     return Setup(model=model, optimizer=optimizer, config=tconfig,
                  forward_backward=forward_backward, forward_step=forward_step,
                  te_helper=te_helper)
@@ -353,7 +417,9 @@ __all__ = [
     "build_probe_model",
     "build_setup",
     "default_forward_step",
+    "forward_step_name",
     "have_transformer_engine",
+    "provider_arguments",
     "release_graphs",
     "step_batches",
     "synthetic_batch",

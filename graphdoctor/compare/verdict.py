@@ -16,7 +16,7 @@ from graphdoctor.launches.compare import LaunchComparison, compare_launches
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import impl_name
-from graphdoctor.types import Diagnosis, Verdict
+from graphdoctor.types import Diagnosis, StepRecord, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +27,8 @@ class Divergence:
     """First step whose loss, main_grads or parameters differ."""
 
     what: str
-    """loss | grads | params: the first quantity of that step that differs (in that order)."""
+    """loss | reported | grads | params: the first quantity of that step that differs (in that
+    order; `reported`: a value the loss function reported, named by `key`)."""
 
     tensor: str | None
     """First differing tensor (parameter name) of that step, None for a loss-only difference."""
@@ -45,18 +46,29 @@ class Divergence:
     """The first differing tensors were compared element by element (max abs / max rel include
     them); False when only their fingerprints are known to differ."""
 
+    key: str | None = None
+    """The key of the first reported value that differs at that step (None when none does); `what`
+    is `reported` when the loss is equal there."""
+
+    @property
+    def label(self) -> str:
+        """`loss`, `grads`, `params`, or `reported 'lm loss'`."""
+        return f"reported {self.key!r}" if self.what == "reported" else self.what
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
-        return {"step": self.step, "what": self.what, "tensor": self.tensor,
+        return {"step": self.step, "what": self.what, "key": self.key, "tensor": self.tensor,
                 "max_abs": self.max_abs, "max_rel": self.max_rel,
                 "loss_max_abs": self.loss_max_abs, "measured": self.measured}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Divergence:
         """Inverse of to_dict."""
+        key = data.get("key")
         return cls(step=int(data["step"]), what=str(data["what"]), tensor=data.get("tensor"),
                    max_abs=float(data["max_abs"]), max_rel=float(data["max_rel"]),
-                   loss_max_abs=float(data.get("loss_max_abs", 0.0)), measured=bool(data.get("measured", True)))
+                   loss_max_abs=float(data.get("loss_max_abs", 0.0)), measured=bool(data.get("measured", True)),
+                   key=None if key is None else str(key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,18 +254,41 @@ def _loss_differs(a: float, b: float, rtol: float, atol: float) -> bool:
     return abs(a - b) > atol + rtol * abs(b)
 
 
+def _reported_differences(ref: StepRecord, rec: StepRecord, rtol: float,
+                          atol: float) -> tuple[list[str], float, float]:
+    """Keys whose reported values differ at one step, in the reference's order (a key only one side
+    reported differs), with the largest absolute and relative difference of the values."""
+    theirs = dict(rec.reported)
+    ours = dict(ref.reported)
+    differing: list[str] = []
+    max_abs = max_rel = 0.0
+    for key, value in ref.reported:
+        if key not in theirs:
+            differing.append(key)
+            continue
+        delta = abs(theirs[key] - value)
+        if delta == delta:  # NaN on either side contributes no magnitude
+            max_abs = max(max_abs, delta)
+            if value:
+                max_rel = max(max_rel, delta / abs(value))
+        if _loss_differs(theirs[key], value, rtol, atol):
+            differing.append(key)
+    differing += [key for key in theirs if key not in ours]
+    return differing, max_abs, max_rel
+
+
 def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0.0,
                     atol: float = 0.0) -> Divergence | None:
     """First step where `graphed` leaves `reference`, with maxima over what was measured; None when
     they agree.
 
-    Losses compare by value (bitwise, or within rtol/atol). main_grads and parameters compare by the
-    steps' bitwise fingerprints, or element by element where the graphed run measured them (a
-    targeted re-run); only measured comparisons contribute max abs / max rel.
+    Losses and reported values compare by value (bitwise, or within rtol/atol). main_grads and
+    parameters compare by the steps' bitwise fingerprints, or element by element where the graphed
+    run measured them (a targeted re-run); only measured comparisons contribute max abs / max rel.
     """
     ref_steps = {s.step: s for s in reference.steps}
     names = graphed.tensor_names or reference.tensor_names
-    first: tuple[int, str, str | None] | None = None
+    first: tuple[int, str, str | None, str | None] | None = None
     max_abs = max_rel = loss_max = 0.0
     measured = True
     for rec in graphed.steps:
@@ -268,6 +303,10 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
         candidates: list[tuple[str, str | None]] = []
         if _loss_differs(rec.loss, ref.loss, rtol, atol):
             candidates.append(("loss", None))
+        keys, reported_abs, reported_rel = _reported_differences(ref, rec, rtol, atol)
+        max_abs, max_rel = max(max_abs, reported_abs), max(max_rel, reported_rel)
+        if keys:
+            candidates.append(("reported", None))
         unmeasured = False
         for what in FAMILIES:
             diff = family_diff(names, ref, rec, what)
@@ -281,12 +320,12 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
                 unmeasured = unmeasured or not diff.measured
         if candidates and first is None:
             tensor = next((t for _, t in candidates if t is not None), None)
-            first = (rec.step, candidates[0][0], tensor)
+            first = (rec.step, candidates[0][0], tensor, keys[0] if keys else None)
             measured = not unmeasured
     if first is None:
         return None
     return Divergence(step=first[0], what=first[1], tensor=first[2], max_abs=max_abs,
-                      max_rel=max_rel, loss_max_abs=loss_max, measured=measured)
+                      max_rel=max_rel, loss_max_abs=loss_max, measured=measured, key=first[3])
 
 
 SETTLE_STEPS = 2
@@ -348,9 +387,7 @@ def judge(
     """
     runs = tuple(r for r in (graphed, control_graphed) if r is not None)
     if reference.status != "ok":
-        return ImplResult(impl=graphed.impl, verdict=Verdict.REFERENCE_FAILED,
-                          diagnosis=reference.diagnosis, runs=runs,
-                          notes=("the eager reference failed; see its diagnosis",))
+        return reference_failed(graphed.impl)
     launches = None
     if graphed.launches is not None:
         eager_step = reference.launches.step if reference.launches is not None else None
@@ -369,6 +406,16 @@ def judge(
     control, verdict, notes = _control(control_reference, control_graphed, warmup_steps, rtol, atol)
     return ImplResult(verdict=verdict, divergence=divergence, timing=timing, control=control,
                       notes=notes, **common)  # type: ignore[arg-type]
+
+
+REFERENCE_FAILED_NOTE = "not run: the eager reference failed"
+"""The note of every implementation's row when the eager reference failed."""
+
+
+def reference_failed(impl: str) -> ImplResult:
+    """The row of `impl` when the eager reference failed: named as the implementation, with nothing
+    judged; the failure itself is the reference's (DiffReport.reference), told once."""
+    return ImplResult(impl=impl, verdict=Verdict.REFERENCE_FAILED, notes=(REFERENCE_FAILED_NOTE,))
 
 
 def _control(control_reference: RunRecord | None, control_graphed: RunRecord | None,
@@ -394,5 +441,5 @@ def _control(control_reference: RunRecord | None, control_graphed: RunRecord | N
     return control, Verdict.NUMERIC_DIVERGENCE, ("the dropout-free control pair differs too",)
 
 
-__all__ = ["ControlPair", "Divergence", "ImplResult", "StepTimes", "steady_times", "Timing", "find_divergence", "judge", "steady_timing",
-           "verdict_for_failure"]
+__all__ = ["REFERENCE_FAILED_NOTE", "ControlPair", "Divergence", "ImplResult", "StepTimes", "steady_times", "Timing",
+           "find_divergence", "judge", "reference_failed", "steady_timing", "verdict_for_failure"]

@@ -18,6 +18,7 @@ from graphdoctor.strict_json import json_safe
 if TYPE_CHECKING:
     from graphdoctor.compare.verdict import ImplResult, Timing
     from graphdoctor.diff import DiffReport
+    from graphdoctor.types import Diagnosis
 
 _MARK = {"match": "ok", "rng-divergence": "ok*", "unavailable": "--"}
 
@@ -32,9 +33,9 @@ def _first(result: ImplResult) -> str:
     if result.divergence is not None:
         d = result.divergence
         if d.tensor is None:
-            return f"step {d.step} {d.what}"
-        return f"step {d.step} {d.what} ({d.tensor})" if d.what != "loss" else \
-            f"step {d.step} loss; grads from {d.tensor}"
+            return f"step {d.step} {d.label}"
+        return f"step {d.step} {d.label} ({d.tensor})" if d.what not in ("loss", "reported") else \
+            f"step {d.step} {d.label}; grads from {d.tensor}"
     if result.diagnosis is not None and result.verdict.value not in ("match",):
         diag = result.diagnosis
         where = diag.location or diag.module or ""
@@ -128,32 +129,38 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def _diagnosis_lines(name: str, diag: Diagnosis, *, verbose: bool) -> list[str]:
+    """`name: Type: message`, then what it means, where and the fix, each when known."""
+    out = [f"{name}: {diag.error_type}: {diag.message}"]
+    if diag.cuda_error or diag.meaning:
+        out.append(f"  means: {diag.cuda_error + ': ' if diag.cuda_error else ''}"
+                   f"{diag.meaning or ''}")
+    if diag.location or diag.module:
+        out.append(f"  at: {diag.location or '?'}"
+                   f"{' in module ' + diag.module if diag.module else ''}"
+                   f"{' (step ' + str(diag.step) + ', ' + str(diag.phase) + ')' if diag.step is not None and diag.step >= 0 else ''}")
+    if diag.fix:
+        out.append(f"  fix: {diag.fix}{' [' + diag.rule + ']' if diag.rule else ''}")
+    if verbose:
+        out += [f"    {frame}" for frame in diag.traceback_tail]
+    return out
+
+
 def _details(report: DiffReport, *, verbose: bool) -> list[str]:
     out: list[str] = []
     ref = report.reference
     if ref.status != "ok" and ref.diagnosis is not None:
-        out.append(f"eager reference: {ref.status}: {ref.diagnosis.message}")
+        out += _diagnosis_lines(f"eager reference ({ref.status})", ref.diagnosis, verbose=verbose)
     for result in report.results:
         diag = result.diagnosis
         if diag is not None and result.verdict.value not in ("match", "rng-divergence"):
-            out.append(f"{result.impl}: {diag.error_type}: {diag.message}")
-            if diag.cuda_error or diag.meaning:
-                out.append(f"  means: {diag.cuda_error + ': ' if diag.cuda_error else ''}"
-                           f"{diag.meaning or ''}")
-            if diag.location or diag.module:
-                out.append(f"  at: {diag.location or '?'}"
-                           f"{' in module ' + diag.module if diag.module else ''}"
-                           f"{' (step ' + str(diag.step) + ', ' + str(diag.phase) + ')' if diag.step is not None and diag.step >= 0 else ''}")
-            if diag.fix:
-                out.append(f"  fix: {diag.fix}{' [' + diag.rule + ']' if diag.rule else ''}")
-            if verbose:
-                out += [f"    {frame}" for frame in diag.traceback_tail]
+            out += _diagnosis_lines(result.impl, diag, verbose=verbose)
         if result.control is not None:
             ctl = result.control
             where = ""
             if ctl.first_divergence is not None:
                 fd = ctl.first_divergence
-                where = f" (first at step {fd.step} {fd.what} {fd.tensor or ''})"
+                where = f" (first at step {fd.step} {fd.label} {fd.tensor or ''})"
             out.append(f"{result.impl}: control pair at dropout 0: {ctl.verdict.value}{where}")
         for note in result.notes:
             out.append(f"{result.impl}: note: {note}")

@@ -14,7 +14,7 @@ from typing import Any
 
 from graphdoctor.errors import InputFileError
 from graphdoctor.report.html_model import ImplView, ReportView, load_report, parse_report
-from graphdoctor.report.html_model_parts import RunView, TensorDiffView
+from graphdoctor.report.html_model_parts import DiagnosisView, RunView, TensorDiffView
 from graphdoctor.report.html_page import badge, figure, page, table, verdict_class
 from graphdoctor.report.html_sections import forensics_section, launches_section, memory_section
 from graphdoctor.report.svg import EAGER_COLOUR, HeatCell, Series, heat_strip, line_chart, series_style
@@ -38,15 +38,27 @@ def _run_section(view: ReportView) -> str:
     dl = "".join(f'<div{" class=wide" if k in ("model", "recorded") else ""}><dt>{escape(k)}</dt>'
                  f"<dd>{escape(v)}</dd></div>" for k, v in facts)
     cards = "".join(_verdict_card(impl) for impl in view.impls)
-    return (f'<section id="run"><h2>Run and verdicts</h2><dl class="facts">{dl}</dl>'
+    failed = ""
+    ref = view.reference
+    if _reference_failed(view) and ref is not None:
+        why = _diagnosis(ref.diagnosis) if ref.diagnosis is not None else ""
+        failed = f'<h3>The eager reference failed ({escape(ref.status)})</h3>{why}'
+    return (f'<section id="run"><h2>Run and verdicts</h2><dl class="facts">{dl}</dl>{failed}'
             f'<h3>Verdict per implementation</h3><div class="cards">{cards}</div></section>')
+
+
+def _reference_failed(view: ReportView) -> bool:
+    return view.reference is not None and view.reference.status != "ok"
+
+
+NOT_COMPARED = '<p class="muted">Not compared: the eager reference failed.</p>'
 
 
 def _first_line(impl: ImplView) -> str:
     d = impl.first_divergence
     if d is None:
         return "equal to eager at every compared step" if impl.verdict == "match" else ""
-    where = f"step {d.step}, {d.what}"
+    where = f"step {d.step}, {d.what}" + (f" {d.key!r}" if d.what == "reported" and d.key else "")
     if d.tensor:
         where += f"; first tensor {d.tensor}"
     return f"first difference: {where} (max abs {_g(d.max_abs)}, max rel {_g(d.max_rel)})"
@@ -69,15 +81,13 @@ def _verdict_card(impl: ImplView) -> str:
     if impl.control is not None:
         parts.append(f'<p class="small">dropout-free control pair: {badge(impl.control.verdict)}</p>')
     if impl.diagnosis is not None:
-        parts.append(_diagnosis(impl))
+        parts.append(_diagnosis(impl.diagnosis))
     if impl.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in impl.notes) + "</ul>")
     return "".join(parts) + "</div>"
 
 
-def _diagnosis(impl: ImplView) -> str:
-    d = impl.diagnosis
-    assert d is not None
+def _diagnosis(d: DiagnosisView) -> str:
     rows = [("rule", d.rule), ("module", d.module), ("at", d.location), ("CUDA error", d.cuda_error),
             ("meaning", d.meaning), ("reported as", d.reported_as),
             ("where", f"step {d.step} ({d.phase})" if d.step is not None else d.phase)]
@@ -143,6 +153,8 @@ def _family(run: RunView, family: str) -> dict[int, TensorDiffView | None]:
 
 
 def _numeric_section(view: ReportView) -> str:
+    if _reference_failed(view):
+        return f'<section id="numeric"><h2>Grads and params per step</h2>{NOT_COMPARED}</section>'
     compared = [(impl.impl, impl.graphed_run) for impl in view.impls]
     runs = [(n, r) for n, r in compared if r is not None and any(s.grads or s.params for s in r.steps)]
     if not runs:
@@ -196,6 +208,8 @@ def _heat_rows(runs: list[tuple[str, RunView]], steps: list[int]) -> list[tuple[
 
 
 def _first_tensors_section(view: ReportView) -> str:
+    if _reference_failed(view):
+        return f'<section id="tensors"><h2>First differing tensors</h2>{NOT_COMPARED}</section>'
     rows: list[list[object]] = []
     first_rows: list[int] = []
     for impl in view.impls:

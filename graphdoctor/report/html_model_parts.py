@@ -100,6 +100,8 @@ class RunView:
     dropout: float | None
     status: str
     steps: tuple[StepView, ...]
+    diagnosis: DiagnosisView | None = None
+    """Why the run failed, when it did."""
 
     @property
     def is_eager(self) -> bool:
@@ -119,7 +121,7 @@ class RunView:
         steps = tuple(StepView.parse(s, i) for i, s in enumerate(as_list(raw.get("steps")))
                       if isinstance(s, Mapping))
         return cls(str(raw.get("impl") or "none"), num(raw.get("dropout")), str(raw.get("status") or "?"),
-                   steps)
+                   steps, DiagnosisView.parse(raw.get("diagnosis")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,8 @@ class DivergenceView:
     max_abs: float | None
     max_rel: float | None
     loss_max_abs: float | None
+    key: str | None = None
+    """The first differing reported value's key (schema 2 reports since reported values)."""
 
     @classmethod
     def parse(cls, raw: Any) -> DivergenceView | None:
@@ -166,7 +170,8 @@ class DivergenceView:
         if not isinstance(raw, Mapping):
             return None
         return cls(as_int(raw.get("step")), str(raw.get("what") or "?"), as_str(raw.get("tensor")),
-                   num(raw.get("max_abs")), num(raw.get("max_rel")), num(raw.get("loss_max_abs")))
+                   num(raw.get("max_abs")), num(raw.get("max_rel")), num(raw.get("loss_max_abs")),
+                   as_str(raw.get("key")))
 
 
 @dataclass(frozen=True, slots=True)
