@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from graphdoctor.child.megatron_setup import Setup, step_batches
+from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics, step_batches
 from graphdoctor.child.quiet import GpuTurn
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
 from graphdoctor.protocol.events import Capture, Event, Step, Tensors
@@ -240,6 +240,7 @@ class StepRunner:
         _, grad_norm, _ = setup.optimizer.step()
         end_ev.record()
         end_ev.synchronize()
+        clear_moe_metrics()
         step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
         prints = None
         if grad_prints is not None and self.printer is not None:
