@@ -34,7 +34,6 @@ permutation 1, but whole-layer graphs move the host copies to before_ep_alltoall
 DIFF_DEFAULT_IMPLS = ("local", "full_iteration", "transformer_engine")
 """`graphdoctor diff`'s implementations when a run file's `run:` names none (DiffConfig.impls)."""
 
-SAFE_SCOPES = "local: cuda_graph_modules [attn]; transformer_engine: [attn, moe_router, moe_preprocess]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +166,8 @@ class TokenDispatchHostCopyInGraph(Rule):
     fix = FixAvailability.SOMETIMES
     template = ("capture will fail: {impl} graph{scope} captures the {dispatcher} MoE token dispatch, which copies token counts "
                 "to the host at {location} ({what})")
-    fix_template = ("Graph only up to token dispatch ({safe}), or use the alltoall dispatcher with "
+    fix_template = ("Graph only up to token dispatch (local: cuda_graph_modules [attn]; transformer_engine: "
+                    "[attn, moe_router, moe_preprocess]), or use the alltoall dispatcher with "
                     "moe_expert_capacity_factor and moe_pad_expert_input_to_capacity")
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
@@ -186,4 +186,4 @@ class TokenDispatchHostCopyInGraph(Rule):
                 (f" of {list(run.modules)}" if run.modules else " of the whole layer")
             yield Hit((*run.fields, *moe_fields),
                       {"impl": run.impl, "scope": scope, "dispatcher": ctx.value("moe_token_dispatcher_type"),
-                       "location": location, "what": what, "safe": SAFE_SCOPES})
+                       "location": location, "what": what})
