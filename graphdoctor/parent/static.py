@@ -42,25 +42,27 @@ def moe_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
 
 
 def with_static_findings(result: ImplResult, config: DiffConfig) -> ImplResult:
-    """The row with its static MoE findings as notes; a capture failure that GD217 predicts gets
+    """The row with its static MoE findings as notes. A capture failure that GD217 predicts gets
     GD217's rule and fix, and the innermost Megatron MoE frame of its traceback (else the rule's
-    file:line) as its location when it had none in user code."""
+    file:line) as its location; any other capture failure without a location that died in Megatron's
+    MoE code gets that frame as its location."""
     findings = moe_static_findings(config, result.impl)
-    if not findings:
-        return result
-    notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in findings)
-    result = dataclasses.replace(result, notes=(*result.notes, *notes))
-    dispatch = next((f for f in findings if f.code == "GD217"), None)
+    if findings:
+        notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in findings)
+        result = dataclasses.replace(result, notes=(*result.notes, *notes))
     diag = result.diagnosis
-    if dispatch is None or result.verdict != Verdict.CAPTURE_FAILED or diag is None:
-        return result
-    if diag.rule is not None and not _in_moe_code(diag.location, diag.traceback_tail):
+    if result.verdict != Verdict.CAPTURE_FAILED or diag is None:
         return result
     frames = [m.group(1) for line in diag.traceback_tail for m in [MEGATRON_MOE_FRAME.search(line)] if m]
-    static = DISPATCH_LOCATION.search(dispatch.message)
-    location = frames[-1] if frames else (static.group(1) if static else diag.location)
-    return dataclasses.replace(result, diagnosis=dataclasses.replace(
-        diag, rule="GD217", fix=rule_fix("GD217"), location=location))
+    dispatch = next((f for f in findings if f.code == "GD217"), None)
+    if dispatch is not None and (diag.rule is None or _in_moe_code(diag.location, diag.traceback_tail)):
+        static = DISPATCH_LOCATION.search(dispatch.message)
+        location = frames[-1] if frames else (static.group(1) if static else diag.location)
+        return dataclasses.replace(result, diagnosis=dataclasses.replace(
+            diag, rule="GD217", fix=rule_fix("GD217"), location=location))
+    if diag.location is None and frames:
+        return dataclasses.replace(result, diagnosis=dataclasses.replace(diag, location=frames[-1]))
+    return result
 
 
 def _in_moe_code(location: str | None, tail: list[str]) -> bool:

@@ -63,3 +63,14 @@ def test_a_user_rule_outside_moe_code_is_kept_and_clean_rows_are_unchanged() -> 
     assert out.diagnosis == diag and len(out.notes) == 1
     clean = ImplResult(impl="local", verdict=Verdict.MATCH)
     assert with_static_findings(clean, _config("drop_pad")) == clean
+
+
+def test_an_unpredicted_failure_in_moe_code_gets_the_megatron_frame_as_location() -> None:
+    diag = Diagnosis(error_type="RuntimeError", message="operation not permitted when stream is capturing",
+                     phase="capture", traceback_tail=TAIL)
+    row = ImplResult(impl="transformer_engine", verdict=Verdict.CAPTURE_FAILED, diagnosis=diag)
+    config = _config("drop_pad", cuda_graph_modules="attn,moe_router,moe_preprocess")
+    out = with_static_findings(row, config)
+    assert out.diagnosis is not None and out.diagnosis.rule is None
+    assert out.diagnosis.location == "megatron/core/transformer/moe/token_dispatcher.py:317"
+    assert out.notes == ()
