@@ -9,17 +9,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from graphdoctor.checks import t
+from graphdoctor.checks.gd2xx_moe_dispatch import per_layer_runs
 
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
 
 FAMILY = "moe"
-PER_LAYER = ("local", "transformer_engine")
 
 
-def _per_layer(ctx: CheckContext) -> bool:
-    return ctx.graph.impl in PER_LAYER
+def _scopes(ctx: CheckContext) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(cuda_graph_modules, `run.*` keys declaring them) of every per-layer graphed run: the
+    training impl of `transformer:` and the `run.impls` that `graphdoctor diff` runs, without repeats."""
+    out: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+    for run in per_layer_runs(ctx):
+        scope = (run.modules, tuple(f for f in run.fields if f.startswith("run.")))
+        if scope not in out:
+            out.append(scope)
+    return out
 
 
 class MoeAndMoeRouterBothGraphed(Rule):
@@ -53,9 +60,9 @@ class MoeAndMoeRouterBothGraphed(Rule):
     fix_template = "Remove moe or moe_router (and moe_preprocess) from cuda_graph_modules"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        mods = ctx.graph.modules
-        if _per_layer(ctx) and "moe" in mods and "moe_router" in mods:
-            yield Hit(t("cuda_graph_modules", "cuda_graph_scope"), {"modules": list(mods)})
+        for mods, where in _scopes(ctx):
+            if "moe" in mods and "moe_router" in mods:
+                yield Hit((*t("cuda_graph_modules", "cuda_graph_scope"), *where), {"modules": list(mods)})
 
 
 class MoePreprocessWithoutMoeRouter(Rule):
@@ -88,9 +95,9 @@ class MoePreprocessWithoutMoeRouter(Rule):
     fix_template = "Add moe_router to cuda_graph_modules"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        mods = ctx.graph.modules
-        if _per_layer(ctx) and "moe_preprocess" in mods and "moe_router" not in mods:
-            yield Hit(t("cuda_graph_modules", "cuda_graph_scope"), {"modules": list(mods)})
+        for mods, where in _scopes(ctx):
+            if "moe_preprocess" in mods and "moe_router" not in mods:
+                yield Hit((*t("cuda_graph_modules", "cuda_graph_scope"), *where), {"modules": list(mods)})
 
 
 class MoeGraphWithoutExperts(Rule):
@@ -124,10 +131,10 @@ class MoeGraphWithoutExperts(Rule):
     fix_template = "Remove moe/moe_router from cuda_graph_modules or set num_moe_experts > 1"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        mods = ctx.graph.modules
-        if _per_layer(ctx) and not ctx.is_moe and ("moe" in mods or "moe_router" in mods):
-            yield Hit(t("cuda_graph_modules", "cuda_graph_scope", "num_moe_experts"),
-                      {"modules": list(mods), "experts": ctx.value("num_moe_experts")})
+        for mods, where in _scopes(ctx):
+            if not ctx.is_moe and ("moe" in mods or "moe_router" in mods):
+                yield Hit((*t("cuda_graph_modules", "cuda_graph_scope", "num_moe_experts"), *where),
+                          {"modules": list(mods), "experts": ctx.value("num_moe_experts")})
 
 
 class MlpGraphWithoutDenseLayers(Rule):
@@ -163,8 +170,10 @@ class MlpGraphWithoutDenseLayers(Rule):
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         freq = ctx.value("moe_layer_freq")
         all_moe = freq == 1 or (isinstance(freq, list) and 0 not in freq)
-        if _per_layer(ctx) and ctx.is_moe and all_moe and "mlp" in ctx.graph.modules:
-            yield Hit(t("cuda_graph_modules", "cuda_graph_scope", "moe_layer_freq", "num_moe_experts"), {"freq": freq})
+        for mods, where in _scopes(ctx):
+            if ctx.is_moe and all_moe and "mlp" in mods:
+                yield Hit((*t("cuda_graph_modules", "cuda_graph_scope", "moe_layer_freq", "num_moe_experts"), *where),
+                          {"freq": freq})
 
 
 class MoeGraphWithDroplessMoe(Rule):
@@ -200,10 +209,10 @@ class MoeGraphWithDroplessMoe(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         pad = ctx.value("moe_pad_expert_input_to_capacity")
-        if _per_layer(ctx) and ctx.is_moe and (ctx.capacity_factor is None or not pad) \
-                and "moe" in ctx.graph.modules:
-            yield Hit(t("cuda_graph_modules", "cuda_graph_scope", "moe_expert_capacity_factor",
-                        "moe_pad_expert_input_to_capacity"), {"factor": ctx.capacity_factor, "pad": pad})
+        for mods, where in _scopes(ctx):
+            if ctx.is_moe and (ctx.capacity_factor is None or not pad) and "moe" in mods:
+                yield Hit((*t("cuda_graph_modules", "cuda_graph_scope", "moe_expert_capacity_factor",
+                              "moe_pad_expert_input_to_capacity"), *where), {"factor": ctx.capacity_factor, "pad": pad})
 
 
 class MoePreprocessGraphWithHostSync(Rule):
@@ -241,13 +250,15 @@ class MoePreprocessGraphWithHostSync(Rule):
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         pad = ctx.value("moe_pad_expert_input_to_capacity")
         fp8_pad = ctx.value("moe_router_padding_for_fp8")
-        if not (_per_layer(ctx) and ctx.is_moe and (ctx.capacity_factor is None or not pad)):
+        if not (ctx.is_moe and (ctx.capacity_factor is None or not pad)):
             return
-        if ctx.value("moe_token_dispatcher_type") == "alltoall" and (ctx.capacity_factor is not None or fp8_pad) \
-                and "moe_preprocess" in ctx.graph.modules:
-            reason = "capacity factor without padding" if ctx.capacity_factor is not None else "fp8 router padding"
-            yield Hit(t("cuda_graph_modules", "cuda_graph_scope", "moe_token_dispatcher_type",
-                        "moe_expert_capacity_factor", "moe_router_padding_for_fp8"), {"reason": reason})
+        if ctx.value("moe_token_dispatcher_type") != "alltoall" or (ctx.capacity_factor is None and not fp8_pad):
+            return
+        reason = "capacity factor without padding" if ctx.capacity_factor is not None else "fp8 router padding"
+        for mods, where in _scopes(ctx):
+            if "moe_preprocess" in mods:
+                yield Hit((*t("cuda_graph_modules", "cuda_graph_scope", "moe_token_dispatcher_type",
+                              "moe_expert_capacity_factor", "moe_router_padding_for_fp8"), *where), {"reason": reason})
 
 
 class MoeGraphWithA2aOverlap(Rule):

@@ -291,27 +291,52 @@ def resolve_entry_point(value: str, field: str = "layer_spec") -> Any:
     return target
 
 
-def build_layer_spec(name: str | None) -> Any:
+MOE_SPEC_FIELDS: tuple[str, ...] = ("num_moe_experts", "moe_grouped_gemm")
+"""TransformerConfig fields the built-in layer specs take as arguments (num_experts, moe_grouped_gemm):
+read from the run's `transformer:` mapping, the one place MoE is configured."""
+
+
+def moe_spec_arguments(transformer: dict[str, Any] | None) -> dict[str, Any]:
+    """get_gpt_layer_*_spec keyword arguments for MoE, derived from TransformerConfig field values.
+
+    Args:
+        transformer: the run's `transformer:` mapping (TransformerConfig names), or None.
+
+    Returns:
+        {} for a dense model; else num_experts and moe_grouped_gemm.
+    """
+    values = transformer or {}
+    experts = values.get("num_moe_experts")
+    if not experts:
+        return {}
+    return {"num_experts": experts, "moe_grouped_gemm": bool(values.get("moe_grouped_gemm", False))}
+
+
+def build_layer_spec(name: str | None, transformer: dict[str, Any] | None = None) -> Any:
     """The transformer layer ModuleSpec that a `layer_spec` value names (imports megatron).
 
     Args:
         name: `local` or None (Megatron's local GPT spec), `te`/`transformer_engine` (its
             Transformer Engine spec), or `pkg.mod:fn` returning a ModuleSpec.
+        transformer: the run's `transformer:` mapping; `num_moe_experts` (and `moe_grouped_gemm`,
+            TE's grouped GEMM; the local spec always builds SequentialMLP experts) make the
+            built-in specs build MoE layers. A `pkg.mod:fn` spec is called as given.
 
     Raises:
         UsageError: a `pkg.mod:fn` that cannot be imported or called.
     """
+    moe = moe_spec_arguments(transformer)
     if name in TE_LAYER_SPECS:
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
         )
 
-        return get_gpt_layer_with_transformer_engine_spec()
+        return get_gpt_layer_with_transformer_engine_spec(**moe)
     if name and name != "local":
         return resolve_entry_point(name, "layer_spec")()
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    return get_gpt_layer_local_spec()
+    return get_gpt_layer_local_spec(**moe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,6 +489,7 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
 __all__ = [
     "DTYPES",
     "IMPLS",
+    "MOE_SPEC_FIELDS",
     "TE_LAYER_SPECS",
     "DiffConfig",
     "RunFile",
@@ -472,5 +498,6 @@ __all__ = [
     "diff_config_from",
     "entry_point_modules",
     "load_run_file",
+    "moe_spec_arguments",
     "resolve_entry_point",
 ]

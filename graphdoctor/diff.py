@@ -26,6 +26,7 @@ from graphdoctor.parent.children import ChildRequest, ChildSession
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.runner import python_command, run_isolated
+from graphdoctor.parent.static import with_static_findings
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
@@ -258,7 +259,8 @@ class DiffRun:
                 + [self.request(impl, self.config.dropout, Role.GRAPHED, taps=self.config.localize is True)
                    for impl in runnable])
             reference, graphed = first[0], dict(zip(runnable, first[1:], strict=True))
-            results = [self.judge_impl(impl, reference, graphed.get(impl)) for impl in self.config.impls]
+            results = [with_static_findings(self.judge_impl(impl, reference, graphed.get(impl)), self.config)
+                       for impl in self.config.impls]
         finally:
             shutil.rmtree(self.ref_dir, ignore_errors=True)
         return DiffReport(config=self.config, results=tuple(results), reference=reference,

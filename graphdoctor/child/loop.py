@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from graphdoctor.child.megatron_setup import Setup, forward_step_name, step_batches
+from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics, forward_step_name, step_batches
 from graphdoctor.child.quiet import GpuTurn
 from graphdoctor.child.reported import reduce_step
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
@@ -237,6 +237,7 @@ class StepRunner:
         _, grad_norm, _ = setup.optimizer.step()
         end_ev.record()
         end_ev.synchronize()
+        clear_moe_metrics()
         step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
         prints = None
         if grad_prints is not None and self.printer is not None:

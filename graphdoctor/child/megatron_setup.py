@@ -121,7 +121,29 @@ def transformer_config(config: DiffConfig, impl: str, dropout: float) -> Any:
         fields[key] = value
     if impl in (EAGER, "full_iteration"):
         fields["cuda_graph_modules"] = []
+    fields.update(moe_defaults(config.transformer))
     return TransformerConfig(**fields)
+
+
+def moe_defaults(transformer: dict[str, Any]) -> dict[str, Any]:
+    """TransformerConfig defaults an MoE run needs and did not set: add_bias_linear False, since
+    MoELayer.forward asserts the experts return no bias (moe_layer.py:675-677 in megatron-core 0.19.2)
+    and Megatron-LM's MoE recipes pass --disable-bias-linear."""
+    if not transformer.get("num_moe_experts") or "add_bias_linear" in transformer:
+        return {}
+    return {"add_bias_linear": False}
+
+
+def clear_moe_metrics() -> None:
+    """Zero Megatron's MoE metrics tracker (aux loss, z-loss, ...) at the end of a step, as
+    Megatron-LM's training_log does through MoEMetricsTracker.report() every iteration.
+
+    The tracker's per-layer tensors are zeroed in place (moe_logging.py:214-217), so the additions a
+    graph captured keep landing in them on replay and eager and graphed runs accumulate the same.
+    """
+    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+    get_moe_metrics_tracker().clear()
 
 
 def build_model(config: DiffConfig, tconfig: Any, *, float16_wrapper: bool = True,
@@ -131,7 +153,7 @@ def build_model(config: DiffConfig, tconfig: Any, *, float16_wrapper: bool = Tru
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.module import Float16Module
 
-    layer_spec = build_layer_spec(config.layer_spec)
+    layer_spec = build_layer_spec(config.layer_spec, config.transformer)
     if config.model_provider:
         provider = resolve_entry_point(config.model_provider, "model_provider")
         args, kwargs = provider_arguments(provider, config.model_provider, tconfig, {
@@ -416,6 +438,7 @@ __all__ = [
     "Setup",
     "build_probe_model",
     "build_setup",
+    "clear_moe_metrics",
     "default_forward_step",
     "forward_step_name",
     "have_transformer_engine",

@@ -1,0 +1,72 @@
+"""Static catalogue findings beside diff's runtime verdicts (parent side): the MoE rules of `graphdoctor
+check` (GD201-GD217) on one implementation's configuration, as notes on its row, and the MoE capture
+failure that GD217 explains, diagnosed with its rule, fix and the Megatron file:line."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from graphdoctor.compare.verdict import ImplResult
+from graphdoctor.config import DiffConfig
+from graphdoctor.errors import UsageError
+from graphdoctor.rules import all_rules, check, rule_fix
+from graphdoctor.rules.finding import Finding
+from graphdoctor.types import Verdict
+
+MOE_FAMILY = "moe"
+
+MEGATRON_MOE_FRAME = re.compile(r"(megatron/core/transformer/moe/[\w/]+\.py:\d+)")
+"""A frame of Megatron's MoE code in a traceback line (`.../site-packages/megatron/core/...py:317 in f`)."""
+
+DISPATCH_LOCATION = re.compile(r"at (megatron/core/transformer/moe/[\w/]+\.py:\d+)")
+
+
+def moe_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
+    """Errors and warnings of the MoE rules for the TransformerConfig diff builds for `impl`.
+
+    Diff owns cuda_graph_impl (one per child), so the run file's `transformer.cuda_graph_impl` is
+    left out and `impl` with the run's cuda_graph_modules stands for it.
+    """
+    transformer = {k: v for k, v in config.transformer.items() if k != "cuda_graph_impl"}
+    if not transformer.get("num_moe_experts"):
+        return []
+    codes = [r.code for r in all_rules() if r.family == MOE_FAMILY and not r.runtime]
+    mapping = {"transformer": transformer,
+               "run": {"impls": [impl], "cuda_graph_modules": list(config.cuda_graph_modules)}}
+    try:
+        report = check(mapping, select=codes)
+    except UsageError:
+        return []  # the children report a bad transformer: mapping themselves, with its field
+    return [f for f in report.findings if f.severity in ("error", "warning")]
+
+
+def with_static_findings(result: ImplResult, config: DiffConfig) -> ImplResult:
+    """The row with its static MoE findings as notes. A capture failure that GD217 predicts gets
+    GD217's rule and fix, and the innermost Megatron MoE frame of its traceback (else the rule's
+    file:line) as its location; any other capture failure without a location that died in Megatron's
+    MoE code gets that frame as its location."""
+    findings = moe_static_findings(config, result.impl)
+    if findings:
+        notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in findings)
+        result = dataclasses.replace(result, notes=(*result.notes, *notes))
+    diag = result.diagnosis
+    if result.verdict != Verdict.CAPTURE_FAILED or diag is None:
+        return result
+    frames = [m.group(1) for line in diag.traceback_tail for m in [MEGATRON_MOE_FRAME.search(line)] if m]
+    dispatch = next((f for f in findings if f.code == "GD217"), None)
+    if dispatch is not None and (diag.rule is None or _in_moe_code(diag.location, diag.traceback_tail)):
+        static = DISPATCH_LOCATION.search(dispatch.message)
+        location = frames[-1] if frames else (static.group(1) if static else diag.location)
+        return dataclasses.replace(result, diagnosis=dataclasses.replace(
+            diag, rule="GD217", fix=rule_fix("GD217"), location=location))
+    if diag.location is None and frames:
+        return dataclasses.replace(result, diagnosis=dataclasses.replace(diag, location=frames[-1]))
+    return result
+
+
+def _in_moe_code(location: str | None, tail: list[str]) -> bool:
+    return any(MEGATRON_MOE_FRAME.search(text or "") for text in (location, *tail))
+
+
+__all__ = ["moe_static_findings", "with_static_findings"]
