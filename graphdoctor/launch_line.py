@@ -365,7 +365,8 @@ def apply_launch_line(values: dict[str, Any]) -> dict[str, Any]:
     transformer = {**line.values.get("transformer", {}), **values.get("transformer", {})}
     if transformer:
         merged["transformer"] = transformer
-    overridden = [k for k in values if k in line.sources and k in line.values and values[k] != line.values[k]]
+    overridden = [k for k in values if k in line.sources and k in line.values
+                  and _show(values[k]) != _show(line.values[k])]
     notes = [text for about, text in line.notes if about not in overridden]
     if overridden:
         notes.append("explicit values override the launch line: " + ", ".join(
