@@ -178,20 +178,30 @@ class _Shell:
     def expand(self, token: str) -> tuple[str | None, str | None]:
         """(value, None) with every $reference set in the text, else (None, the reference)."""
         missing: list[str] = []
+        size = [len(token)]
 
         def sub(match: re.Match[str]) -> str:
             name = match.group(1) or match.group(4)
             if name in self.variables:
-                return " ".join(t for t, _ in self.variables[name])
-            if match.group(2):
+                text = " ".join(t for t, _ in self.variables[name])
+                size[0] += len(text)
+                if size[0] <= MAX_EXPANDED_CHARS:
+                    return text
+            elif match.group(2):
                 return match.group(3)
-            missing.append(match.group(0))
+            missing.append(match.group(0))  # unset, or a value that doubles itself past the cap
             return ""
 
         value = _REF.sub(sub, token)
         if missing or "$(" in token or "`" in token or re.search(r"\$[0-9@*#?]", token):
             return None, token
         return value, None
+
+
+MAX_EXPANDED_CHARS = 1 << 16
+"""Longest word a variable expansion may build (`A="$A$A"` repeated doubles; real values are paths)."""
+MAX_EXPANDED_WORDS = 1 << 18
+"""Most words the commands of a launch script may expand to (arrays used many times multiply)."""
 
 
 def _statement(tokens: list[_Token], shell: _Shell) -> None:
@@ -240,11 +250,14 @@ def _assign(match: re.Match[str], where: str | None, shell: _Shell) -> None:
         shell.variables[name] = [(resolved, where)]
 
 
-def _expand_command(command: list[_Token], shell: _Shell) -> list[tuple[str, str | None, str | None]]:
-    """(token, where, unresolved reference) with arrays and unquoted whole-word variables spliced in."""
+def _expand_command(command: list[_Token], shell: _Shell, budget: int) -> list[tuple[str, str | None, str | None]]:
+    """(token, where, unresolved reference) with arrays and unquoted whole-word variables spliced in;
+    stops once more than `budget` words came out (the caller refuses the text)."""
     out: list[tuple[str, str | None, str | None]] = []
     skip_next = False
     for token, where in command:
+        if len(out) > budget:
+            break
         if skip_next:
             skip_next = False
             continue
@@ -293,7 +306,15 @@ def scan_launch_line(text_or_at: str) -> list[FlagUse]:
     shell = _Shell()
     for line in _physical_lines(text, label):
         _statement(line, shell)
-    commands = [_expand_command(c, shell) for c in shell.commands]
+    commands: list[list[tuple[str, str | None, str | None]]] = []
+    budget = MAX_EXPANDED_WORDS
+    for words in shell.commands:
+        commands.append(_expand_command(words, shell, budget))
+        budget -= len(commands[-1])
+        if budget < 0:
+            raise (InputFileError if label else UsageError)(
+                f"{label or 'the launch line'}: expands to more than {MAX_EXPANDED_WORDS} words "
+                f"(arrays used many times?)")
     scripts = [c for c in commands if any(t.endswith(".py") for t, _, _ in c)]
     training = [c for c in scripts if any(re.search(r"train[^/]*\.py$", t) for t, _, _ in c)]
     uses: list[FlagUse] = []

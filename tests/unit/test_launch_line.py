@@ -198,3 +198,11 @@ def test_plugin_takes_the_launch_line_and_refuses_a_bad_one(pytester: pytest.Pyt
     # `=`: pytest itself reads a separate `@FILE` argument as a file of arguments
     good = pytester.runpytest_subprocess(f"--gd-megatron-args=@{GPT}", "--gd-num-layers", "2")
     assert good.ret == 0, good.stderr.lines
+
+
+def test_self_multiplying_scripts_are_bounded() -> None:
+    doubling = "A=x\n" + 'A="$A$A"\n' * 60 + "python train.py --save $A\n"
+    (use,) = scan_launch_line(doubling)
+    assert use.values == () and use.unresolved == ("$A",)
+    with pytest.raises(UsageError, match="expands to more than"):
+        scan_launch_line("A=(" + " --x 1" * 1000 + ")\npython train.py" + " ${A[@]}" * 1000 + "\n")
