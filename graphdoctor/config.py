@@ -144,6 +144,14 @@ class DiffConfig:
     """`env:` keys that change how Python or the dynamic loader start (PYTHONPATH, LD_PRELOAD, ...)
     and are still to be passed to the children."""
 
+    megatron_args: str | None = None
+    """A Megatron-LM launch line, or `@FILE` holding one (a torchrun line or a whole shell script): the
+    model, graph and run settings it sets sit under the run file's and the explicit flags' values
+    (graphdoctor.launch_line; docs/diff.md)."""
+
+    launch_notes: tuple[str, ...] = ()
+    """What reading megatron_args left out or decided, listed once (set by diff_config_from)."""
+
     def __post_init__(self) -> None:
         _check_impls(self.impls)
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
@@ -204,6 +212,7 @@ class DiffConfig:
         data["impls"] = list(self.impls)
         data["cuda_graph_modules"] = list(self.cuda_graph_modules)
         data["allow_env"] = list(self.allow_env)
+        data["launch_notes"] = list(self.launch_notes)
         return data
 
     @classmethod
@@ -212,7 +221,7 @@ class DiffConfig:
         saved reports of later versions still load."""
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
-        for key in ("impls", "cuda_graph_modules", "allow_env"):
+        for key in ("impls", "cuda_graph_modules", "allow_env", "launch_notes"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -400,7 +409,7 @@ def load_run_file(path: str | os.PathLike[str]) -> RunFile:
         if isinstance(value, (dict, list)):
             raise InputFileError(f"{p}: env.{key} must be a scalar, got {describe(value)}")
         env[key] = "" if value is None else str(value)
-    run_fields = {f.name for f in dataclasses.fields(DiffConfig)} - {"transformer", "env"}
+    run_fields = {f.name for f in dataclasses.fields(DiffConfig)} - {"transformer", "env", "launch_notes"}
     for key in sections["run"]:
         if key not in run_fields:
             raise UsageError(f"{p}: run.{key[:100]} is not a graphdoctor run field"
@@ -415,7 +424,8 @@ def load_run_file(path: str | os.PathLike[str]) -> RunFile:
 
 
 def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
-    """Build a DiffConfig: defaults, then the run file's `run:`, then explicit overrides (flags).
+    """Build a DiffConfig: defaults, then the launch line of `megatron_args` (run file or flag), then the
+    run file's `run:` and `transformer:`, then explicit overrides (flags).
 
     Raises:
         UsageError: a value of the wrong type or range (the message names the field).
@@ -426,6 +436,11 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         values["transformer"] = dict(run_file.transformer)
         values["env"] = dict(run_file.env)
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if values.get("megatron_args") is not None:
+        # The launch line sits under the run file and the flags (graphdoctor.launch_line).
+        from graphdoctor.launch_line import apply_launch_line
+
+        values = apply_launch_line(values)
     if "impls" in values:
         impls = values["impls"]
         if isinstance(impls, str):

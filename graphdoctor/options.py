@@ -59,6 +59,11 @@ class Option:
 
 
 DIFF_OPTIONS: tuple[Option, ...] = (
+    Option("megatron-args", "megatron_args", str,
+           "A Megatron-LM launch line or @FILE (a torchrun line or a whole shell script): model shape, "
+           "TransformerConfig flags, graphs, batch, dtype, dropout and seed come from it; the other options "
+           "and the run file override it; flags that do not apply are listed once (docs/diff.md).",
+           "ARGS|@FILE"),
     Option("impl", "impls", str, f"Comma-separated graphed implementations ({', '.join(IMPLS)}).",
            "LIST"),
     Option("num-layers", "num_layers", int, "Transformer layers.", "N"),

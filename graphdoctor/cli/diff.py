@@ -79,16 +79,23 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     verdict per implementation (match, rng-divergence, numeric-divergence, capture-failed,
     crashed, timeout, unavailable).
 
+    \b
+    From a Megatron-LM launch script, shrunk to one GPU:
+      graphdoctor diff --megatron-args @pretrain_gpt.sh --num-layers 2 --seq-length 256
+
     Exit code 0 when every implementation passes (rng-divergence passes unless --strict-rng),
     1 otherwise, 2 for usage, config or environment errors (no GPU).
     """
     config = build_config(config_path, values)
     from graphdoctor.inputs import check_output_path
 
-    # Refused before any GPU work: a report never overwrites the run file it came from.
+    # Refused before any GPU work: a report never overwrites the run file or launch script it came from.
+    line = config.megatron_args or ""
     for flag, target in (("--json", json_path), ("--html", html_path)):
         if target:
-            check_output_path(target, flag, [config_path])
+            check_output_path(target, flag, [config_path, line[1:] if line.startswith("@") else None])
+    for note in config.launch_notes:
+        click.echo(f"launch line: {note}")
     if html_path and json_path and Path(html_path).resolve() == Path(json_path).resolve():
         from graphdoctor.errors import UsageError
 

@@ -1,8 +1,10 @@
 """Parse a Megatron-LM launch line into TransformerConfig fields, Megatron-LM-only settings and run facts.
 
 Only the CUDA-graph related flags (and the ones their rules depend on) are understood; every other
-flag is ignored and listed in the notes. Accepts a string or `@path` (one flag per line, `\\` and
-`#` comments allowed), and remembers where each flag was so findings can point at it.
+flag is ignored and listed in the notes. Accepts a string or `@path` (a flag list, a torchrun line or
+a whole shell script: `\\` continuations, `#` comments, variables and arrays it sets), and remembers
+where each flag was so findings can point at it. `graphdoctor diff` reads the same scan
+(graphdoctor.launch_line).
 """
 
 from __future__ import annotations
@@ -108,24 +110,241 @@ class MegatronArgs:
     notes: list[str] = field(default_factory=list)
 
 
-def _tokens(text_or_at: str) -> list[tuple[str, str | None]]:
-    """(token, location) pairs; location is `path:line` for @file input."""
-    if not text_or_at.startswith("@"):
-        try:
-            return [(t, None) for t in shlex.split(text_or_at, comments=True)]
-        except ValueError as exc:
-            raise UsageError(f"--megatron-args: cannot split the launch line ({exc})") from None
-    path = Path(text_or_at[1:])
-    text = read_text(path, "--megatron-args file")
-    out: list[tuple[str, str | None]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+@dataclass(frozen=True, slots=True)
+class FlagUse:
+    """One `--flag [values]` of the launch line, after shell variables were expanded."""
+
+    flag: str
+    values: tuple[str, ...]
+    """The tokens after the flag up to the next flag or the end of its command (resolved)."""
+    where: str | None
+    """`path:line` for @file input, else None."""
+    launcher: bool = False
+    """Given to the launcher (torchrun, python) before the training script, not to the script."""
+    unresolved: tuple[str, ...] = ()
+    """`$VAR` references among the values that the text does not set (left out of `values`)."""
+
+
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "then", "do", "else", "{", "}"})
+_KEYWORDS = frozenset({"export", "local", "declare", "readonly", "if", "elif", "while", "fi", "done", "!"})
+_ASSIGN = re.compile(r"^([A-Za-z_]\w*)(\+?)=(.*)$", re.S)
+_REF = re.compile(r"\$(?:\{([A-Za-z_]\w*)(?:(:?-)([^}]*))?\}|([A-Za-z_]\w*))")
+_ARRAY_REF = re.compile(r"^\$\{([A-Za-z_]\w*)\[[@*]\]\}$")
+_REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?")
+_Token = tuple[str, str | None]
+
+
+def _physical_lines(text: str, label: str | None) -> list[list[_Token]]:
+    """Logical lines (backslash continuations joined) as (token, `label:line`) lists; a quoted
+    string may span lines (the old `GPT_ARGS="--num-layers 24 \\ ..."` scripts)."""
+    out: list[list[_Token]] = []
+    current: list[_Token] = []
+    pending: list[str] = []
+    lines = text.splitlines()
+    for number, raw in enumerate(lines, start=1):
+        if not pending and raw.lstrip().startswith("#"):
+            continue  # a comment line never continues, even when it ends in a backslash
         # a line continuation may be followed by a comment: `--flag \\  # note`
-        line = re.sub(r"\\\s*(?=(#.*)?$)", " ", line)
+        cont = re.search(r"\\\s*(#.*)?$", raw)
+        pending.append(raw[:cont.start()] if cont else raw)
         try:
-            out.extend((t, f"{path}:{number}") for t in shlex.split(line, comments=True))
+            tokens = shlex.split(" ".join(pending), comments=True)
         except ValueError as exc:
-            raise InputFileError(f"{path}:{number}: cannot split ({describe_error(exc)})") from None
+            if "closing quotation" in str(exc) and number < len(lines):
+                continue
+            where = f"{label}:{number}" if label else "the launch line"
+            raise (InputFileError if label else UsageError)(
+                f"{where}: cannot split ({describe_error(exc)})") from None
+        first = number - len(pending) + 1
+        pending = []
+        current.extend((t, f"{label}:{first}" if label else None) for t in tokens)
+        if not cont:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
     return out
+
+
+@dataclass(slots=True)
+class _Shell:
+    """What the scan of a launch script knows: variables set in it (values with locations)."""
+
+    variables: dict[str, list[_Token]] = field(default_factory=dict)
+    array: str | None = None
+    """The array being defined (`NAME=(` seen, `)` not yet)."""
+    commands: list[list[_Token]] = field(default_factory=list)
+
+    def expand(self, token: str) -> tuple[str | None, str | None]:
+        """(value, None) with every $reference set in the text, else (None, the reference)."""
+        missing: list[str] = []
+        size = [len(token)]
+
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1) or match.group(4)
+            if name in self.variables:
+                text = " ".join(t for t, _ in self.variables[name])
+                size[0] += len(text)
+                if size[0] <= MAX_EXPANDED_CHARS:
+                    return text
+            elif match.group(2):
+                return match.group(3)
+            missing.append(match.group(0))  # unset, or a value that doubles itself past the cap
+            return ""
+
+        value = _REF.sub(sub, token)
+        if missing or "$(" in token or "`" in token or re.search(r"\$[0-9@*#?]", token):
+            return None, token
+        return value, None
+
+
+MAX_EXPANDED_CHARS = 1 << 16
+"""Longest word a variable expansion may build (`A="$A$A"` repeated doubles; real values are paths)."""
+MAX_EXPANDED_WORDS = 1 << 18
+"""Most words the commands of a launch script may expand to (arrays used many times multiply)."""
+
+
+def _statement(tokens: list[_Token], shell: _Shell) -> None:
+    """One logical line: array elements, assignments, or commands (split at ; && | ...)."""
+    command: list[_Token] = []
+    for token, where in tokens:
+        if shell.array is not None:
+            closes = token == ")" or (token.endswith(")") and token.count(")") > token.count("("))
+            text = token[:-1] if closes else token
+            if text:
+                shell.variables[shell.array].append((text, where))
+            if closes:
+                shell.array = None
+            continue
+        bare = token.rstrip(";&") if token not in _SEPARATORS else token
+        if not command or all(t in _KEYWORDS for t, _ in command):
+            match = _ASSIGN.match(token)
+            if match and not token.startswith("-"):
+                _assign(match, where, shell)
+                continue
+        if token in _SEPARATORS or bare != token:
+            if bare != token and bare:
+                command.append((bare, where))
+            shell.commands.append(command)
+            command = []
+            continue
+        command.append((token, where))
+    if command:
+        shell.commands.append(command)
+
+
+def _assign(match: re.Match[str], where: str | None, shell: _Shell) -> None:
+    name, append, value = match.group(1), match.group(2), match.group(3)
+    if value.startswith("("):
+        shell.array = name
+        if not append or name not in shell.variables:
+            shell.variables[name] = []
+        rest = value[1:]
+        if rest:
+            _statement([(rest, where)], shell)
+        return
+    resolved, _ = shell.expand(value)
+    if resolved is None:
+        shell.variables.pop(name, None)
+    else:
+        shell.variables[name] = [(resolved, where)]
+
+
+def _expand_command(command: list[_Token], shell: _Shell, budget: int) -> list[tuple[str, str | None, str | None]]:
+    """(token, where, unresolved reference) with arrays and unquoted whole-word variables spliced in;
+    stops once more than `budget` words came out (the caller refuses the text)."""
+    out: list[tuple[str, str | None, str | None]] = []
+    skip_next = False
+    for token, where in command:
+        if len(out) > budget:
+            break
+        if skip_next:
+            skip_next = False
+            continue
+        if _REDIRECT.match(token):
+            skip_next = token in (">", ">>", "<", "2>", "1>")
+            continue
+        array = _ARRAY_REF.match(token)
+        name = array.group(1) if array else None
+        plain = _REF.fullmatch(token)
+        if plain and not plain.group(2):
+            name = plain.group(1) or plain.group(4)
+        if name is not None and name in shell.variables:
+            elements = shell.variables[name]
+            for value, at in elements:
+                if array:  # array elements are expanded where they are used
+                    expanded, gap = shell.expand(value)
+                    out.append((expanded or "", at, gap))
+                    continue
+                # bash splits an unquoted scalar on whitespace (GPT_ARGS="--num-layers 24 ...")
+                out.extend((p, at, None) for p in (value.split() if plain else [value]))
+            continue
+        if array:
+            out.append(("", where, token))
+            continue
+        expanded, missing = shell.expand(token)
+        out.append((expanded if expanded is not None else "", where, missing))
+    return out
+
+
+def scan_launch_line(text_or_at: str) -> list[FlagUse]:
+    """The flags of a launch line or `@file` (a flag list, a torchrun line or a whole shell script).
+
+    Shell variables the text sets (`NAME=value`, arrays `NAME=(...)`, `${NAME:-default}`) are
+    expanded; `$1`, `$(...)` and variables it does not set stay unresolved. When a command runs a
+    `.py` script, only such commands count: flags before the script are the launcher's.
+
+    Raises:
+        UsageError: an inline line that cannot be split.
+        InputFileError: an unreadable @file or one that cannot be split.
+    """
+    label: str | None = None
+    text = text_or_at
+    if text_or_at.startswith("@"):
+        label = text_or_at[1:]
+        text = read_text(Path(label), "--megatron-args file")
+    shell = _Shell()
+    for line in _physical_lines(text, label):
+        _statement(line, shell)
+    commands: list[list[tuple[str, str | None, str | None]]] = []
+    budget = MAX_EXPANDED_WORDS
+    for words in shell.commands:
+        commands.append(_expand_command(words, shell, budget))
+        budget -= len(commands[-1])
+        if budget < 0:
+            raise (InputFileError if label else UsageError)(
+                f"{label or 'the launch line'}: expands to more than {MAX_EXPANDED_WORDS} words "
+                f"(arrays used many times?)")
+    scripts = [c for c in commands if any(t.endswith(".py") for t, _, _ in c)]
+    training = [c for c in scripts if any(re.search(r"train[^/]*\.py$", t) for t, _, _ in c)]
+    uses: list[FlagUse] = []
+    for command in training or scripts or commands:
+        uses.extend(_flag_uses(command))
+    return uses
+
+
+def _flag_uses(command: list[tuple[str, str | None, str | None]]) -> list[FlagUse]:
+    script = next((i for i, (t, _, _) in enumerate(command) if t.endswith(".py")), -1)
+    uses: list[FlagUse] = []
+    i = 0
+    while i < len(command):
+        at = i
+        token, where, missing = command[i]
+        i += 1
+        if not token.startswith("--") or token == "--":
+            continue
+        flag, eq, inline = token.partition("=")
+        values: list[str] = [inline] if eq and not missing else []
+        unresolved: list[str] = [missing] if eq and missing else []
+        while not eq and i < len(command) and i != script and not command[i][0].startswith("--"):
+            value, _, gap = command[i]
+            if gap:
+                unresolved.append(gap)
+            else:
+                values.append(value)
+            i += 1
+        uses.append(FlagUse(flag, tuple(values), where, launcher=at < script, unresolved=tuple(unresolved)))
+    return uses
 
 
 MAX_MOE_PATTERN_CHARS = 1000
@@ -189,7 +408,12 @@ def _moe_value(node: ast.AST, text: str, expected: str) -> int | list[int]:
     raise fail()
 
 
-def _convert(flag: str, kind: str, values: list[str]) -> Any:
+def convert_value(flag: str, kind: str, values: list[str]) -> Any:
+    """A flag value of `kind` (int, float, freq, list, list3, str), plain-checked.
+
+    Raises:
+        UsageError: a value of the wrong type.
+    """
     if kind == "freq":
         return parse_moe_layer_freq(values[0])
     try:
@@ -210,26 +434,26 @@ def _convert(flag: str, kind: str, values: list[str]) -> Any:
     return values[0]
 
 
+def unresolved_note(uses: list[FlagUse]) -> str | None:
+    """The one note naming the flags whose value is a shell variable the text does not set."""
+    skipped = [f"{u.flag} {u.unresolved[0]}" for u in uses if u.unresolved and not u.values]
+    if not skipped:
+        return None
+    return ("values that are shell variables the text does not set were skipped (the flag is left "
+            "out): " + ", ".join(skipped))
+
+
 def parse_megatron_args(text_or_at: str) -> MegatronArgs:
-    """Parse a launch line (or `@file`).
+    """Parse a launch line (or `@file`) into the flags `check` understands (FLAGS).
 
     Raises:
         UsageError: a known flag without its value or with a value of the wrong type.
         InputFileError: an unreadable @file.
     """
-    tokens = _tokens(text_or_at)
+    uses = scan_launch_line(text_or_at)
     result = MegatronArgs()
-    i = 0
-    while i < len(tokens):
-        token, where = tokens[i]
-        i += 1
-        if not token.startswith("--"):
-            continue
-        flag, eq, inline = token.partition("=")
-        values = [inline] if eq else []
-        while not eq and i < len(tokens) and not tokens[i][0].startswith("--"):
-            values.append(tokens[i][0])
-            i += 1
+    for use in uses:
+        flag, values = use.flag, list(use.values)
         spec = FLAGS.get(flag)
         if spec is None:
             result.notes.append(f"ignored flag {flag}{did_you_mean(flag, FLAGS, cutoff=0.85)}")
@@ -237,18 +461,24 @@ def parse_megatron_args(text_or_at: str) -> MegatronArgs:
         section, key, kind = spec
         if kind in ("true", "false"):
             value: Any = kind == "true"
+        elif not values and use.unresolved:
+            continue  # named once in unresolved_note
         elif not values:
             raise UsageError(f"{flag}: expected a value")
         else:
-            value = _convert(flag, kind, values if kind in ("list", "list3") else values[:1])
+            value = convert_value(flag, kind, values if kind in ("list", "list3") else values[:1])
         if key == "cpu_offloading_num_layers" and value > 0:
             result.transformer["cpu_offloading"] = True
         if section != "args":
             check_field_range(key, value, flag)
         getattr(result, section)[key] = value
-        result.locations[f"{section}.{key}"] = where or flag
+        result.locations[f"{section}.{key}"] = use.where or flag
+    note = unresolved_note([u for u in uses if u.flag in FLAGS and FLAGS[u.flag][2] not in ("true", "false")])
+    if note:
+        result.notes.append(note)
     return result
 
 
-__all__ = ["ARGS_DEFAULTS", "FLAGS", "TRANSFORMER_DEFAULTS_FROM_ARGS", "MegatronArgs", "parse_megatron_args",
+__all__ = ["ARGS_DEFAULTS", "FLAGS", "TRANSFORMER_DEFAULTS_FROM_ARGS", "FlagUse", "convert_value", "MegatronArgs", "parse_megatron_args",
+           "scan_launch_line", "unresolved_note",
            "parse_moe_layer_freq"]

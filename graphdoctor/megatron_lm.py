@@ -1,0 +1,128 @@
+"""Megatron-LM's own flag table, read from its argument parser (megatron/training/arguments.py, shipped
+with megatron-core 0.19.2), and torchrun's: which flags exist, what each stores and how it parses.
+
+Imported only when a launch line is read for `graphdoctor diff` (it imports megatron and torch; no CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import logging
+import warnings
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from graphdoctor.errors import MissingDependencyError
+
+PATTERN_TYPES = frozenset({"moe_freq_type", "no_rope_freq_type", "la_freq_type"})
+"""Megatron-LM argparse types that evaluate a list pattern (read by parse_moe_layer_freq, never eval)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronFlag:
+    """One option string of Megatron-LM's parser."""
+
+    flag: str
+    dest: str
+    """The `args.<dest>` it sets."""
+    kind: str
+    """true / false (no value), int, float, str, freq (list pattern), enum (a member name)."""
+    nargs: int | str | None
+    """argparse nargs: None (one value), '+', '*' or a count."""
+    choices: tuple[str, ...] | None
+    group: str
+    """Megatron-LM's argument group title (`training`, `data and dataloader`, ...)."""
+
+
+def _kind(action: argparse.Action, flag: str) -> str:
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return "false" if flag.startswith("--no-") else "true"
+    if isinstance(action, argparse._StoreTrueAction):
+        return "true"
+    if isinstance(action, argparse._StoreFalseAction):
+        return "false"
+    if action.type in (int, float):
+        return action.type.__name__
+    name = getattr(action.type, "__name__", "")
+    if name in PATTERN_TYPES:
+        return "freq"
+    if action.choices is not None and any(isinstance(c, enum.Enum) for c in action.choices):
+        return "enum"
+    return "str"
+
+
+def _choices(action: argparse.Action) -> tuple[str, ...] | None:
+    if action.choices is None:
+        return None
+    return tuple(c.name if isinstance(c, enum.Enum) else str(c) for c in action.choices)
+
+
+@cache
+def megatron_flags() -> dict[str, MegatronFlag]:
+    """Every option string of Megatron-LM's `add_megatron_arguments` parser -> MegatronFlag.
+
+    Raises:
+        MissingDependencyError: megatron.training (part of the megatron-core wheel) does not import.
+    """
+    parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    # As the CLI does (graphdoctor/cli/__init__.py): torch logs "No CUDA runtime is found" when megatron
+    # imports cpp_extension on a CPU machine; the pytest plugin reads launch lines outside the CLI.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        # megatron and torch warn at import, and argparse about BooleanOptionalAction(type=...) while
+        # the parser is built; none of it is the user's problem
+        warnings.simplefilter("ignore")
+        try:
+            from megatron.training.arguments import add_megatron_arguments
+        except Exception as exc:  # an optional dependency of megatron.training may raise anything at import
+            raise MissingDependencyError(
+                f"--megatron-args needs Megatron-LM's megatron.training.arguments (shipped with megatron-core): "
+                f"{type(exc).__name__}: {exc}".splitlines()[0][:300]) from None
+        add_megatron_arguments(parser)
+    groups = {id(a): g.title or "" for g in parser._action_groups for a in g._group_actions}
+    table: dict[str, MegatronFlag] = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--"):
+                table[flag] = MegatronFlag(flag, action.dest, _kind(action, flag), action.nargs,
+                                           _choices(action), groups.get(id(action), ""))
+    return table
+
+
+@cache
+def launcher_flags() -> frozenset[str]:
+    """torchrun's option strings (torch.distributed.run), both spellings (`--nproc-per-node`, `--nproc_per_node`)."""
+    from torch.distributed.run import get_args_parser
+
+    return frozenset(f for a in get_args_parser()._actions for f in a.option_strings if f.startswith("--"))
+
+
+@cache
+def config_fields(name: str) -> frozenset[str]:
+    """Field names of a megatron-core config dataclass: `transformer`, `model_parallel`, `ddp`, `optimizer`."""
+    import dataclasses
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if name == "transformer":
+            from megatron.core.transformer.transformer_config import TransformerConfig as cls
+        elif name == "model_parallel":
+            from megatron.core.model_parallel_config import ModelParallelConfig as cls  # type: ignore[assignment]
+        elif name == "ddp":
+            from megatron.core.distributed import DistributedDataParallelConfig as cls  # type: ignore[assignment]
+        else:
+            from megatron.core.optimizer import OptimizerConfig as cls  # type: ignore[assignment]
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def enum_default_name(field: str) -> Any:
+    """The name of a TransformerConfig enum field's default (e.g. attention_backend -> 'auto'), else None."""
+    from graphdoctor.rules.context import transformer_fields
+
+    default = transformer_fields().get(field, (None, None))[1]
+    return default.name if isinstance(default, enum.Enum) else None
+
+
+__all__ = ["PATTERN_TYPES", "MegatronFlag", "config_fields", "enum_default_name", "launcher_flags", "megatron_flags"]
