@@ -274,7 +274,8 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
 
     Args:
         config: the model and run (config.impls: the implementations to consider; its
-            cuda_graph_modules are not used: advise picks the scopes).
+            cuda_graph_modules are not used: advise picks the scopes; localize None is taken as
+            False: the bisection localizes, and localize True taps every run from the start).
         max_candidates: graphed configurations to run at most (candidates, then bisection runs).
         time_budget_s: no child starts after this many seconds; what did not run is listed.
         workdir: where children write specs, events and logs (default: a temporary directory).
@@ -297,6 +298,9 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
         raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "
                                      f"({te_available()[1]}); {TE_INSTALL_HINT}")
     started = time.perf_counter()
+    if config.localize is None:
+        # advise localizes by bisection; the tapped pair diff adds after a divergence is not run
+        config = config.replace(localize=False)
     facts, env = _machine(facts, config)
     screenings = [screen(c, config, facts=facts, env=env) for c in candidates_for(config)]
     own_dir = workdir is None
