@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,22 +181,34 @@ class AdviseRun:
                             child_wall_s=self.session.child_wall_s, jobs=self.session.plan.reason)
 
     def run_candidates(self, to_run: list[Screening]) -> None:
-        """Eager and every candidate's graphed child at once (as the plan allows), then diff's
-        judgement of each, one after the other (they share the eager control and noise runs)."""
+        """Eager (and, with dropout on, the dropout-free control reference every control pair shares)
+        and every candidate's graphed child at once, as the plan allows; then diff's judgement of the
+        candidates, as many at a time as the plan runs children."""
         cfg = self.config
         taps = cfg.localize is True
         runs = {s.candidate.key: self.candidate_run(s.candidate, cfg) for s in to_run}
-        eager = ChildRequest(EAGER, cfg.dropout, Role.REFERENCE, self.session.workdir, taps=taps)
+        eager = [ChildRequest(EAGER, cfg.dropout, Role.REFERENCE, self.session.workdir, taps=taps)]
+        if cfg.dropout > 0 and to_run:
+            eager.append(ChildRequest(EAGER, 0.0, Role.REFERENCE, self.session.workdir))
         graphed = [self.view(runs[s.candidate.key]).tag(runs[s.candidate.key].request(
             s.candidate.impl, cfg.dropout, Role.GRAPHED, taps=taps)) for s in to_run]
-        first = self.session.run_many([eager, *graphed])
+        first = self.session.run_many([*eager, *graphed])
         self.reference = first[0]
-        for screening, record in zip(to_run, first[1:], strict=True):
-            run, key = runs[screening.candidate.key], screening.candidate.key
+        if len(eager) > 1 and not is_not_run(first[1]):
+            self.shared.control_reference = first[1]
+
+        def judge(item: tuple[Screening, RunRecord]) -> tuple[str, CandidateResult]:
+            screening, record = item
+            run = runs[screening.candidate.key]
             try:
-                self.results[key] = self.judged(screening, run, record)
+                return screening.candidate.key, self.judged(screening, run, record)
             finally:
                 run.close()
+
+        workers = max(1, min(self.session.plan.jobs, len(to_run)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for key, result in pool.map(judge, zip(to_run, first[len(eager):], strict=True)):
+                self.results[key] = result
 
     def judged(self, screening: Screening, run: CandidateRun, graphed: RunRecord) -> CandidateResult:
         """diff's row for one candidate's graphed run (or not-run when the budget left it out)."""

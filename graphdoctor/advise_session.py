@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,8 @@ class SharedEager:
         self.control_reference: RunRecord | None = None
         self.noise: tuple[tuple[str, ...], tuple[RunRecord, ...]] | None = None
         """(notes, runs) the eager-noise check added, once made."""
+        self.lock = threading.Lock()
+        """Held while the eager-noise run is made (candidates are judged several at a time)."""
 
 
 class CandidateRun(DiffRun):
@@ -134,10 +137,12 @@ class CandidateRun(DiffRun):
     def __init__(self, view: CandidateView, shared: SharedEager) -> None:
         super().__init__(view)
         self.shared_eager = shared
-        self.control_reference = shared.control_reference
 
     def control_pair(self, impl: str, reference: RunRecord, graphed: RunRecord) -> ImplResult:
-        """DiffRun.control_pair; the control reference it made serves the next candidates."""
+        """DiffRun.control_pair with the control reference another candidate made, if any; the one
+        it makes serves the next candidates."""
+        if self.control_reference is None:
+            self.control_reference = self.shared_eager.control_reference
         result = DiffRun.control_pair(self, impl, reference, graphed)
         if self.shared_eager.control_reference is None:
             self.shared_eager.control_reference = self.control_reference
@@ -145,11 +150,12 @@ class CandidateRun(DiffRun):
 
     def eager_noise(self, result: ImplResult, reference: RunRecord) -> ImplResult:
         """DiffRun.eager_noise once per advise run; its notes and runs are reused afterwards."""
-        if self.shared_eager.noise is None:
-            checked = DiffRun.eager_noise(self, result, reference)
-            self.shared_eager.noise = (checked.notes[len(result.notes):], checked.runs[len(result.runs):])
-            return checked
-        notes, runs = self.shared_eager.noise
+        with self.shared_eager.lock:
+            if self.shared_eager.noise is None:
+                checked = DiffRun.eager_noise(self, result, reference)
+                self.shared_eager.noise = (checked.notes[len(result.notes):], checked.runs[len(result.runs):])
+                return checked
+            notes, runs = self.shared_eager.noise
         return dataclasses.replace(result, notes=(*result.notes, *notes), runs=(*result.runs, *runs))
 
     def close(self) -> None:

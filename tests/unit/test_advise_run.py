@@ -54,15 +54,19 @@ def screenings(session: Recorded, candidates: list[Candidate]) -> list[Screening
     return [screen(c, session.config, facts=UNKNOWN) for c in candidates]
 
 
-def test_eager_once_control_shared_and_ranked(tmp_path: Path) -> None:
+def test_eager_and_control_reference_once_then_ranked(tmp_path: Path) -> None:
     session = Recorded("h200_default_dropout0.1_schema2.json", tmp_path)
-    cands = [Candidate("full_iteration"), Candidate("local"), Candidate("local", ("moe",))]
+    # local attn has no run of its own in the report: the recorded whole-layer runs stand in for it,
+    # so that two candidates need the dropout-free control pair
+    cands = [Candidate("full_iteration"), Candidate("local"), Candidate("local", ("attn",)), Candidate("local", ("moe",))]
     report = AdviseRun(session, screenings(session, cands), max_candidates=8, facts=UNKNOWN, env={}).run()
-    assert session.started == ["eager-reference-d0.1", "full_iteration-full_iteration-graphed-d0.1",
-                               "local-layer-local-graphed-d0.1", "eager-reference-d0",
-                               "local-layer-local-graphed-d0"]
+    assert session.started == ["eager-reference-d0.1", "eager-reference-d0",
+                               "full_iteration-full_iteration-graphed-d0.1", "local-layer-local-graphed-d0.1",
+                               "local-attn-local-graphed-d0.1", "local-layer-local-graphed-d0",
+                               "local-attn-local-graphed-d0"]
     by_key = {r.candidate.key: r for r in report.results}
     assert by_key["local-layer"].verdict == Verdict.RNG_DIVERGENCE
+    assert by_key["local-attn"].verdict == Verdict.RNG_DIVERGENCE
     assert by_key["full_iteration"].verdict == Verdict.MATCH
     assert by_key["local-moe"].status == REJECTED and by_key["local-moe"].rejections[0].rule == "GD203"
     assert report.recommendation.candidate == Candidate("full_iteration")
@@ -114,3 +118,13 @@ def test_a_numeric_divergence_is_bisected_with_recorded_runs(tmp_path: Path) -> 
     assert [r.candidate.label for r in report.results if r.bisection] == ["local attn"]
     assert session.started.count("local-attn-local-graphed-d0") == 1
     assert session.started.count("eager-reference-d0.1") == 1
+
+
+def test_candidates_judged_two_at_a_time_give_the_same_report(tmp_path: Path) -> None:
+    series = Recorded("h200_default_dropout0.1_schema2.json", tmp_path / "a")
+    pair = Recorded("h200_default_dropout0.1_schema2.json", tmp_path / "b")
+    pair.plan = JobPlan(2, (), False, "2 children at a time")
+    cands = [Candidate("full_iteration"), Candidate("local"), Candidate("local", ("attn",))]
+    reports = [AdviseRun(s, screenings(s, cands), max_candidates=8, facts=UNKNOWN, env={}).run() for s in (series, pair)]
+    assert sorted(series.started) == sorted(pair.started) and pair.started.count("eager-reference-d0") == 1
+    assert [r.to_dict() for r in reports[0].results] == [r.to_dict() for r in reports[1].results]
