@@ -81,6 +81,7 @@ def test_moe_rejections_name_the_rule_and_megatron(moe_config: DiffConfig) -> No
     assert "mlp cuda graph is only supported for dense layers" in mlp[-1].message
     moe = by_label["transformer_engine moe"].rejections
     assert [r.rule for r in moe] == ["GD205", MEGATRON_RULE] and moe[0].fix
+    assert [r.rule for r in by_label["local moe"].rejections] == ["GD205", MEGATRON_RULE]
     for label in ("transformer_engine attn", "transformer_engine moe_router+moe_preprocess",
                   "transformer_engine attn+moe_router+moe_preprocess", "local attn"):
         assert by_label[label].rejections == (), (label, by_label[label].rejections)
