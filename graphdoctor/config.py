@@ -192,6 +192,8 @@ class DiffConfig:
             if module not in CUDA_GRAPH_MODULES:
                 raise UsageError(f"cuda_graph_modules: got {module!r}, expected one of "
                                  f"{', '.join(CUDA_GRAPH_MODULES)}")
+        if not isinstance(self.graph_layers, (list, tuple)):
+            raise UsageError(f"graph_layers: got {self.graph_layers!r}, expected a list of layer indices")
         self.graph_layers = tuple(self.graph_layers)
         for layer in self.graph_layers:
             if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:

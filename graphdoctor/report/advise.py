@@ -149,8 +149,8 @@ def render_text(report: AdviseReport) -> str:
         names = ", ".join(r.candidate.label for r in report.not_run)
         lines.append(f"not run ({', '.join(report.budget.exhausted) or 'budget'}): {names}")
     lines += [f"note: {note}" for note in report.notes]
-    lines.append(f"wall {report.wall_s:.1f} s (children {report.child_wall_s:.1f} s); {report.jobs}; "
-                 f"exit code {report.exit_code()}")
+    jobs = f"{report.jobs}; " if report.jobs else ""
+    lines.append(f"wall {report.wall_s:.1f} s (children {report.child_wall_s:.1f} s); {jobs}exit code {report.exit_code()}")
     return "\n".join(lines)
 
 
