@@ -25,12 +25,16 @@ from graphdoctor.options import DIFF_OPTIONS, click_options
                    "listed as not run. Default: none.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Write the JSON document (command advise; docs/advise.md). Default: none.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Write one self-contained HTML page of the advise (recommendation, candidates, "
+                   "bisections, rejections). Default: none.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Keep child specs, events and logs here. Default: a temporary directory.")
 @click.option("-q", "--quiet", is_flag=True, default=False,
               help="No progress on stderr (a live line per running child). Default: off.")
 def advise_command(config_path: str | None, max_candidates: int, time_budget_s: float | None,
-                   json_path: str | None, workdir: str | None, quiet: bool, **values: Any) -> None:
+                   json_path: str | None, html_path: str | None, workdir: str | None, quiet: bool,
+                   **values: Any) -> None:
     """Find the fastest CUDA-graph configuration that still trains like eager: run eager once and
     every candidate (full_iteration; local whole layer and per scope; transformer_engine per scope and
     scope combination), each judged as `graphdoctor diff` judges it, with step time and spread,
@@ -46,8 +50,14 @@ def advise_command(config_path: str | None, max_candidates: int, time_budget_s: 
     config = build_config(config_path, values)
     from graphdoctor.inputs import check_output_path
 
-    if json_path:
-        check_output_path(json_path, "--json", [config_path])
+    # Refused before any GPU work: an output never overwrites the run file or the other output.
+    for flag, target in (("--json", json_path), ("--html", html_path)):
+        if target:
+            check_output_path(target, flag, [config_path])
+    if html_path and json_path and Path(html_path).resolve() == Path(json_path).resolve():
+        from graphdoctor.errors import UsageError
+
+        raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
     from graphdoctor.advise import advise
     from graphdoctor.report.advise import render_text, write_json
 
@@ -59,6 +69,12 @@ def advise_command(config_path: str | None, max_candidates: int, time_budget_s: 
     click.echo(render_text(report))
     if json_path:
         click.echo(f"report written to {json_path}")
+    if html_path:
+        from graphdoctor.report.advise_html import render_html
+        from graphdoctor.report.html import write_html
+
+        write_html(render_html(report), html_path)
+        click.echo(f"page written to {html_path}")
     sys.exit(report.exit_code())
 
 

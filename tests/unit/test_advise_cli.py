@@ -21,7 +21,7 @@ def test_help_lists_diff_s_options_and_the_budget() -> None:
     assert code == 0
     for opt in DIFF_OPTIONS:
         assert f"--{opt.name}" in output, opt.name
-    for flag in ("--config", "--max-candidates", "--time-budget", "--json", "--workdir", "--quiet"):
+    for flag in ("--config", "--max-candidates", "--time-budget", "--json", "--html", "--workdir", "--quiet"):
         assert flag in output
     assert "Exit code 0 when a candidate passes" in " ".join(output.split())
 
@@ -60,3 +60,9 @@ def test_without_gpu_one_line_exit_2() -> None:
     assert code == 2
     assert "graphdoctor advise needs a CUDA GPU" in output and "graphdoctor check" in output
     assert len([ln for ln in output.splitlines() if ln.strip()]) == 1
+
+
+def test_html_and_json_may_not_be_the_same_file(tmp_path: Path) -> None:
+    out = tmp_path / "advise.out"
+    code, output = invoke("advise", "--json", str(out), "--html", str(out))
+    assert code == 2 and "the same file as --json" in output and not out.exists()

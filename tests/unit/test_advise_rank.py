@@ -121,3 +121,16 @@ def test_report_round_trips_through_the_envelope_and_renders(tmp_path: Path) -> 
     assert "transformer_engine is not installed" in text
     assert "recommendation: full_iteration whole step: 3.59x" in text
     assert text.rstrip().endswith("exit code 0")
+
+
+def test_html_page_of_the_advise() -> None:
+    from graphdoctor.report.advise_html import render_html
+
+    report, results = from_report("h200_default_dropout0.1_schema2.json")
+    advise = AdviseReport(config=report.config, results=tuple(results),
+                          recommendation=recommend(results, report.config), reference=report.reference)
+    page = render_html(advise)
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page.split("<main>")[1]
+    assert "--cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad" in page
+    assert "full_iteration whole step" in page and "local whole layer" in page
+    assert 'data-verdict="pass"' in page and "3.59x" in page
