@@ -36,6 +36,10 @@ MOE_SCOPES: dict[str, tuple[tuple[str, ...], ...]] = {
 """The same for an MoE model; `mlp` and `moe` are kept so that the models Megatron refuses them for
 show the rule that says why."""
 
+TE_FACTS = frozenset({"te_version", "te_has_torch_extension"})
+"""Machine facts about Transformer Engine: rules that read them are not repeated for a candidate
+already unavailable because Transformer Engine does not import."""
+
 MEGATRON_RULE = "megatron"
 """Rule name of a rejection by Megatron's own TransformerConfig validation."""
 
@@ -185,7 +189,7 @@ def screen(candidate: Candidate, config: DiffConfig, *, facts: EnvironmentFacts,
         env: the children's environment variables the environment rules read.
     """
     from graphdoctor.diff import why_unavailable
-    from graphdoctor.rules import check
+    from graphdoctor.rules import check, get_rule
 
     unavailable = why_unavailable(candidate.impl, config)
     rejections: list[Rejection] = []
@@ -194,6 +198,8 @@ def screen(candidate: Candidate, config: DiffConfig, *, facts: EnvironmentFacts,
     for finding in report.findings:
         if finding.extra.get("not_checked"):
             continue
+        if unavailable is not None and TE_FACTS.intersection(get_rule(finding.code).machine_facts):
+            continue  # a rule about the installed Transformer Engine says what `unavailable` says
         if finding.severity is Severity.ERROR:
             rejections.append(Rejection(finding.code, finding.message, finding.fix or ""))
         elif finding.severity is Severity.WARNING:

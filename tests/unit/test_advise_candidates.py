@@ -92,8 +92,12 @@ def test_te_candidates_are_unavailable_without_te_with_the_reason() -> None:
 
     if importlib.util.find_spec("transformer_engine") is not None:
         pytest.skip("Transformer Engine is installed here")
-    screening = screen(Candidate("transformer_engine", ("attn",)), DiffConfig(dtype="bf16"), facts=UNKNOWN)
-    assert screening.unavailable == "transformer_engine is not installed" and not screening.runnable
+    from graphdoctor.rules.facts import detect_facts
+
+    for facts in (UNKNOWN, detect_facts()):  # this machine's facts: GD304 would say the same again
+        screening = screen(Candidate("transformer_engine", ("attn",)), DiffConfig(dtype="bf16"), facts=facts)
+        assert screening.unavailable == "transformer_engine is not installed" and not screening.runnable
+        assert screening.rejections == (), screening.rejections
 
 
 def test_megatron_validation_is_the_child_s_transformer_config() -> None:
