@@ -217,6 +217,11 @@ class AdviseRun:
             why = (graphed.diagnosis or self.reference.diagnosis)
             return CandidateResult(screening.candidate, NOT_RUN, reason=why.message if why else "not run")
         result = run.judge_impl(screening.candidate.impl, self.reference, graphed)
+        cut = next((r for r in result.runs if is_not_run(r)), None)
+        if cut is not None and cut.diagnosis is not None:
+            # its control pair never ran: RNG and numerics are not told apart, so no verdict stands
+            return CandidateResult(screening.candidate, NOT_RUN, result=result, warnings=screening.warnings,
+                                   reason=f"{cut.diagnosis.message} before its control pair")
         return CandidateResult(screening.candidate, RAN, result=result, warnings=screening.warnings)
 
     def candidate_run(self, candidate: Candidate, config: DiffConfig) -> CandidateRun:

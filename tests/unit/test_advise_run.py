@@ -128,3 +128,26 @@ def test_candidates_judged_two_at_a_time_give_the_same_report(tmp_path: Path) ->
     reports = [AdviseRun(s, screenings(s, cands), max_candidates=8, facts=UNKNOWN, env={}).run() for s in (series, pair)]
     assert sorted(series.started) == sorted(pair.started) and pair.started.count("eager-reference-d0") == 1
     assert [r.to_dict() for r in reports[0].results] == [r.to_dict() for r in reports[1].results]
+
+
+class RunsOutAfter(Recorded):
+    """The time budget runs out once `limit` children have started."""
+
+    limit = 4
+
+    def run_request(self, request: ChildRequest) -> RunRecord:
+        if len(self.started) >= self.limit:
+            self.deadline = time.monotonic() - 1
+        return Recorded.run_request(self, request)
+
+
+def test_budget_gone_before_a_control_pair_leaves_no_verdict_standing(tmp_path: Path) -> None:
+    session = RunsOutAfter("h200_default_dropout0.1_schema2.json", tmp_path)
+    session.budget_s = 60.0
+    cands = [Candidate("full_iteration"), Candidate("local")]
+    report = AdviseRun(session, screenings(session, cands), max_candidates=8, facts=UNKNOWN, env={}).run()
+    full, local = report.candidates
+    assert full.status == RAN and full.verdict == Verdict.MATCH
+    assert local.status == NOT_RUN and "before its control pair" in local.reason
+    assert report.budget.exhausted == ("time",) and report.recommendation.candidate == Candidate("full_iteration")
+    assert "not run (time): local whole layer" in render_text(report)
