@@ -19,6 +19,7 @@ from graphdoctor.strict_json import json_safe
 if TYPE_CHECKING:
     from graphdoctor.advise import AdviseReport
     from graphdoctor.advise_bisect import Bisection
+    from graphdoctor.advise_candidates import Candidate
     from graphdoctor.advise_rank import CandidateResult, Recommendation
 
 HEADERS = ["#", "candidate", "verdict", "speedup (spread)", "graph pools", "peak vs eager", "host launches",
@@ -105,14 +106,18 @@ def bisection_lines(report: AdviseReport) -> list[str]:
     out: list[str] = []
     for b in report.bisections:
         out.append(f"bisection: {b.start.label} differs -> narrowed to {b.narrowed.label}{_first_of(report, b)}")
-        asked = ", ".join(f"{s.candidate.label} {_answer(s.differs)}" for s in b.steps)
+        asked = ", ".join(f"{s.candidate.label} {_answer(report, s.candidate, s.differs)}" for s in b.steps)
         out.append(f"  asked: {asked or 'nothing (one scope, one layer)'}; stopped: {b.stopped}")
         out += [f"  note: {note}" for note in b.notes]
     return out
 
 
-def _answer(differs: bool | None) -> str:
-    return "differs" if differs else ("matches" if differs is False else "unknown")
+def _answer(report: AdviseReport, candidate: Candidate, differs: bool | None) -> str:
+    if differs is not None:
+        return "differs" if differs else "matches"
+    found = report.result_of(candidate)
+    why = (found.verdict.value if found.verdict is not None else found.status) if found is not None else ""
+    return f"unknown ({why})" if why else "unknown"
 
 
 def _first_of(report: AdviseReport, bisection: Bisection) -> str:

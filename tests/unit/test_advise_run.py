@@ -117,6 +117,7 @@ def test_a_numeric_divergence_is_bisected_with_recorded_runs(tmp_path: Path) -> 
     assert [s.candidate.label for s in bisection.steps] == ["local attn"]
     assert [r.candidate.label for r in report.results if r.bisection] == ["local attn"]
     assert session.started.count("local-attn-local-graphed-d0") == 1
+    assert "asked: local attn unknown (capture-failed); stopped: unknown verdict" in render_text(report)
     assert session.started.count("eager-reference-d0.1") == 1
 
 
