@@ -152,3 +152,15 @@ def test_budget_gone_before_a_control_pair_leaves_no_verdict_standing(tmp_path: 
     assert local.status == NOT_RUN and "before its control pair" in local.reason
     assert report.budget.exhausted == ("time",) and report.recommendation.candidate == Candidate("full_iteration")
     assert "not run (time): local whole layer" in render_text(report)
+
+
+def test_the_eager_noise_run_is_made_once_for_every_numeric_divergence(tmp_path: Path) -> None:
+    session = Recorded("h200_small_clean_dropout_local_fingerprints_schema2.json", tmp_path)
+    session.records = {"local-graphed-d0.1": session.records["local-graphed-d0.1-taps"]}
+    cands = [Candidate("local"), Candidate("local", ("attn",))]  # the same recorded run stands in for both
+    report = AdviseRun(session, screenings(session, cands), max_candidates=2, facts=UNKNOWN, env={}).run()
+    assert [r.verdict for r in report.candidates] == [Verdict.NUMERIC_DIVERGENCE] * 2
+    assert session.started.count("eager-graphed-d0") == 1  # against the control reference (dropout on)
+    notes = [next(n for n in r.result.notes if "eager" in n and "reproducible" in n)
+             for r in report.candidates if r.result is not None]
+    assert len(notes) == 2 and notes[0] == notes[1]
