@@ -27,6 +27,6 @@ case "$part" in
     core) tests core "dense or graph_layers_graphs_only" 330
           advise dense_fp32 $small --impl local,full_iteration --time-budget 200 ;;
     moe)  tests moe "moe" 300 ;;
-    te)   tests te "te_spec or with_transformer_engine" 420 ;;
+    te)   tests te "te_spec or with_transformer_engine" 540 ;;
 esac
 cat "$out/summary.txt"

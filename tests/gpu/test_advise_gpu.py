@@ -41,7 +41,7 @@ def _keep(report: AdviseReport, name: str) -> str:
 
 
 def test_advise_dense_local_spec_fp32() -> None:
-    report = advise(DiffConfig(impls=("local", "full_iteration"), **SMALL), time_budget_s=400)
+    report = advise(DiffConfig(impls=("local", "full_iteration"), **SMALL), time_budget_s=240)
     text = _keep(report, "dense_fp32")
     assert report.reference is not None and report.reference.status == "ok"
     labels = [r.candidate.label for r in report.candidates]
@@ -63,7 +63,7 @@ def test_advise_dense_local_spec_fp32() -> None:
 @needs_te
 def test_advise_te_spec_bf16_bisects_to_attention() -> None:
     report = advise(DiffConfig(impls=("transformer_engine",), dtype="bf16", layer_spec="te", **SMALL),
-                    time_budget_s=400)
+                    time_budget_s=240)
     text = _keep(report, "te_bf16")
     by_scope = {r.candidate.scope: r for r in report.candidates}
     assert by_scope["mlp"].verdict == Verdict.MATCH, text
