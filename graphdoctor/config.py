@@ -105,6 +105,10 @@ class DiffConfig:
     """TransformerConfig.cuda_graph_modules for local and transformer_engine (empty: whole layer;
     e.g. attn, mlp, moe_router, moe_preprocess); full_iteration always graphs the whole step."""
 
+    graph_layers: tuple[int, ...] = ()
+    """Decoder layers (0-based) that `local` and `transformer_engine` graph; empty: every layer
+    (Megatron's behaviour). `graphdoctor advise` sets it to bisect a divergence layer by layer."""
+
     localize: bool | None = None
     """Capture-time taps (dropout masks, random draws, module outputs and gradients) on eager and
     graphed runs; None: only after a divergence, in an extra pair of runs."""
@@ -196,6 +200,12 @@ class DiffConfig:
             if module not in CUDA_GRAPH_MODULES:
                 raise UsageError(f"cuda_graph_modules: got {module!r}, expected one of "
                                  f"{', '.join(CUDA_GRAPH_MODULES)}")
+        if not isinstance(self.graph_layers, (list, tuple)):
+            raise UsageError(f"graph_layers: got {self.graph_layers!r}, expected a list of layer indices")
+        self.graph_layers = tuple(self.graph_layers)
+        for layer in self.graph_layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+                raise UsageError(f"graph_layers: got {layer!r}, expected layer indices 0 to {self.num_layers - 1}")
 
     @property
     def bitwise(self) -> bool:
@@ -213,6 +223,7 @@ class DiffConfig:
         data["cuda_graph_modules"] = list(self.cuda_graph_modules)
         data["allow_env"] = list(self.allow_env)
         data["launch_notes"] = list(self.launch_notes)
+        data["graph_layers"] = list(self.graph_layers)
         return data
 
     @classmethod
@@ -221,7 +232,7 @@ class DiffConfig:
         saved reports of later versions still load."""
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
-        for key in ("impls", "cuda_graph_modules", "allow_env", "launch_notes"):
+        for key in ("impls", "cuda_graph_modules", "allow_env", "launch_notes", "graph_layers"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)

@@ -366,7 +366,10 @@ def build_setup(spec: ChildSpec) -> Setup:
     if impl == "transformer_engine":
         init_microbatches(config, spec.placement)
     tconfig = transformer_config(config, impl, spec.dropout)
-    model = wrap_ddp(impl, tconfig, build_model(config, tconfig))
+    model = build_model(config, tconfig)
+    if impl == "local":
+        restrict_graph_layers(config, model)
+    model = wrap_ddp(impl, tconfig, model)
     optimizer = build_optimizer(config.dtype, tconfig, model)
     forward_backward = get_forward_backward_func()
     if impl == "full_iteration":
@@ -380,6 +383,7 @@ def build_setup(spec: ChildSpec) -> Setup:
         te_helper = TECudaGraphHelper(
             model=[model], config=tconfig, seq_length=config.seq_length,
             micro_batch_size=config.micro_batch_size, optimizers=[optimizer])
+        restrict_graph_layers(config, model, te_helper)
     forward_step = default_forward_step
     if config.forward_step:
         forward_step = resolve_entry_point(config.forward_step, "forward_step")
@@ -387,6 +391,49 @@ def build_setup(spec: ChildSpec) -> Setup:
     return Setup(model=model, optimizer=optimizer, config=tconfig,
                  forward_backward=forward_backward, forward_step=forward_step,
                  te_helper=te_helper)
+
+
+def decoder_layers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+    """Decoder layer index -> layer: the model's `decoder.layers.<i>` modules, under any wrapper."""
+    out: dict[int, torch.nn.Module] = {}
+    for name, module in model.named_modules():
+        head, _, index = name.rpartition(".")
+        if (head == "decoder.layers" or head.endswith(".decoder.layers")) and index.isdigit():
+            out[int(index)] = module
+    return out
+
+
+def restrict_graph_layers(config: DiffConfig, model: torch.nn.Module, te_helper: Any = None) -> None:
+    """Graph only the decoder layers in config.graph_layers (every layer when it is empty).
+
+    local (te_helper None, before DDP): the other layers lose their CudaGraphManagers and the
+    methods those wrapped (MoE router/postprocess), so they run eagerly. transformer_engine: the
+    other layers leave TECudaGraphHelper's layer lists, so make_graphed_callables never sees them.
+    """
+    if not config.graph_layers:
+        return
+    from megatron.core.transformer.cuda_graphs import CudaGraphManager
+
+    keep = {id(layer) for index, layer in decoder_layers(model).items() if index in config.graph_layers}
+    if te_helper is None:
+        others: list[Any] = [layer for layer in decoder_layers(model).values() if id(layer) not in keep]
+        for layer in others:
+            for name, child in list(layer.named_children()):
+                if isinstance(child, CudaGraphManager):
+                    if child.func is not None:
+                        layer.__dict__.pop(child.func.__name__, None)
+                    delattr(layer, name)
+            if getattr(layer, "use_partial_cudagraphs", False):
+                layer.use_partial_cudagraphs = False
+        return
+    chunks = [[c for c in chunk if id(c) in keep] for chunk in te_helper.callables_per_chunk]
+    te_helper.chunks_with_decoder = [owner if chunk else None
+                                     for owner, chunk in zip(te_helper.chunks_with_decoder, chunks, strict=True)]
+    te_helper.callables_per_chunk = chunks
+    te_helper.callables_per_chunk_is_mtp = [[False] * len(chunk) for chunk in chunks]
+    te_helper.num_layers_per_chunk = [len(chunk) for chunk in chunks]
+    te_helper.flattened_callables = [c for chunk in chunks for c in chunk]
+    te_helper.flattened_callables_is_mtp = [False] * len(te_helper.flattened_callables)
 
 
 def build_probe_model(config: DiffConfig, *, device: str = "cuda") -> tuple[torch.nn.Module, dict[int, str]]:
@@ -439,11 +486,13 @@ __all__ = [
     "build_probe_model",
     "build_setup",
     "clear_moe_metrics",
+    "decoder_layers",
     "default_forward_step",
     "forward_step_name",
     "have_transformer_engine",
     "provider_arguments",
     "release_graphs",
+    "restrict_graph_layers",
     "step_batches",
     "synthetic_batch",
     "uses_te_spec",

@@ -115,7 +115,7 @@ def _register() -> None:
     from graphdoctor.cli import diff as _diff
 
     main.add_command(_diff.diff_command)
-    for name in ("check", "triage", "count", "report"):
+    for name in ("check", "triage", "count", "report", "advise"):
         try:
             module = __import__(f"graphdoctor.cli.{name}", fromlist=["command"])
         except ModuleNotFoundError as exc:
