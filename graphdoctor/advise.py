@@ -34,7 +34,8 @@ from graphdoctor.advise_rank import (
     recommend,
 )
 from graphdoctor.advise_session import AdviseSession, CandidateRun, CandidateView, SharedEager, is_not_run
-from graphdoctor.config import TE_LAYER_SPECS, DiffConfig
+from graphdoctor.config import DiffConfig
+from graphdoctor.entry_points import TE_LAYER_SPECS
 from graphdoctor.errors import MissingDependencyError, UsageError
 from graphdoctor.parent.children import ChildRequest
 from graphdoctor.parent.gpus import plan_jobs
@@ -305,7 +306,8 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
         UsageError: max_candidates < 1 or time_budget_s <= 0.
         MissingDependencyError: the TE layer spec without an importable Transformer Engine.
     """
-    from graphdoctor.diff import TE_INSTALL_HINT, require_gpu, te_available
+    from graphdoctor.availability import require_gpu, te_available
+    from graphdoctor.diff import TE_INSTALL_HINT
 
     if max_candidates < 1:
         raise UsageError(f"max_candidates: got {max_candidates}, expected >= 1")

@@ -5,7 +5,7 @@ the model (dense, or MoE when `transformer:` has num_moe_experts > 1). Each is s
 own validation (TransformerConfig.__post_init__, built on the CPU through the children's set-up path),
 by the static rule catalogue (graphdoctor.rules.check, the path `graphdoctor check` takes, so rules
 added to the catalogue apply here too) and, for `transformer_engine`, by whether Transformer Engine
-imports here (graphdoctor.diff.why_unavailable).
+imports here (graphdoctor.availability.why_unavailable).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def screen(candidate: Candidate, config: DiffConfig, *, facts: EnvironmentFacts,
         facts: the training machine (advise runs there: graphdoctor.rules.facts.detect_facts()).
         env: the children's environment variables the environment rules read.
     """
-    from graphdoctor.diff import why_unavailable
+    from graphdoctor.availability import why_unavailable
     from graphdoctor.rules import check, get_rule
 
     unavailable = why_unavailable(candidate.impl, config)

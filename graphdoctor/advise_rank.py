@@ -15,7 +15,8 @@ from typing import Any
 
 from graphdoctor.advise_candidates import Candidate, Rejection
 from graphdoctor.compare.verdict import ImplResult, Timing
-from graphdoctor.config import TE_LAYER_SPECS, DiffConfig
+from graphdoctor.config import DiffConfig
+from graphdoctor.entry_points import TE_LAYER_SPECS
 from graphdoctor.types import Verdict
 
 RAN, REJECTED, UNAVAILABLE, NOT_RUN = "ran", "rejected", "unavailable", "not-run"

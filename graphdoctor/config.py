@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphdoctor.entry_points import BUILTIN_LAYER_SPECS, check_entry_point
 from graphdoctor.errors import InputFileError, UsageError
 from graphdoctor.inputs import describe, read_text
 from graphdoctor.runfile_schema import load_yaml_strict, validate_section
@@ -22,12 +23,6 @@ IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
 """Graphed implementations graphdoctor knows, in the order they are reported."""
 
 DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
-
-TE_LAYER_SPECS: tuple[str, ...] = ("te", "transformer_engine")
-"""layer_spec values selecting get_gpt_layer_with_transformer_engine_spec() (aliases)."""
-
-BUILTIN_LAYER_SPECS: tuple[str, ...] = ("local", *TE_LAYER_SPECS)
-"""layer_spec values naming Megatron's own GPT layer specs."""
 
 CUDA_GRAPH_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess",
                                        "mamba")
@@ -261,104 +256,6 @@ def _check_impls(impls: tuple[str, ...]) -> None:
         raise UsageError(f"impls: got duplicates in {list(impls)!r}, expected each implementation once")
 
 
-def check_entry_point(name: str, value: str) -> None:
-    """Validate the `pkg.mod:fn` form (no import happens here).
-
-    Raises:
-        UsageError: when `value` is not of the form `pkg.mod:fn`.
-    """
-    module, sep, attr = value.partition(":")
-    if not sep or not module or not attr or not all(p.isidentifier() for p in module.split(".")) \
-            or not all(p.isidentifier() for p in attr.split(".")):
-        raise UsageError(f"{name}: got {value!r}, expected the form pkg.module:function")
-
-
-def entry_point_modules(config: DiffConfig) -> list[str]:
-    """The modules of the `pkg.mod:fn` values a run names (layer spec, model provider, forward step)."""
-    values = [config.layer_spec if config.layer_spec not in BUILTIN_LAYER_SPECS else None,
-              config.model_provider, config.forward_step]
-    return [v.partition(":")[0] for v in values if v]
-
-
-def resolve_entry_point(value: str, field: str = "layer_spec") -> Any:
-    """Import `pkg.mod:fn` (the working directory is importable, after installed packages).
-
-    Args:
-        value: the `pkg.mod:fn` string.
-        field: the option it came from, for messages.
-
-    Raises:
-        UsageError: the module or attribute does not exist or is not callable.
-    """
-    import importlib
-    import sys
-
-    check_entry_point(field, value)
-    module_name, _, attr = value.partition(":")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        # Last, so that a stray torch.py or megatron/ in the working directory never shadows them.
-        sys.path.append(os.getcwd())
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"{field}: got {value!r}, cannot import {module_name} ({exc})") from None
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise UsageError(f"{field}: got {value!r}, {module_name} has no attribute {attr}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise UsageError(f"{field}: got {value!r}, expected a callable")
-    return target
-
-
-MOE_SPEC_FIELDS: tuple[str, ...] = ("num_moe_experts", "moe_grouped_gemm")
-"""TransformerConfig fields the built-in layer specs take as arguments (num_experts, moe_grouped_gemm):
-read from the run's `transformer:` mapping, the one place MoE is configured."""
-
-
-def moe_spec_arguments(transformer: dict[str, Any] | None) -> dict[str, Any]:
-    """get_gpt_layer_*_spec keyword arguments for MoE, derived from TransformerConfig field values.
-
-    Args:
-        transformer: the run's `transformer:` mapping (TransformerConfig names), or None.
-
-    Returns:
-        {} for a dense model; else num_experts and moe_grouped_gemm.
-    """
-    values = transformer or {}
-    experts = values.get("num_moe_experts")
-    if not experts:
-        return {}
-    return {"num_experts": experts, "moe_grouped_gemm": bool(values.get("moe_grouped_gemm", False))}
-
-
-def build_layer_spec(name: str | None, transformer: dict[str, Any] | None = None) -> Any:
-    """The transformer layer ModuleSpec that a `layer_spec` value names (imports megatron).
-
-    Args:
-        name: `local` or None (Megatron's local GPT spec), `te`/`transformer_engine` (its
-            Transformer Engine spec), or `pkg.mod:fn` returning a ModuleSpec.
-        transformer: the run's `transformer:` mapping; `num_moe_experts` (and `moe_grouped_gemm`,
-            TE's grouped GEMM; the local spec always builds SequentialMLP experts) make the
-            built-in specs build MoE layers. A `pkg.mod:fn` spec is called as given.
-
-    Raises:
-        UsageError: a `pkg.mod:fn` that cannot be imported or called.
-    """
-    moe = moe_spec_arguments(transformer)
-    if name in TE_LAYER_SPECS:
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,
-        )
-
-        return get_gpt_layer_with_transformer_engine_spec(**moe)
-    if name and name != "local":
-        return resolve_entry_point(name, "layer_spec")()
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    return get_gpt_layer_local_spec(**moe)
-
-
 @dataclass(frozen=True, slots=True)
 class RunFile:
     """The parsed run file: three optional mappings."""
@@ -515,15 +412,8 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
 __all__ = [
     "DTYPES",
     "IMPLS",
-    "MOE_SPEC_FIELDS",
-    "TE_LAYER_SPECS",
     "DiffConfig",
     "RunFile",
-    "build_layer_spec",
-    "check_entry_point",
     "diff_config_from",
-    "entry_point_modules",
     "load_run_file",
-    "moe_spec_arguments",
-    "resolve_entry_point",
 ]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from graphdoctor.availability import require_gpu, why_unavailable
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import require_gpu, why_unavailable
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
 from graphdoctor.parent.children import ChildSession
 from graphdoctor.parent.progress import ProgressBoard

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from graphdoctor.availability import require_gpu, te_available, why_unavailable
 from graphdoctor.compare.forensics import analyze
 from graphdoctor.compare.prints import differing_steps, family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed
-from graphdoctor.config import TE_LAYER_SPECS, DiffConfig
-from graphdoctor.errors import MissingDependencyError, NoGPUError
+from graphdoctor.config import DiffConfig
+from graphdoctor.entry_points import TE_LAYER_SPECS
+from graphdoctor.errors import MissingDependencyError
 from graphdoctor.parent.children import ChildRequest, ChildSession
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
-from graphdoctor.parent.runner import python_command, run_isolated
 from graphdoctor.parent.static import with_static_findings
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
@@ -116,68 +117,6 @@ class DiffReport:
                    control_reference=RunRecord.from_dict(control) if control else None,
                    wall_s=float(data.get("wall_s", 0.0)), child_wall_s=float(data.get("child_wall_s", 0.0)),
                    scratch_bytes=int(data.get("scratch_bytes", 0)), jobs=str(data.get("jobs", "")))
-
-
-def require_gpu(command: str = "graphdoctor diff") -> None:
-    """Raise NoGPUError naming `command` and the commands that work without a GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise NoGPUError(
-            f"{command} needs a CUDA GPU and none is visible; without a GPU use "
-            "`graphdoctor check`, `graphdoctor rules`, `graphdoctor triage SNAPSHOT` or "
-            "`graphdoctor count --trace FILE`")
-
-
-TE_PROBE_TIMEOUT_S = 180.0
-"""Limit for the child process that imports transformer_engine.pytorch to see whether it loads."""
-
-TE_PROBE_MODULE = "graphdoctor.child.te_check"
-
-_TE_STATUS: tuple[bool, str] | None = None
-
-
-def te_available() -> tuple[bool, str]:
-    """(True, "") when transformer_engine.pytorch imports here, else (False, one-line reason).
-
-    The import runs in a child process with a timeout: loading TE's compiled library can crash or
-    hang the process (a CUDA or torch mismatch), which must not take the command down.
-    """
-    global _TE_STATUS
-    import importlib.util
-
-    if importlib.util.find_spec("transformer_engine") is None:
-        return False, "transformer_engine is not installed"
-    if _TE_STATUS is None:
-        _TE_STATUS = _probe_te_import()
-    return _TE_STATUS
-
-
-def _probe_te_import() -> tuple[bool, str]:
-    ended = run_isolated(python_command(TE_PROBE_MODULE), timeout_s=TE_PROBE_TIMEOUT_S, capture_stdout=True)
-    if ended.timed_out:
-        return False, f"importing transformer_engine.pytorch took over {TE_PROBE_TIMEOUT_S:.0f} s"
-    lines = ended.stdout.strip().splitlines()
-    if ended.returncode == 0 and lines and lines[-1] == "ok":
-        return True, ""
-    if lines and lines[-1].startswith("no: "):
-        return False, lines[-1][4:]
-    tail = (ended.log_tail.strip().splitlines() or [ended.describe_exit()])[-1]
-    return False, f"importing transformer_engine.pytorch failed ({tail[:200]})"
-
-
-def why_unavailable(impl: str, cfg: DiffConfig) -> str | None:
-    """Why `impl` cannot run here (None: it can)."""
-    if impl != "transformer_engine":
-        return None
-    ok, why = te_available()
-    if not ok:
-        return why
-    if cfg.dtype != "bf16":
-        return (f"Megatron's TECudaGraphHelper captures with bf16 sample inputs "
-                f"(megatron/core/transformer/module.py:259), so dtype {cfg.dtype} cannot be graphed "
-                f"by transformer_engine; run with --dtype bf16")
-    return None
 
 
 def _unavailable(impl: str, why: str) -> ImplResult:
@@ -501,4 +440,4 @@ def load_report(path: str | Path) -> DiffReport:
         raise InputFileError(f"{path}: not a graphdoctor diff report ({type(exc).__name__}: {exc})") from None
 
 
-__all__ = ["SCHEMA_VERSION", "DiffReport", "DiffRun", "diff", "load_report", "te_available", "why_unavailable"]
+__all__ = ["SCHEMA_VERSION", "DiffReport", "DiffRun", "diff", "load_report"]

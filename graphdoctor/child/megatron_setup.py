@@ -19,7 +19,8 @@ import torch
 
 from graphdoctor.child.probe_modules import track_hook_registrations
 from graphdoctor.child.reported import checked_forward_step
-from graphdoctor.config import TE_LAYER_SPECS, DiffConfig, build_layer_spec, resolve_entry_point
+from graphdoctor.config import DiffConfig
+from graphdoctor.entry_points import TE_LAYER_SPECS, build_layer_spec, resolve_entry_point
 from graphdoctor.errors import MissingDependencyError
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement, free_port, megatron_impl
 

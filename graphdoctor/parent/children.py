@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphdoctor.config import DiffConfig, entry_point_modules
+from graphdoctor.config import DiffConfig
+from graphdoctor.entry_points import entry_point_modules
 from graphdoctor.parent.diagnose import diagnose, is_capture_error
 from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.progress import ProgressBoard

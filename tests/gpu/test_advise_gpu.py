@@ -16,8 +16,9 @@ import pytest
 from graphdoctor.advise import AdviseReport, advise
 from graphdoctor.advise_candidates import Candidate
 from graphdoctor.advise_rank import RAN, REJECTED
+from graphdoctor.availability import te_available
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import diff, te_available
+from graphdoctor.diff import diff
 from graphdoctor.report.advise import render_text, write_json
 from graphdoctor.types import Verdict
 

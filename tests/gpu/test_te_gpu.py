@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from graphdoctor.availability import te_available
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import DiffReport, diff, te_available
+from graphdoctor.diff import DiffReport, diff
 from graphdoctor.report.diff import write_json
 from graphdoctor.types import Verdict
 

@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from graphdoctor.config import DiffConfig, resolve_entry_point
+from graphdoctor.config import DiffConfig
+from graphdoctor.entry_points import resolve_entry_point
 from graphdoctor.errors import UsageError
 from graphdoctor.probes.api import probe_config
 from graphdoctor.protocol.spec import ProbeJob
