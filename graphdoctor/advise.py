@@ -340,6 +340,14 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
     return dataclasses.replace(report, wall_s=time.perf_counter() - started, notes=(*report.notes, *notes))
 
 
+def plan(config: DiffConfig, *, facts: EnvironmentFacts | None = None) -> list[Screening]:
+    """The candidates advise would run for `config`, each screened without a GPU (Transformer Engine
+    availability, Megatron's TransformerConfig validation, the rule catalogue): what `advise --plan`
+    prints, on any machine."""
+    facts, env = _machine(facts, config)
+    return [screen(c, config, facts=facts, env=env) for c in candidates_for(config)]
+
+
 def _machine(facts: EnvironmentFacts | None, config: DiffConfig) -> tuple[EnvironmentFacts, dict[str, str]]:
     """This machine's facts and the environment its children get (what the environment rules read)."""
     from graphdoctor.rules.facts import detect_facts
@@ -348,4 +356,4 @@ def _machine(facts: EnvironmentFacts | None, config: DiffConfig) -> tuple[Enviro
     return (facts if facts is not None else detect_facts()), {**relevant_env(os.environ), **config.env}
 
 
-__all__ = ["DEFAULT_MAX_CANDIDATES", "AdviseReport", "AdviseRun", "Budget", "advise", "screened_results"]
+__all__ = ["DEFAULT_MAX_CANDIDATES", "AdviseReport", "AdviseRun", "Budget", "advise", "plan", "screened_results"]

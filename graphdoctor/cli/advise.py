@@ -30,11 +30,14 @@ from graphdoctor.options import DIFF_OPTIONS, click_options
                    "bisections, rejections). Default: none.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Keep child specs, events and logs here. Default: a temporary directory.")
+@click.option("--plan", "plan_only", is_flag=True, default=False,
+              help="List the candidates with what screening decided (run, rejected with the rule, unavailable) "
+                   "and exit: no GPU needed, nothing runs. Exit 0, or 1 when no candidate would run.")
 @click.option("-q", "--quiet", is_flag=True, default=False,
               help="No progress on stderr (a live line per running child). Default: off.")
 def advise_command(config_path: str | None, max_candidates: int, time_budget_s: float | None,
-                   json_path: str | None, html_path: str | None, workdir: str | None, quiet: bool,
-                   **values: Any) -> None:
+                   json_path: str | None, html_path: str | None, workdir: str | None, plan_only: bool,
+                   quiet: bool, **values: Any) -> None:
     """Find the fastest CUDA-graph configuration that still trains like eager: run eager once and
     every candidate (full_iteration; local whole layer and per scope; transformer_engine per scope and
     scope combination), each judged as `graphdoctor diff` judges it, with step time and spread,
@@ -48,6 +51,13 @@ def advise_command(config_path: str | None, max_candidates: int, time_budget_s: 
     environment errors (no GPU).
     """
     config = build_config(config_path, values)
+    if plan_only:
+        from graphdoctor.advise import plan
+        from graphdoctor.report.advise import render_plan
+
+        screenings = plan(config)
+        click.echo(render_plan(screenings))
+        sys.exit(0 if any(item.runnable for item in screenings) else 1)
     from graphdoctor.inputs import check_output_path
 
     # Refused before any GPU work: an output never overwrites the run file or the other output.

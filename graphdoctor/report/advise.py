@@ -19,7 +19,7 @@ from graphdoctor.strict_json import json_safe
 if TYPE_CHECKING:
     from graphdoctor.advise import AdviseReport
     from graphdoctor.advise_bisect import Bisection
-    from graphdoctor.advise_candidates import Candidate
+    from graphdoctor.advise_candidates import Candidate, Screening
     from graphdoctor.advise_rank import CandidateResult, Recommendation
 
 HEADERS = ["#", "candidate", "verdict", "speedup (spread)", "graph pools", "peak vs eager", "host launches",
@@ -174,5 +174,26 @@ def write_json(report: AdviseReport, path: str | os.PathLike[str]) -> Path:
     return target
 
 
-__all__ = ["HEADERS", "bisection_lines", "document", "recommendation_lines", "render_text", "row", "table_rows",
+
+def render_plan(screenings: list[Screening]) -> str:
+    """`advise --plan`: one row per candidate, `run`, `rejected` with its rules or `unavailable`."""
+    rows = []
+    for item in screenings:
+        if item.rejections:
+            first, *others = item.rejections
+            status = "rejected"
+            why = _short(f"{first.rule} {first.message}") + (
+                f" (also {', '.join(r.rule for r in others)})" if others else "")
+        elif item.unavailable is not None:
+            status, why = "unavailable", _short(item.unavailable)
+        else:
+            status = "run"
+            codes = [w.split(" ", 1)[0] for w in item.warnings]
+            why = f"warnings {', '.join(codes)}" if codes else ""
+        rows.append([escape_control(item.candidate.label), status, escape_control(why)])
+    runnable = sum(1 for item in screenings if item.runnable)
+    table = tabulate(rows, headers=["candidate", "plan", "why"], tablefmt="simple")
+    return f"{table}\n{runnable} of {len(screenings)} candidates would run (plus eager once); nothing ran"
+
+__all__ = ["render_plan", "HEADERS", "bisection_lines", "document", "recommendation_lines", "render_text", "row", "table_rows",
            "write_json"]

@@ -66,3 +66,24 @@ def test_html_and_json_may_not_be_the_same_file(tmp_path: Path) -> None:
     out = tmp_path / "advise.out"
     code, output = invoke("advise", "--json", str(out), "--html", str(out))
     assert code == 2 and "the same file as --json" in output and not out.exists()
+
+
+def test_plan_screens_an_moe_run_file_without_a_gpu() -> None:
+    """`--plan` on the committed dropless allgather run file: Megatron and the catalogue reject `mlp`
+    (every layer is MoE: GD204) and `moe` (dropless: GD205); GD217 warns where token dispatch is graphed;
+    TE candidates are unavailable on this machine (no Transformer Engine); nothing needs a GPU."""
+    code, output = invoke("advise", "--plan", "--impl", "local,full_iteration",
+                          "--config", "fixtures/runfiles/moe_dropless_allgather.yaml")
+    assert code == 0, output
+    rows = {line.split("  ")[0].strip(): line for line in output.splitlines()[2:] if "  " in line}
+    assert "rejected" in rows["local mlp"] and "GD204" in rows["local mlp"] and "megatron" in rows["local mlp"]
+    assert "rejected" in rows["local moe"] and "GD205" in rows["local moe"]
+    assert "run" in rows["local attn"] and "GD217" not in rows["local attn"]
+    assert "GD217" in rows["local whole layer"] and "GD217" in rows["full_iteration whole step"]
+    assert output.rstrip().endswith("4 of 6 candidates would run (plus eager once); nothing ran")
+
+
+def test_plan_exit_1_when_no_candidate_would_run() -> None:
+    code, output = invoke("advise", "--plan", "--impl", "transformer_engine")
+    assert code == 1, output
+    assert "0 of" in output and "unavailable" in output
