@@ -157,7 +157,7 @@ def timeout_outcome(timeout_s: float, logs: Mapping[int, EventLog], stacks: Sequ
     steps = [r.last_step for r in ranks if _rank_of(r.label) is not None]
     diag = Diagnosis(error_type="hang" if waiting else "timeout", message=message,
                      step=(min(steps) + 1) if steps else None, phase=first.phase if first else None,
-                     location=first.user_frame if first else None, fix=HANG_FIX if waiting else None,
+                     location=first.user_frame.split(" in ")[0] if first and first.user_frame else None, fix=HANG_FIX if waiting else None,
                      traceback_tail=list(first.frames[:8]) if first else [], stacks=ranks)
     return ("hang" if waiting else "timeout"), diag
 

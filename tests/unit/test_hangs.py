@@ -4,6 +4,7 @@ nothing of them is left running."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -11,16 +12,22 @@ from pathlib import Path
 import pytest
 
 from graphdoctor.child.stacks import launcher_command
-from graphdoctor.compare.verdict import verdict_for_failure
+from graphdoctor.compare.verdict import judge, verdict_for_failure
 from graphdoctor.config import DiffConfig
+from graphdoctor.diff import DiffReport
 from graphdoctor.parent.children import record_from_events
 from graphdoctor.parent.hangs import TEARDOWN_FIX, parse_dump, teardown_note, timeout_outcome
 from graphdoctor.parent.runner import ProcessResult, run_isolated
 from graphdoctor.protocol import ChildSpec, Placement, Role, RunRecord, read_events, run_name
 from graphdoctor.protocol.events import Phase, Teardown, decode, encode
-from graphdoctor.types import Verdict
+from graphdoctor.report.diff import render_text, write_json
+from graphdoctor.types import MAX_STACK_FRAMES, Diagnosis, RankExit, RankStack, Verdict
 
 RANKS = Path(__file__).resolve().parents[2] / "fixtures" / "hangs" / "ranks.py"
+
+
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "diff"
+COLLECTIVE_TIMEOUT_S = 12.0
 
 
 def _run(tmp_path: Path, mode: str, timeout_s: float, *, ranks: int = 1) -> tuple[ProcessResult, Path]:
@@ -52,14 +59,26 @@ def _spec(tmp_path: Path, timeout_s: float) -> ChildSpec:
                      reference_dir=str(tmp_path), placement=Placement(master_port=29999))
 
 
-def test_unmatched_gloo_collective_is_a_hang_with_every_ranks_stack(tmp_path: Path) -> None:
-    timeout_s = 12.0
-    result, prefix = _run(tmp_path, "collective", timeout_s, ranks=2)
-    assert result.timed_out and result.wall_s < timeout_s + 30
+@pytest.fixture(scope="module")
+def collective(tmp_path_factory: pytest.TempPathFactory) -> tuple[ProcessResult, Path, Diagnosis]:
+    """A real 2-rank gloo job under torch.distributed.run (launched as graphdoctor launches it) in
+    which rank 0 enters an all_reduce rank 1 never joins, stopped at its timeout."""
+    tmp_path = tmp_path_factory.mktemp("collective")
+    result, prefix = _run(tmp_path, "collective", COLLECTIVE_TIMEOUT_S, ranks=2)
+    logs = {r: read_events(f"{prefix}.rank{r}.jsonl") for r in (0, 1)}
+    status, diag = timeout_outcome(COLLECTIVE_TIMEOUT_S, logs, result.stacks, result.group_gone,
+                                   result.left_running)
+    assert status == diag.error_type
+    return result, prefix, diag
+
+
+def test_unmatched_gloo_collective_is_a_hang_with_every_ranks_stack(
+        collective: tuple[ProcessResult, Path, Diagnosis]) -> None:
+    result, prefix, diag = collective
+    assert result.timed_out and result.wall_s < COLLECTIVE_TIMEOUT_S + 30
     assert result.group_gone is True and result.left_running == ()
     _nothing_left(prefix)
-    logs = {r: read_events(f"{prefix}.rank{r}.jsonl") for r in (0, 1)}
-    status, diag = timeout_outcome(timeout_s, logs, result.stacks, result.group_gone, result.left_running)
+    status = diag.error_type
     assert status == "hang" and diag.error_type == "hang" and diag.fix
     by_label = {s.label: s for s in diag.stacks}
     assert list(by_label) == ["rank0", "rank1", "launcher"]
@@ -130,3 +149,43 @@ def test_phase_and_teardown_events_round_trip() -> None:
 def test_hang_is_a_failing_verdict() -> None:
     assert Verdict("hang") is Verdict.HANG and not Verdict.HANG.passed
     assert verdict_for_failure(RunRecord(impl="local", dropout=0.0, status="hang")) is Verdict.HANG
+
+
+def _report(graphed: RunRecord) -> DiffReport:
+    data = json.loads((DATA / "h200_default_dropout0.1.json").read_text(encoding="utf-8"))
+    reference = RunRecord.from_dict(data["reference"])
+    result = judge(reference, graphed, warmup_steps=2)
+    return DiffReport(config=DiffConfig(), results=(result,), reference=reference, control_reference=None,
+                      wall_s=1.0, child_wall_s=1.0)
+
+
+def test_report_shows_each_ranks_first_frames_and_the_json_keeps_the_stacks(
+        collective: tuple[ProcessResult, Path, Diagnosis], tmp_path: Path) -> None:
+    diag = collective[2]
+    report = _report(RunRecord(impl="local", dropout=0.1, status="hang", diagnosis=diag))
+    assert report.results[0].verdict is Verdict.HANG and report.exit_code() == 1
+    lines = render_text(report).splitlines()
+    assert any(line.startswith("local ") and "hang FAIL" in line for line in lines)
+    heads = [line for line in lines if line.startswith(("  rank", "  launcher"))]
+    assert [h.split()[0] for h in heads] == ["rank0", "rank1", "launcher"]
+    assert "waiting in all_reduce" in heads[0] and "(replay, last step 1)" in heads[0]
+    assert sum(line.startswith("      ") for line in lines) <= 3 * 2 + 1
+    doc = json.loads(write_json(report, tmp_path / "r.json").read_text(encoding="utf-8"))
+    stacks = doc["impls"][0]["diagnosis"]["stacks"]
+    assert [s["label"] for s in stacks] == ["rank0", "rank1", "launcher"]
+    assert all(0 < len(s["frames"]) <= MAX_STACK_FRAMES for s in stacks)
+
+
+def test_a_hung_teardown_is_a_finding_not_a_failure() -> None:
+    data = json.loads((DATA / "h200_default_dropout0.1.json").read_text(encoding="utf-8"))
+    graphed = RunRecord.from_dict(data["impls"][1]["runs"][0])
+    stack = RankStack(label="rank1", frames=("torch/distributed/distributed_c10d.py:2300 in destroy_process_group",),
+                      phase="teardown", last_step=7, waiting_in="destroy_process_group (torch/...)")
+    hung = dataclasses.replace(graphed, teardown=(RankExit(rank=0, teardown_s=0.1, since_last_step_s=0.2),
+                                                  RankExit(rank=1, teardown_s=20.0, since_last_step_s=20.3,
+                                                           hung=True, stack=stack)))
+    report = _report(hung)
+    assert report.results[0].verdict is _report(graphed).results[0].verdict
+    text = render_text(report)
+    assert "full_iteration: teardown-hang: rank 1 (in destroy_process_group" in text
+    assert "rank 0" not in text.split("teardown-hang:")[1].split(";")[0]
