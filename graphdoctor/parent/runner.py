@@ -12,6 +12,7 @@ is not put first on their import path (a stray `torch.py` or `sitecustomize.py` 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,8 +167,10 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def stack_files(prefix: Path) -> list[Path]:
-    """The stacks files under `prefix` (`<prefix>.<label>.txt`), by name."""
-    return sorted(prefix.parent.glob(f"{prefix.name}.*.txt"))
+    """The stacks files under `prefix` (`<prefix>.rank<R>.txt`, `<prefix>.launcher.txt`), by name; not
+    those of a run whose name extends this one's (`stacks-eager-reference-d0` and `-d0.1`)."""
+    label = re.compile(re.escape(prefix.name) + r"\.(rank\d+|launcher)\.txt")
+    return sorted(p for p in prefix.parent.glob(f"{prefix.name}.*.txt") if label.fullmatch(p.name))
 
 
 def request_stacks(pgid: int, token: str | None, prefix: Path) -> None:

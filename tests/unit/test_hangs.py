@@ -17,7 +17,7 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport
 from graphdoctor.parent.children import record_from_events
 from graphdoctor.parent.hangs import TEARDOWN_FIX, parse_dump, teardown_note, timeout_outcome
-from graphdoctor.parent.runner import ProcessResult, run_isolated
+from graphdoctor.parent.runner import ProcessResult, read_stacks, run_isolated
 from graphdoctor.protocol import ChildSpec, Placement, Role, RunRecord, read_events, run_name
 from graphdoctor.protocol.events import Phase, Teardown, decode, encode
 from graphdoctor.report.diff import render_text, write_json
@@ -189,3 +189,10 @@ def test_a_hung_teardown_is_a_finding_not_a_failure() -> None:
     text = render_text(report)
     assert "full_iteration: teardown-hang: rank 1 (in destroy_process_group" in text
     assert "rank 0" not in text.split("teardown-hang:")[1].split(";")[0]
+
+
+def test_stacks_files_of_a_run_are_not_confused_with_a_longer_named_run(tmp_path: Path) -> None:
+    for name in ("stacks-eager-reference-d0.rank0.txt", "stacks-eager-reference-d0.launcher.txt",
+                 "stacks-eager-reference-d0.1.rank0.txt", "stacks-eager-reference-d0-attempt1.rank0.txt"):
+        (tmp_path / name).write_text("Current thread 0x1 (most recent call first):\n", encoding="utf-8")
+    assert [label for label, _ in read_stacks(tmp_path / "stacks-eager-reference-d0")] == ["launcher", "rank0"]
