@@ -196,3 +196,16 @@ def test_stacks_files_of_a_run_are_not_confused_with_a_longer_named_run(tmp_path
                  "stacks-eager-reference-d0.1.rank0.txt", "stacks-eager-reference-d0-attempt1.rank0.txt"):
         (tmp_path / name).write_text("Current thread 0x1 (most recent call first):\n", encoding="utf-8")
     assert [label for label, _ in read_stacks(tmp_path / "stacks-eager-reference-d0")] == ["launcher", "rank0"]
+
+
+def test_a_process_in_a_session_of_its_own_is_killed_too(tmp_path: Path) -> None:
+    """As torchrun starts its ranks: the grandchild leaves the child's process group (killpg does not
+    reach it); the runner still finds it by its inherited token, and nothing is left."""
+    marker = tmp_path / "pid"
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True); "
+            f"open({str(marker)!r}, 'w').write(str(p.pid)); time.sleep(120)")
+    result = run_isolated([sys.executable, "-c", code], timeout_s=2.0)
+    assert result.timed_out and result.group_gone is True and result.left_running == ()
+    status = Path(f"/proc/{int(marker.read_text())}/status")
+    assert not status.exists() or "State:\tZ" in status.read_text()
