@@ -39,6 +39,10 @@ class Verdict(enum.StrEnum):
     TIMEOUT = "timeout"
     """The child run exceeded its time limit and was killed."""
 
+    HANG = "hang"
+    """The child run exceeded its time limit while a rank waited in a collective (NCCL/gloo) or a CUDA
+    synchronize; the diagnosis names every rank's phase, last finished step and stack."""
+
     UNAVAILABLE = "unavailable"
     """The implementation cannot run here (for example Transformer Engine is not installed)."""
 
@@ -198,6 +202,83 @@ class StepRecord:
         return cls(**data)
 
 
+MAX_STACK_FRAMES = 24
+"""Frames of a rank's main thread kept in a RankStack (innermost first); the JSON stays small."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankStack:
+    """One process of a child at the moment it was stopped: a rank, or torchrun's launcher."""
+
+    label: str
+    """`rank0`, `rank1`, ... or `launcher`."""
+
+    frames: tuple[str, ...] = ()
+    """Its main thread's Python stack, innermost first, `file:line in function` (at most
+    MAX_STACK_FRAMES)."""
+
+    phase: str | None = None
+    """The phase it was in (setup, warmup, capture, replay, teardown; None: it sent no events)."""
+
+    last_step: int = -1
+    """The last step it finished (-1: none)."""
+
+    waiting_in: str | None = None
+    """What it waits in when that is a collective or a CUDA synchronize, e.g. `all_reduce
+    (torch/distributed/distributed_c10d.py:2950)`; None otherwise."""
+
+    user_frame: str | None = None
+    """`file:line in function` of the innermost user or Megatron frame."""
+
+    num_threads: int = 0
+    """Python threads in the dump."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"label": self.label, "phase": self.phase, "last_step": self.last_step,
+                "waiting_in": self.waiting_in, "user_frame": self.user_frame,
+                "num_threads": self.num_threads, "frames": list(self.frames)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankStack:
+        """Inverse of to_dict."""
+        return cls(label=str(data["label"]), frames=tuple(str(f) for f in data.get("frames", ())),
+                   phase=data.get("phase"), last_step=int(data.get("last_step", -1)),
+                   waiting_in=data.get("waiting_in"), user_frame=data.get("user_frame"),
+                   num_threads=int(data.get("num_threads", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class RankExit:
+    """How one rank exited after writing its results: process-group destruction under a watchdog."""
+
+    rank: int
+    teardown_s: float
+    """Seconds spent in teardown (destroy_process_group); the bound when it hung."""
+
+    since_last_step_s: float
+    """Seconds from the end of its last step to its exit."""
+
+    hung: bool = False
+    """Teardown did not finish within the bound; the watchdog dumped its stack and ended it."""
+
+    stack: RankStack | None = None
+    """Its stack when it hung."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"rank": self.rank, "teardown_s": self.teardown_s, "since_last_step_s": self.since_last_step_s,
+                "hung": self.hung, "stack": self.stack.to_dict() if self.stack else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankExit:
+        """Inverse of to_dict."""
+        stack = data.get("stack")
+        return cls(rank=int(data["rank"]), teardown_s=float(data["teardown_s"]),
+                   since_last_step_s=float(data["since_last_step_s"]), hung=bool(data.get("hung")),
+                   stack=RankStack.from_dict(stack) if stack else None)
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     """Why a run failed, in a user's terms."""
@@ -239,6 +320,9 @@ class Diagnosis:
     """What CUDA/torch reported at the point of failure when that is not the culprit (the 901
     cascade at capture_end), e.g. `cudaErrorStreamCaptureInvalidated at torch/cuda/graphs.py:126`."""
 
+    stacks: tuple[RankStack, ...] = ()
+    """A hang or timeout: every process's stack when it was stopped (ranks, then the launcher)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -254,12 +338,15 @@ class Diagnosis:
             "phase": self.phase,
             "traceback_tail": list(self.traceback_tail),
             "reported_as": self.reported_as,
+            "stacks": [s.to_dict() for s in self.stacks],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
-        """Inverse of to_dict."""
+        """Inverse of to_dict (reports without stacks have none)."""
+        data = dict(data)
+        data["stacks"] = tuple(RankStack.from_dict(s) for s in data.get("stacks") or ())
         return cls(**data)
 
 
-__all__ = ["Diagnosis", "StepPrints", "StepRecord", "TensorDiff", "Verdict"]
+__all__ = ["MAX_STACK_FRAMES", "Diagnosis", "RankExit", "RankStack", "StepPrints", "StepRecord", "TensorDiff", "Verdict"]

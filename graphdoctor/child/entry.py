@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from graphdoctor.protocol.events import Error, EventWriter, RunEnv, Started, Taps
+from graphdoctor.protocol.events import Error, EventWriter, Phase, RunEnv, Started, Taps, Teardown
 from graphdoctor.protocol.spec import ChildSpec
 
 EXIT_OK = 0
@@ -81,6 +81,8 @@ class ChildRun:
     names: dict[int, str]
     hunt: Any = None
     """The CulpritHunt of a culprit-hunt run (graphdoctor.child.culprit)."""
+    steps_done_at: float = 0.0
+    """perf_counter() when the last step finished (teardown times count from it)."""
 
     def train(self, state: Any) -> None:
         """Everything from the model build to the end event."""
@@ -102,6 +104,7 @@ class ChildRun:
             self.hunt = CulpritHunt(self.names)
         with self.hunt.during_captures() if self.hunt else contextlib.nullcontext():
             compare_s = run_steps(self.spec, setup, state, self.events.emit, observers, taps)
+        self.steps_done_at = time.perf_counter()
         train_s = time.perf_counter() - t0 - compare_s
         for observer in observers:
             for event in observer.finish():
@@ -140,6 +143,22 @@ class ChildRun:
             culprit_operator=f"{culprit.operator} at {culprit.location}" if culprit else None))
 
 
+    def teardown(self) -> None:
+        """After the end event: destroy the process group under the watchdog (a hung destruction is
+        dumped, reported and ended; the results already written stand)."""
+        from graphdoctor.child.distributed import teardown_distributed
+        from graphdoctor.child.stacks import TEARDOWN_BOUND_S, exit_within
+
+        self.events.emit(Phase(phase="teardown", step=-1))
+        rank = int(os.environ.get("RANK", self.spec.placement.rank))
+
+        def done(seconds: float, hung: bool) -> None:
+            self.events.emit(Teardown(rank=rank, seconds=seconds, hung=hung,
+                                      since_last_step_s=time.perf_counter() - self.steps_done_at))
+
+        exit_within(TEARDOWN_BOUND_S, teardown_distributed, done)
+
+
 def _close_taps(taps: Any) -> Any:
     from graphdoctor.compare.forensics import TapTable
 
@@ -175,6 +194,9 @@ def run(spec_path: str) -> int:
     """Run one child; always leaves an `end` or `error` event behind (unless killed)."""
     with open(spec_path, encoding="utf-8") as fh:
         spec = ChildSpec.from_json(fh.read())
+    from graphdoctor.child.stacks import register
+
+    register(default_rank=spec.placement.rank)
     if spec.import_dir:
         sys.path.append(spec.import_dir)
     events = EventWriter(spec.events_path)
@@ -186,14 +208,16 @@ def run(spec_path: str) -> int:
     from graphdoctor.child.loop import LoopState
 
     events.emit(Started(env=run_env(spec)))
+    events.emit(Phase(phase="setup"))
     child = ChildRun(spec=spec, events=events, names={})
     state = LoopState()
     try:
         child.train(state)
-        return EXIT_OK
     except BaseException as exc:  # noqa: BLE001 - every failure must become an event
         child.fail(exc, state)
         return EXIT_ERROR
+    child.teardown()
+    return EXIT_OK
 
 
 def main() -> None:

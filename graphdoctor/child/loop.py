@@ -19,7 +19,7 @@ from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics, forward_s
 from graphdoctor.child.quiet import GpuTurn
 from graphdoctor.child.reported import reduce_step
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
-from graphdoctor.protocol.events import Capture, Event, Step, Tensors
+from graphdoctor.protocol.events import Capture, Event, Phase, Step, Tensors
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Role
 from graphdoctor.types import StepPrints, StepRecord, TensorDiff
 
@@ -282,7 +282,10 @@ def run_steps(
     turn = GpuTurn(spec.gpu_turn) if spec.gpu_turn else None
     timed = timed_steps(spec)
     for step in range(last + 1):
-        state.step, state.phase = step, phase_of(spec.impl, step, cfg.cuda_graph_warmup_steps)
+        phase = phase_of(spec.impl, step, cfg.cuda_graph_warmup_steps)
+        if phase != state.phase:
+            emit(Phase(phase=phase, step=step))
+        state.step, state.phase = step, phase
         quiet = turn is None or step in timed
         use = contextlib.nullcontext() if turn is None else (turn.exclusive() if step in timed else turn.shared())
         with use:

@@ -77,7 +77,7 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
                  workdir: str | None, verbose: bool, quiet: bool, **values: Any) -> None:
     """Train a real Megatron-Core GPT model eager and graphed side by side on the GPU and give a
     verdict per implementation (match, rng-divergence, numeric-divergence, capture-failed,
-    crashed, timeout, unavailable).
+    crashed, hang, timeout, unavailable).
 
     \b
     From a Megatron-LM launch script, shrunk to one GPU:

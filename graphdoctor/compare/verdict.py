@@ -354,6 +354,8 @@ def verdict_for_failure(record: RunRecord) -> Verdict:
         return Verdict.UNAVAILABLE
     if record.status == "timeout":
         return Verdict.TIMEOUT
+    if record.status == "hang":
+        return Verdict.HANG
     if record.status == "error":
         phase = record.diagnosis.phase if record.diagnosis else None
         return Verdict.CAPTURE_FAILED if phase in ("warmup", "capture", "setup") else Verdict.CRASHED
@@ -383,7 +385,7 @@ def judge(
 
     Returns:
         The ImplResult: match / rng-divergence / numeric-divergence / capture-failed / crashed /
-        timeout / unavailable / reference-failed.
+        hang / timeout / unavailable / reference-failed.
     """
     runs = tuple(r for r in (graphed, control_graphed) if r is not None)
     if reference.status != "ok":

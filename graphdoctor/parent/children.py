@@ -17,6 +17,7 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import entry_point_modules
 from graphdoctor.parent.diagnose import diagnose, is_capture_error
 from graphdoctor.parent.gpus import JobPlan
+from graphdoctor.parent.hangs import teardown_exits, timeout_outcome
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.runner import ProcessResult, child_env, python_command, run_isolated, with_port_retries
 from graphdoctor.protocol.events import (
@@ -34,7 +35,7 @@ from graphdoctor.protocol.events import (
 )
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, run_name
-from graphdoctor.types import Diagnosis
+from graphdoctor.types import Diagnosis, RankExit
 
 CHILD_MODULE = "graphdoctor.child"
 """What the parent runs: `python -P -m graphdoctor.child SPEC.json`."""
@@ -50,7 +51,9 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
     launches: Launches | None = log.first(Launches)
     taps: Taps | None = log.first(Taps)
     tensors: Tensors | None = log.first(Tensors)
-    status, diagnosis = _outcome(spec, steps[-1].step if steps else -1, end, error, ended)
+    rank = started.env.rank if started else spec.placement.rank
+    teardown = teardown_exits({rank: log}, ended.stacks)
+    status, diagnosis = _outcome(spec, {rank: log}, end, error, ended, teardown)
     return RunRecord(
         impl=spec.impl, dropout=spec.dropout, status=status, steps=steps, diagnosis=diagnosis,
         wall_s=ended.wall_s, train_s=end.train_s if end else 0.0, compare_s=end.compare_s if end else 0.0,
@@ -62,16 +65,16 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
         fingerprint_bytes=tensors.fingerprint_bytes if tensors else 0,
         peak_allocated_bytes=end.peak_allocated_bytes if end else None,
         end_reserved_bytes=end.end_reserved_bytes if end else None,
-        end_allocated_bytes=end.end_allocated_bytes if end else None,
+        end_allocated_bytes=end.end_allocated_bytes if end else None, teardown=teardown,
     )
 
 
-def _outcome(spec: ChildSpec, last_step: int, end: End | None, error: Error | None,
-             ended: ProcessResult) -> tuple[str, Diagnosis | None]:
+def _outcome(spec: ChildSpec, logs: dict[int, EventLog], end: End | None, error: Error | None,
+             ended: ProcessResult, teardown: tuple[RankExit, ...]) -> tuple[str, Diagnosis | None]:
+    steps = [s.record.step for log in logs.values() for s in log.of(Step)]
+    last_step = max(steps) if steps else -1
     if ended.timed_out:
-        return "timeout", Diagnosis(error_type="timeout",
-                                    message=f"no result within {spec.config.timeout_s:.0f} s; killed",
-                                    step=last_step + 1, phase=None)
+        return timeout_outcome(spec.config.timeout_s, logs, ended.stacks, ended.group_gone, ended.left_running)
     if error is not None:
         frames = list(error.frames)
         diagnosis = diagnose(error.error_type, error.message, frames, module=error.module,
@@ -82,6 +85,8 @@ def _outcome(spec: ChildSpec, last_step: int, end: End | None, error: Error | No
         if is_capture_error(error.error_type, error.message, frames):
             diagnosis = dataclasses.replace(diagnosis, phase="capture")
         return "error", diagnosis
+    if end is not None and any(t.hung for t in teardown):
+        return "ok", None  # the results stand; the hung exit is a teardown-hang finding
     if end is None or ended.returncode not in (0, None):
         how = ended.describe_exit() + ("" if end is None else " after its end event")
         return "crashed", Diagnosis(error_type="crashed", message=f"child {how} without a result",
@@ -92,13 +97,15 @@ def _outcome(spec: ChildSpec, last_step: int, end: End | None, error: Error | No
 def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = None) -> RunRecord:
     """Run one child isolated, with the diff's time limit; never raises for a failing child.
 
-    Leaves `spec-<name>.json`, `events-<name>.jsonl` and `log-<name>.txt` in `workdir`.
+    Leaves `spec-<name>.json`, `events-<name>.jsonl`, `log-<name>.txt` and the stacks files
+    `stacks-<name>.rank<R>.txt` in `workdir`.
     """
     spec_path = spec.write(workdir / f"spec-{spec.name}.json")
     Path(spec.events_path).unlink(missing_ok=True)
     ended = run_isolated(python_command(CHILD_MODULE, str(spec_path)), timeout_s=spec.config.timeout_s,
                          log_path=workdir / f"log-{spec.name}.txt",
-                         env=env if env is not None else child_env(spec.config.env))
+                         env=env if env is not None else child_env(spec.config.env),
+                         stacks_prefix=workdir / f"stacks-{spec.name}")
     return record_from_events(spec, read_events(spec.events_path), ended)
 
 

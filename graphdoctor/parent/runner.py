@@ -1,8 +1,10 @@
 """The one subprocess runner: every child graphdoctor starts (diff and count children, probe workers,
 the Transformer Engine import check) runs through run_isolated.
 
-A child runs in its own process session with a wall-clock limit; on timeout its whole process group
-is killed (SIGTERM, then SIGKILL), so nothing it started is left running. Its output goes to a log
+A child runs in its own process session with a wall-clock limit; on timeout every process of it (its
+group, and every process that inherited its token, graphdoctor.parent.processes) is asked for its
+stacks (SIGUSR1: each dumps them to its stacks file, graphdoctor.child.stacks), then killed (SIGTERM,
+then SIGKILL), and the runner checks that none of them is left running. Its output goes to a log
 file whose tail comes back with the result. Children start with `python -P`, so the working directory
 is not put first on their import path (a stray `torch.py` or `sitecustomize.py` there is not imported).
 """
@@ -10,6 +12,7 @@ is not put first on their import path (a stray `torch.py` or `sitecustomize.py` 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +21,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from graphdoctor.child.stacks import STACKS_ENV
+from graphdoctor.parent.processes import TOKEN_ENV, kill_all, left_running, new_token, signal_all
 
 DETERMINISTIC_ENV = {
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
@@ -30,6 +36,15 @@ STDERR_TAIL_BYTES = 4000
 
 KILL_GRACE_S = 10.0
 """How long a child has to exit after SIGTERM before SIGKILL."""
+
+STACKS_WAIT_S = 3.0
+"""How long the processes of a timed-out child have to write their stacks after SIGUSR1."""
+
+GROUP_GONE_WAIT_S = 5.0
+"""How long the runner waits for a killed child's processes to be gone (SIGKILL again meanwhile)."""
+
+MAX_STACKS_BYTES = 65536
+"""The last bytes of each stacks file that come back with the result."""
 
 PORT_RETRIES = 2
 """Re-runs of a child whose rendezvous port was taken between picking and binding it."""
@@ -48,6 +63,13 @@ class ProcessResult:
     """The last STDERR_TAIL_BYTES of its output (stdout and stderr together)."""
     stdout: str = ""
     """Its standard output, when captured (capture_stdout=True)."""
+    stacks: tuple[tuple[str, str], ...] = ()
+    """(label, text) of every non-empty stacks file (`rank0`, ..., `launcher`), when asked for."""
+    group_gone: bool | None = None
+    """After a timeout: True when none of its processes (its group, and every process that inherited
+    its token: torchrun's ranks run in sessions of their own) was left running; None: not checked."""
+    left_running: tuple[str, ...] = ()
+    """After a timeout: `pid state command` of each of its processes still running."""
 
     def describe_exit(self) -> str:
         """`exited with code N`, `killed by SIGKILL`, ... for messages."""
@@ -78,7 +100,8 @@ def child_env(run_env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = None,
-                 env: Mapping[str, str] | None = None, capture_stdout: bool = False) -> ProcessResult:
+                 env: Mapping[str, str] | None = None, capture_stdout: bool = False,
+                 stacks_prefix: Path | None = None) -> ProcessResult:
     """Run `argv` in its own process session; kill its process group when `timeout_s` runs out.
 
     Args:
@@ -87,6 +110,8 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
         log_path: where its output goes (default: a temporary file, removed afterwards).
         env: its environment (default: ours).
         capture_stdout: keep standard output apart and return it (stderr still goes to the log).
+        stacks_prefix: `<workdir>/stacks-<name>`: the child's processes register their stack dumps
+            there (GRAPHDOCTOR_STACKS); on timeout they are asked for them before the kill.
 
     Returns:
         How it ended; never raises for a failing child.
@@ -95,6 +120,13 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
     path = Path(tempfile.mkstemp(prefix="graphdoctor-", suffix=".log")[1]) if own_log else Path(log_path)  # type: ignore[arg-type]
     start = time.perf_counter()
     timed_out = False
+    left: tuple[str, ...] | None = None
+    token = new_token()
+    env = {**(env if env is not None else os.environ), TOKEN_ENV: token}
+    if stacks_prefix is not None:
+        env[STACKS_ENV] = str(stacks_prefix)
+        for old in stack_files(stacks_prefix):
+            old.unlink(missing_ok=True)
     try:
         with open(path, "wb") as log:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else log,
@@ -104,8 +136,11 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
                 out, _ = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                kill_group(proc)
+                if stacks_prefix is not None:
+                    request_stacks(proc.pid, token, stacks_prefix)
+                kill_all(proc, token, KILL_GRACE_S)
                 out, _ = proc.communicate()
+                left = left_running(proc.pid, token, GROUP_GONE_WAIT_S)
         wall_s = time.perf_counter() - start
         tail = path.read_bytes()[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
     finally:
@@ -113,7 +148,8 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
             path.unlink(missing_ok=True)
     stdout = out.decode("utf-8", "replace") if capture_stdout and out else ""
     return ProcessResult(returncode=proc.returncode, timed_out=timed_out, wall_s=wall_s, log_tail=tail,
-                         stdout=stdout)
+                         stdout=stdout, stacks=read_stacks(stacks_prefix) if stacks_prefix else (),
+                         group_gone=None if left is None else not left, left_running=left or ())
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -128,6 +164,39 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def stack_files(prefix: Path) -> list[Path]:
+    """The stacks files under `prefix` (`<prefix>.rank<R>.txt`, `<prefix>.launcher.txt`), by name; not
+    those of a run whose name extends this one's (`stacks-eager-reference-d0` and `-d0.1`)."""
+    label = re.compile(re.escape(prefix.name) + r"\.(rank\d+|launcher)\.txt")
+    return sorted(p for p in prefix.parent.glob(f"{prefix.name}.*.txt") if label.fullmatch(p.name))
+
+
+def request_stacks(pgid: int, token: str | None, prefix: Path) -> None:
+    """SIGUSR1 to every process of the child; wait (at most STACKS_WAIT_S) until every stacks file registered
+    before the signal has grown and stopped growing."""
+    before = {p: p.stat().st_size for p in stack_files(prefix)}
+    if not signal_all(pgid, token, signal.SIGUSR1):
+        return
+    deadline = time.monotonic() + STACKS_WAIT_S
+    last: dict[Path, int] = {}
+    while before and time.monotonic() < deadline:
+        time.sleep(0.1)
+        sizes = {p: p.stat().st_size if p.exists() else 0 for p in before}
+        if all(sizes[p] > size for p, size in before.items()) and sizes == last:
+            return
+        last = sizes
+
+
+def read_stacks(prefix: Path) -> tuple[tuple[str, str], ...]:
+    """(label, last MAX_STACKS_BYTES of the text) of every non-empty stacks file."""
+    found = []
+    for file in stack_files(prefix):
+        data = file.read_bytes()[-MAX_STACKS_BYTES:]
+        if data.strip():
+            found.append((file.name[len(prefix.name) + 1:-len(".txt")], data.decode("utf-8", "replace")))
+    return tuple(found)
 
 
 def with_port_retries[T](run: Callable[[int], T], port_taken: Callable[[T], bool],
@@ -147,5 +216,5 @@ def with_port_retries[T](run: Callable[[int], T], port_taken: Callable[[T], bool
     return result, failed
 
 
-__all__ = ["DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "child_env", "kill_group",
-           "python_command", "run_isolated", "with_port_retries"]
+__all__ = ["DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "child_env", "kill_group", "python_command", "read_stacks", "request_stacks", "run_isolated",
+           "stack_files", "with_port_retries"]

@@ -163,9 +163,35 @@ class End:
     """Allocated bytes after the graphs were released."""
 
 
-Event = Started | Tensors | Step | Capture | Memory | Launches | Taps | Hazard | Error | End
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """The child entered a phase (setup, warmup, capture, replay, eager, teardown): sent when the
+    phase changes, never per step; a hang's diagnosis names each rank's last one."""
+
+    kind: ClassVar[str] = "phase"
+    phase: str
+    step: int = -1
+    """The step that starts the phase (-1: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Teardown:
+    """The child's exit after its end event (process-group destruction under the watchdog)."""
+
+    kind: ClassVar[str] = "teardown"
+    rank: int
+    seconds: float
+    """Seconds the teardown took (the watchdog's bound when it hung)."""
+    since_last_step_s: float
+    """Seconds from the end of the last step to the exit."""
+    hung: bool = False
+    """The watchdog fired: its stacks were dumped and the process was ended."""
+
+
+Event = Started | Tensors | Step | Capture | Memory | Launches | Taps | Hazard | Error | End | Phase | Teardown
 EVENT_TYPES: dict[str, type[Any]] = {
-    cls.kind: cls for cls in (Started, Tensors, Step, Capture, Memory, Launches, Taps, Hazard, Error, End)
+    cls.kind: cls for cls in (Started, Tensors, Step, Capture, Memory, Launches, Taps, Hazard, Error, End,
+                              Phase, Teardown)
 }
 
 
@@ -280,10 +306,12 @@ __all__ = [
     "Hazard",
     "Launches",
     "Memory",
+    "Phase",
     "RunEnv",
     "Started",
     "Step",
     "Taps",
+    "Teardown",
     "Tensors",
     "decode",
     "encode",

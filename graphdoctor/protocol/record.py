@@ -14,7 +14,7 @@ from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.events import Hazard, RunEnv
 from graphdoctor.protocol.spec import impl_name
-from graphdoctor.types import Diagnosis, StepRecord
+from graphdoctor.types import Diagnosis, RankExit, StepRecord
 
 END_MEMORY_FIELDS: tuple[str, ...] = ("peak_allocated_bytes", "end_reserved_bytes", "end_allocated_bytes")
 
@@ -30,7 +30,7 @@ class RunRecord:
     """Dropout the run used."""
 
     status: str
-    """ok | error | timeout | crashed | unavailable."""
+    """ok | error | hang | timeout | crashed | unavailable."""
 
     steps: tuple[StepRecord, ...] = ()
     """Recorded steps, in order (possibly fewer than asked when the run failed)."""
@@ -86,6 +86,9 @@ class RunRecord:
     fingerprint_bytes: int = 0
     """Peak device bytes the step fingerprints used (their computed plan)."""
 
+    teardown: tuple[RankExit, ...] = ()
+    """How each rank exited after its results (a hung teardown is a finding, not a failure)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -106,6 +109,7 @@ class RunRecord:
             "env": self.env.to_dict() if self.env else {},
             "forensics": self.forensics.to_dict() if self.forensics else None,
             "hazards": [{"rule": h.rule, "module": h.module, "message": h.message} for h in self.hazards],
+            "teardown": [t.to_dict() for t in self.teardown],
             **{key: getattr(self, key) for key in END_MEMORY_FIELDS},
         }
 
@@ -132,6 +136,7 @@ class RunRecord:
             peak_allocated_bytes=data.get("peak_allocated_bytes", env.get("peak_allocated_bytes")),
             end_reserved_bytes=data.get("end_reserved_bytes", env.get("end_reserved_bytes")),
             end_allocated_bytes=data.get("end_allocated_bytes", env.get("end_allocated_bytes")),
+            teardown=tuple(RankExit.from_dict(t) for t in data.get("teardown", ())),
         )
 
 

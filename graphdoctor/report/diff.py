@@ -18,7 +18,8 @@ from graphdoctor.strict_json import json_safe
 if TYPE_CHECKING:
     from graphdoctor.compare.verdict import ImplResult, Timing
     from graphdoctor.diff import DiffReport
-    from graphdoctor.types import Diagnosis
+    from graphdoctor.protocol.record import RunRecord
+    from graphdoctor.types import Diagnosis, RankStack
 
 _MARK = {"match": "ok", "rng-divergence": "ok*", "unavailable": "--"}
 
@@ -141,8 +142,39 @@ def _diagnosis_lines(name: str, diag: Diagnosis, *, verbose: bool) -> list[str]:
                    f"{' (step ' + str(diag.step) + ', ' + str(diag.phase) + ')' if diag.step is not None and diag.step >= 0 else ''}")
     if diag.fix:
         out.append(f"  fix: {diag.fix}{' [' + diag.rule + ']' if diag.rule else ''}")
-    if verbose:
+    for stack in diag.stacks:
+        out += _stack_lines(stack, verbose=verbose)
+    if verbose and not diag.stacks:
         out += [f"    {frame}" for frame in diag.traceback_tail]
+    return out
+
+
+STACK_LINES = 3
+"""Frames of each rank's stack the terminal shows (all of them with -v; the JSON keeps them)."""
+
+
+def _stack_lines(stack: RankStack, *, verbose: bool) -> list[str]:
+    """`  rank0 (replay, last step 1): waiting in all_reduce (...)`, then its first frames."""
+    state = "launcher" if stack.label == "launcher" else \
+        f"{stack.phase or 'startup'}, last step {stack.last_step if stack.last_step >= 0 else '-'}"
+    head = f"  {stack.label} ({state}): " + (f"waiting in {stack.waiting_in}" if stack.waiting_in else
+                                             "stack" if stack.frames else "no stack")
+    if stack.user_frame and stack.label != "launcher":
+        head += f"; at {stack.user_frame}"
+    frames = stack.frames if verbose else stack.frames[:STACK_LINES if stack.label != "launcher" else 1]
+    return [head, *[f"      {frame}" for frame in frames]]
+
+
+def _teardown_lines(name: str, run: RunRecord) -> list[str]:
+    from graphdoctor.parent.hangs import teardown_note
+
+    note = teardown_note(run.teardown)
+    if note is None:
+        return []
+    out = [f"{name}: {note}"]
+    for rank_exit in run.teardown:
+        if rank_exit.hung and rank_exit.stack is not None:
+            out += _stack_lines(rank_exit.stack, verbose=False)
     return out
 
 
@@ -151,7 +183,10 @@ def _details(report: DiffReport, *, verbose: bool) -> list[str]:
     ref = report.reference
     if ref.status != "ok" and ref.diagnosis is not None:
         out += _diagnosis_lines(f"eager reference ({ref.status})", ref.diagnosis, verbose=verbose)
+    out += _teardown_lines("eager reference", ref)
     for result in report.results:
+        for run in result.runs:
+            out += _teardown_lines(result.impl if run is result.runs[0] else f"{result.impl} ({run.name})", run)
         diag = result.diagnosis
         if diag is not None and result.verdict.value not in ("match", "rng-divergence"):
             out += _diagnosis_lines(result.impl, diag, verbose=verbose)

@@ -44,6 +44,7 @@ from graphdoctor.protocol import (
     read_events,
     run_name,
 )
+from graphdoctor.protocol.events import Phase
 from graphdoctor.types import StepRecord, TensorDiff
 
 
@@ -174,6 +175,9 @@ def test_real_child_without_cuda_reports_an_error_event(tmp_path: Path) -> None:
     assert record.env is not None and record.env.pid > 0
     assert record.wall_s > 0
     assert (tmp_path / f"log-{spec.name}.txt").exists() and (tmp_path / f"spec-{spec.name}.json").exists()
+    # Its stack dump was registered at start (empty: nobody asked), and it said it was in setup.
+    assert (tmp_path / f"stacks-{spec.name}.rank0.txt").exists()
+    assert [e.phase for e in read_events(spec.events_path).of(Phase)] == ["setup"]
 
 
 def test_real_child_timeout_kills_the_group(tmp_path: Path) -> None:
