@@ -8,6 +8,7 @@ Nothing here imports torch; every record round-trips through plain JSON (`to_dic
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,6 +280,24 @@ class RankExit:
                    stack=RankStack.from_dict(stack) if stack else None)
 
 
+TEARDOWN_FIX = ("reset or delete the CUDA graphs (and their memory pools) before "
+                "torch.distributed.destroy_process_group(): graphs that captured NCCL work keep its "
+                "resources alive (pytorch#115388)")
+"""The fix a `teardown-hang` finding names."""
+
+
+def teardown_note(exits: Sequence[RankExit]) -> str | None:
+    """The `teardown-hang` finding of a run whose ranks hung at exit, or None."""
+    hung = [e for e in exits if e.hung]
+    if not hung:
+        return None
+    who = ", ".join(f"rank {e.rank}" + (f" (in {e.stack.waiting_in or e.stack.frames[0]})"
+                                        if e.stack and e.stack.frames else "") for e in hung)
+    return (f"teardown-hang: {who} did not exit within the bound after writing its results "
+            f"(destroy_process_group); the results stand; fix: {TEARDOWN_FIX}")
+
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     """Why a run failed, in a user's terms."""
@@ -349,4 +368,5 @@ class Diagnosis:
         return cls(**data)
 
 
-__all__ = ["MAX_STACK_FRAMES", "Diagnosis", "RankExit", "RankStack", "StepPrints", "StepRecord", "TensorDiff", "Verdict"]
+__all__ = ["MAX_STACK_FRAMES", "TEARDOWN_FIX", "Diagnosis", "RankExit", "RankStack", "StepPrints", "StepRecord", "TensorDiff",
+           "Verdict", "teardown_note"]

@@ -31,10 +31,6 @@ HANG_FIX = ("make every rank issue the same collectives in the same order, insid
             "replay)")
 """The fix a `hang` diagnosis names."""
 
-TEARDOWN_FIX = ("reset or delete the CUDA graphs (and their memory pools) before "
-                "torch.distributed.destroy_process_group(): graphs that captured NCCL work keep its "
-                "resources alive (pytorch#115388)")
-"""The fix a `teardown-hang` finding names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,16 +187,5 @@ def teardown_exits(logs: Mapping[int, EventLog], stacks: Sequence[tuple[str, str
     return tuple(exits)
 
 
-def teardown_note(exits: Sequence[RankExit]) -> str | None:
-    """The `teardown-hang` finding of a run whose ranks hung at exit, or None."""
-    hung = [e for e in exits if e.hung]
-    if not hung:
-        return None
-    who = ", ".join(f"rank {e.rank}" + (f" (in {e.stack.waiting_in or e.stack.frames[0]})"
-                                        if e.stack and e.stack.frames else "") for e in hung)
-    return (f"teardown-hang: {who} did not exit within the bound after writing its results "
-            f"(destroy_process_group); the results stand; fix: {TEARDOWN_FIX}")
-
-
-__all__ = ["HANG_FIX", "TEARDOWN_FIX", "Thread", "main_thread", "parse_dump", "phase_and_step", "rank_stack",
-           "teardown_exits", "teardown_note", "timeout_outcome", "waiting_in"]
+__all__ = ["HANG_FIX", "Thread", "main_thread", "parse_dump", "phase_and_step", "rank_stack",
+           "teardown_exits", "timeout_outcome", "waiting_in"]

@@ -14,6 +14,7 @@ from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_row
 from graphdoctor.report.envelope import envelope
 from graphdoctor.report.forensics import forensics_table
 from graphdoctor.strict_json import json_safe
+from graphdoctor.types import teardown_note
 
 if TYPE_CHECKING:
     from graphdoctor.compare.verdict import ImplResult, Timing
@@ -166,8 +167,6 @@ def _stack_lines(stack: RankStack, *, verbose: bool) -> list[str]:
 
 
 def _teardown_lines(name: str, run: RunRecord) -> list[str]:
-    from graphdoctor.parent.hangs import teardown_note
-
     note = teardown_note(run.teardown)
     if note is None:
         return []

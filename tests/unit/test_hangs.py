@@ -16,12 +16,12 @@ from graphdoctor.compare.verdict import judge, verdict_for_failure
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport
 from graphdoctor.parent.children import record_from_events
-from graphdoctor.parent.hangs import TEARDOWN_FIX, parse_dump, teardown_note, timeout_outcome
+from graphdoctor.parent.hangs import parse_dump, timeout_outcome
 from graphdoctor.parent.runner import ProcessResult, read_stacks, run_isolated
 from graphdoctor.protocol import ChildSpec, Placement, Role, RunRecord, read_events, run_name
 from graphdoctor.protocol.events import Phase, Teardown, decode, encode
 from graphdoctor.report.diff import render_text, write_json
-from graphdoctor.types import MAX_STACK_FRAMES, Diagnosis, RankExit, RankStack, Verdict
+from graphdoctor.types import MAX_STACK_FRAMES, TEARDOWN_FIX, Diagnosis, RankExit, RankStack, Verdict, teardown_note
 
 RANKS = Path(__file__).resolve().parents[2] / "fixtures" / "hangs" / "ranks.py"
 
