@@ -137,13 +137,14 @@ def _timeline(run: RunRecord) -> list[str]:
 
 
 def phases_summary(run: RunRecord) -> dict[str, Any]:
-    """Counts per phase for the report: training steps by phase, evaluations, replays after an eval."""
+    """Counts per phase for the report: training steps by phase, evaluations, and the training steps
+    right after an evaluation (each compared like every other step)."""
     counts: dict[str, int] = {}
     for s in run.steps:
         counts[s.phase] = counts.get(s.phase, 0) + 1
     after_eval = {e.after_step + 1 for e in run.evals}
     return {"steps": counts, "evals": len(run.evals),
-            "replays_after_eval": sum(1 for s in run.steps if s.step in after_eval and s.phase == "replay")}
+            "steps_after_eval": sum(1 for s in run.steps if s.step in after_eval)}
 
 
 __all__ = ["EVAL_DIVERGENCE_RULE", "FROZEN_VALUE_RULE", "EvalDivergence", "FrozenValue", "find_eval_divergence",

@@ -13,6 +13,7 @@ from graphdoctor.inputs import write_output
 from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
 from graphdoctor.report.envelope import envelope
 from graphdoctor.report.forensics import forensics_table
+from graphdoctor.report.schedule import phase_lines
 from graphdoctor.strict_json import json_safe
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
         "impl", "verdict", "first divergence", "max abs", "max rel", "eager ms", "graphed ms",
         "speedup"], tablefmt="simple")
     lines += ["", table, ""]
+    if report.reference.evals or report.config.eval_interval:
+        lines += [*phase_lines(report), ""]
     launches = launch_table(report)
     if launches:
         lines += [launches, ""]

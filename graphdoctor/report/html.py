@@ -17,6 +17,7 @@ from graphdoctor.report.html_model import ImplView, ReportView, load_report, par
 from graphdoctor.report.html_model_parts import DiagnosisView, RunView, TensorDiffView
 from graphdoctor.report.html_page import badge, figure, page, table, verdict_class
 from graphdoctor.report.html_sections import forensics_section, launches_section, memory_section
+from graphdoctor.report.schedule import eval_section
 from graphdoctor.report.svg import EAGER_COLOUR, HeatCell, Series, heat_strip, line_chart, series_style
 
 
@@ -271,6 +272,10 @@ def render_report(view: ReportView, *, source: str = "") -> str:
     toc = [("run", "run"), ("loss", "loss"), ("numeric", "grads/params"), ("tensors", "first tensors")]
     if view.source == "diff":
         sections += [_loss_section(view), _numeric_section(view), _first_tensors_section(view)]
+        evals = eval_section(view)
+        if evals:
+            sections.append(evals)
+            toc.append(("eval", "eval"))
     else:
         toc = [("run", "run")]
     forensics = forensics_section(view.impls)

@@ -21,6 +21,7 @@ if [ "$part" != te ]; then
     run forensics tests/gpu/test_forensics_gpu.py &
     run diff tests/gpu/test_diff_gpu.py tests/gpu/test_memory_gpu.py tests/gpu/test_count_gpu.py &
     run moe tests/gpu/test_moe_gpu.py &
+    run schedule tests/gpu/test_schedule_gpu.py &
     run probes tests/gpu/test_probes_gpu.py tests/gpu/test_check_probe_gpu.py tests/gpu/test_launches_gpu.py \
         tests/gpu/test_bitprint_gpu.py tests/gpu/test_report_gpu.py &
 fi

@@ -86,7 +86,7 @@ def test_real_records_with_equal_evals_match_and_list_every_phase(impl: str) -> 
     phases = phase_list(with_evals(graphed, 3))
     assert "eval" in phases and "replay" in phases
     summary = phases_summary(with_evals(graphed, 3))
-    assert summary["evals"] == 3 and summary["replays_after_eval"] == 2
+    assert summary["evals"] == 3 and summary["steps_after_eval"] == 2
 
 
 def test_real_records_differing_only_in_one_eval_loss_diverge_in_phase_eval() -> None:
@@ -207,3 +207,37 @@ def test_diff_notes_the_static_schedule_rules_for_local_only() -> None:
 
 def test_eval_point_is_plain_data() -> None:
     assert EvalPoint(index=0, after_step=2, final=False) == eval_plan(8, 3)[0]
+
+
+def _report_with_evals(graphed_losses: dict[int, float] | None = None) -> object:
+    report = load_report(REPORT)
+    results = tuple(dataclasses.replace(r, runs=(with_evals(r.runs[0], 3, graphed_losses), *r.runs[1:]))
+                    for r in report.results)
+    return dataclasses.replace(report, reference=with_evals(report.reference, 3), results=results)
+
+
+def test_terminal_summary_lists_phases_and_every_evaluation() -> None:
+    from graphdoctor.report.diff import render_text
+
+    text = render_text(_report_with_evals())  # type: ignore[arg-type]
+    assert "  phases eager: eager 7; eval 3 (2 training steps right after one)" in text
+    assert "  phases full_iteration: warmup 2, capture 1, replay 4; eval 3 (2 training steps right after one)" in text
+    assert "eval 0 after step 2: eager " in text and "final eval after step 6" in text
+    assert " | local " in text and " =" in text
+
+
+def test_json_and_html_carry_the_evaluations(tmp_path: Path) -> None:
+    import json
+
+    from graphdoctor.report.diff import write_json
+    from graphdoctor.report.html import render_payload
+
+    report = _report_with_evals({1: 1.5})
+    path = tmp_path / "report.json"
+    write_json(report, path)  # type: ignore[arg-type]
+    payload = json.loads(path.read_text())
+    runs = payload["impls"][0]["runs"]
+    assert [e["after_step"] for e in runs[0]["evals"]] == [2, 5, 6]
+    html = render_payload(payload)
+    assert '<section id="eval">' in html and "Evaluations" in html
+    assert "1.5 (differs)" in html and "(=)" in html
