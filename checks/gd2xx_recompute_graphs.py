@@ -72,16 +72,20 @@ class RecomputeOnlyParameterInLocalGraph(Rule):
     fix_template = "Recompute these modules outside the local graph's scope or use full_iteration graphs"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.recompute_granularity != "selective":
+        # `graphdoctor diff`'s run.recompute_* keys sit over the transformer's (DiffConfig.recompute_settings).
+        granularity = ctx.run.get("recompute_granularity") or ctx.recompute_granularity
+        modules = ctx.run.get("recompute_modules") or ctx.recompute_modules
+        if granularity != "selective" or not isinstance(modules, list | tuple):
             return
-        hidden = [m for m in ctx.recompute_modules if m in CHECKPOINT_WITHOUT_OUTPUT_MODULES]
+        hidden = [m for m in modules if m in CHECKPOINT_WITHOUT_OUTPUT_MODULES]
+        declared = tuple(f"run.{k}" for k in ("recompute_granularity", "recompute_modules") if k in ctx.run)
         for run in graphed_runs(ctx):
             if run.impl != "local":
                 continue
             captured = [m for m in hidden if not run.modules
                         or set(CHECKPOINT_WITHOUT_OUTPUT_MODULES[m]) & set(run.modules)]
             if captured:
-                keys = (*given(ctx, "recompute_granularity", "recompute_modules"), *run.fields)
+                keys = (*given(ctx, "recompute_granularity", "recompute_modules"), *declared, *run.fields)
                 yield Hit(tuple(dict.fromkeys(keys)), {"modules": captured})
                 return
 

@@ -241,3 +241,16 @@ def test_json_and_html_carry_the_evaluations(tmp_path: Path) -> None:
     html = render_payload(payload)
     assert '<section id="eval">' in html and "Evaluations" in html
     assert "1.5 (differs)" in html and "(=)" in html
+
+
+def test_check_reads_the_schedule_keys_of_a_run_file(tmp_path: Path) -> None:
+    from graphdoctor.rules import check
+
+    path = tmp_path / "run.yaml"
+    path.write_text("run:\n  impls: [local]\n  eval_interval: 3\n  recompute_granularity: selective\n"
+                    "  recompute_modules: [layernorm]\n")
+    findings = [f for f in check(path).findings if f.code == "GD220"]
+    assert [sorted(loc.rsplit(":", 1)[1] for loc in f.locations) for f in findings] == [["2", "4", "5"]]
+    path.write_text("run:\n  eval_interval: 3\n  eval_iters: 0\n")
+    with pytest.raises(UsageError, match=r"run.yaml:3: run.eval_iters: expected an integer >= 1, got 0"):
+        check(path)
