@@ -33,6 +33,8 @@ def _num(value: float | None, fmt: str = "{:.3g}") -> str:
 def _first(result: ImplResult) -> str:
     if result.divergence is not None:
         d = result.divergence
+        if d.what == "eval":
+            return f"{d.label} after step {d.step}"
         if d.tensor is None:
             return f"step {d.step} {d.label}"
         return f"step {d.step} {d.label} ({d.tensor})" if d.what not in ("loss", "reported") else \

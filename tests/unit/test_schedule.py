@@ -229,10 +229,15 @@ def test_terminal_summary_lists_phases_and_every_evaluation() -> None:
 def test_json_and_html_carry_the_evaluations(tmp_path: Path) -> None:
     import json
 
+    from graphdoctor.compare.verdict import judge as judge_runs
     from graphdoctor.report.diff import write_json
     from graphdoctor.report.html import render_payload
 
     report = _report_with_evals({1: 1.5})
+    report = dataclasses.replace(report, results=tuple(  # type: ignore[type-var]
+        dataclasses.replace(r, verdict=Verdict.NUMERIC_DIVERGENCE,
+                            divergence=judge_runs(report.reference, r.runs[0], warmup_steps=2).divergence)
+        for r in report.results))  # type: ignore[attr-defined]
     path = tmp_path / "report.json"
     write_json(report, path)  # type: ignore[arg-type]
     payload = json.loads(path.read_text())
@@ -241,6 +246,20 @@ def test_json_and_html_carry_the_evaluations(tmp_path: Path) -> None:
     html = render_payload(payload)
     assert '<section id="eval">' in html and "Evaluations" in html
     assert "1.5 (differs)" in html and "(=)" in html
+    assert "first difference: evaluation after step 5, its loss" in html
+
+
+def test_terminal_first_divergence_names_the_evaluation() -> None:
+    from graphdoctor.compare.verdict import judge as judge_runs
+    from graphdoctor.report.diff import render_text
+
+    report = _report_with_evals({1: 1.5})
+    results = tuple(dataclasses.replace(r, **{f: getattr(judge_runs(report.reference, r.runs[0], warmup_steps=2), f)
+                                             for f in ("verdict", "divergence", "notes")})
+                    for r in report.results)  # type: ignore[attr-defined]
+    text = render_text(dataclasses.replace(report, results=results))  # type: ignore[type-var]
+    assert "eval loss after step 5" in text
+    assert "GD514 eval-after-train-divergence: phase eval: evaluation 1 (after step 5)" in text
 
 
 def test_check_reads_the_schedule_keys_of_a_run_file(tmp_path: Path) -> None:
