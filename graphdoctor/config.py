@@ -56,7 +56,26 @@ class DiffConfig:
     """Sequences per micro-batch."""
 
     num_microbatches: int = 1
-    """Micro-batches per training step (gradient accumulation)."""
+    """Micro-batches per training step (gradient accumulation), and per evaluation iteration."""
+
+    eval_interval: int = 0
+    """Evaluate after every `eval_interval` training steps and once after the last step (Megatron's
+    forward-only schedule, model.eval(), no grad); 0: no evaluation."""
+
+    eval_iters: int = 2
+    """Forward-only iterations per evaluation (Megatron-LM's --eval-iters)."""
+
+    recompute_granularity: str | None = None
+    """TransformerConfig.recompute_granularity (full or selective); None: the run file's or Megatron's."""
+
+    recompute_method: str | None = None
+    """TransformerConfig.recompute_method (uniform or block) for full recompute."""
+
+    recompute_num_layers: int | None = None
+    """TransformerConfig.recompute_num_layers for full recompute."""
+
+    recompute_modules: tuple[str, ...] = ()
+    """TransformerConfig.recompute_modules for selective recompute (e.g. core_attn, mlp); empty: unset."""
 
     vocab_size: int = 1024
     """Vocabulary size of the built-in GPT model and of the synthetic batches."""
@@ -158,6 +177,7 @@ class DiffConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name}: got {value!r}, expected an integer >= 1")
+        _check_schedule(self)
         if self.hidden_size % self.num_attention_heads:
             raise UsageError(
                 f"hidden_size: got {self.hidden_size}, expected a multiple of "
@@ -207,6 +227,16 @@ class DiffConfig:
         """True when differences are judged bitwise (no tolerance)."""
         return self.rtol == 0.0 and self.atol == 0.0
 
+    def recompute_settings(self) -> dict[str, Any]:
+        """The TransformerConfig recompute fields this run sets (over the run file's `transformer:`
+        values); TransformerConfig.__post_init__ validates them."""
+        settings: dict[str, Any] = {name: getattr(self, name) for name in
+                                    ("recompute_granularity", "recompute_method", "recompute_num_layers")
+                                    if getattr(self, name) is not None}
+        if self.recompute_modules:
+            settings["recompute_modules"] = list(self.recompute_modules)
+        return settings
+
     def replace(self, **changes: Any) -> DiffConfig:
         """Return a copy with `changes` applied (validated again)."""
         return dataclasses.replace(self, **changes)
@@ -219,6 +249,7 @@ class DiffConfig:
         data["allow_env"] = list(self.allow_env)
         data["launch_notes"] = list(self.launch_notes)
         data["graph_layers"] = list(self.graph_layers)
+        data["recompute_modules"] = list(self.recompute_modules)
         return data
 
     @classmethod
@@ -227,7 +258,8 @@ class DiffConfig:
         saved reports of later versions still load."""
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
-        for key in ("impls", "cuda_graph_modules", "allow_env", "launch_notes", "graph_layers"):
+        for key in ("impls", "cuda_graph_modules", "allow_env", "launch_notes", "graph_layers",
+                    "recompute_modules"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -244,6 +276,23 @@ STARTUP_VARIABLES: tuple[str, ...] = (
 def is_startup_variable(name: str) -> bool:
     """True for variables that change how Python or the dynamic loader start (STARTUP_VARIABLES)."""
     return name in STARTUP_VARIABLES
+
+
+def _check_schedule(config: DiffConfig) -> None:
+    """The run schedule's fields: evaluation and recompute (Megatron validates the recompute values
+    themselves when the TransformerConfig is built)."""
+    for name in ("eval_interval", "eval_iters"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "eval_interval" else 1):
+            low = 0 if name == "eval_interval" else 1
+            raise UsageError(f"{name}: got {value!r}, expected an integer >= {low}")
+    if config.recompute_num_layers is not None and (
+            isinstance(config.recompute_num_layers, bool) or not isinstance(config.recompute_num_layers, int)
+            or config.recompute_num_layers < 1):
+        raise UsageError(f"recompute_num_layers: got {config.recompute_num_layers!r}, expected an integer >= 1")
+    if not isinstance(config.recompute_modules, (list, tuple)):
+        raise UsageError(f"recompute_modules: got {config.recompute_modules!r}, expected a list of module names")
+    config.recompute_modules = tuple(config.recompute_modules)
 
 
 def _check_impls(impls: tuple[str, ...]) -> None:
@@ -363,13 +412,15 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         if not isinstance(allowed, (list, tuple)):
             raise UsageError(f"allow_env: got {allowed!r}, expected a list of variable names")
         values["allow_env"] = tuple(allowed)
-    if "cuda_graph_modules" in values:
-        mods = values["cuda_graph_modules"]
+    for key in ("cuda_graph_modules", "recompute_modules"):
+        if key not in values:
+            continue
+        mods = values[key]
         if isinstance(mods, str):
             mods = [s.strip() for s in mods.split(",") if s.strip()]
         if not isinstance(mods, (list, tuple)):
-            raise UsageError(f"cuda_graph_modules: got {describe(mods)}, expected a list of module names")
-        values["cuda_graph_modules"] = tuple(mods)
+            raise UsageError(f"{key}: got {describe(mods)}, expected a list of module names")
+        values[key] = tuple(mods)
     # Common transformer fields may arrive through transformer: as well; the dedicated fields win
     # only when given explicitly, so mirror them here.
     transformer = values.get("transformer", {})

@@ -43,7 +43,7 @@ class Option:
         if self.field is None:
             return None
         value = _DEFAULTS.get(self.field)
-        if self.field in ("impls", "cuda_graph_modules", "allow_env"):
+        if self.field in ("impls", "cuda_graph_modules", "allow_env", "recompute_modules"):
             return ",".join(value)  # type: ignore[arg-type]
         return value
 
@@ -72,6 +72,20 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("seq-length", "seq_length", int, "Sequence length.", "N"),
     Option("micro-batch-size", "micro_batch_size", int, "Sequences per micro-batch.", "N"),
     Option("num-microbatches", "num_microbatches", int, "Micro-batches per step.", "N"),
+    Option("eval-interval", "eval_interval", int,
+           "Evaluate after every K training steps and after the last (forward-only, eval mode, no "
+           "grad); 0: no evaluation.", "K"),
+    Option("eval-iters", "eval_iters", int, "Forward-only iterations per evaluation.", "E"),
+    Option("recompute-granularity", "recompute_granularity", str,
+           "TransformerConfig.recompute_granularity: full or selective.", "G", default_text="unset"),
+    Option("recompute-method", "recompute_method", str,
+           "TransformerConfig.recompute_method for full recompute: uniform or block.", "M",
+           default_text="unset"),
+    Option("recompute-num-layers", "recompute_num_layers", int,
+           "TransformerConfig.recompute_num_layers for full recompute.", "N", default_text="unset"),
+    Option("recompute-modules", "recompute_modules", str,
+           "Comma-separated TransformerConfig.recompute_modules for selective recompute "
+           "(core_attn, mlp, moe, ...).", "LIST", default_text="unset"),
     Option("vocab-size", "vocab_size", int, "Vocabulary size.", "N"),
     Option("dtype", "dtype", str, "fp32, bf16 or fp16.", "DTYPE"),
     Option("dropout", "dropout", float,

@@ -166,7 +166,8 @@ class StepRecord:
 
     reported: tuple[tuple[str, float], ...] = ()
     """Every value the loss function reported, (key, value) in its dict's order, reduced over
-    micro-batches as Megatron-LM's trainer does ([sum, count]: sum / count; one element: the mean)."""
+    micro-batches as Megatron-LM's trainer does ([sum, count]: sum / count; one element: the mean);
+    then every value Megatron's trackers logged that step, as `tracker/<name>` (summed over layers)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
@@ -296,6 +297,39 @@ def teardown_note(exits: Sequence[RankExit]) -> str | None:
     return (f"teardown-hang: {who} did not exit within the bound after writing its results "
             f"(destroy_process_group); the results stand; fix: {TEARDOWN_FIX}")
 
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRecord:
+    """What one evaluation of one child run recorded (Megatron's forward-only schedule, eval mode)."""
+
+    index: int
+    """0-based evaluation index within the run."""
+
+    after_step: int
+    """The training step it ran after (the last step for the final evaluation)."""
+
+    loss: float
+    """Mean over the evaluation's iterations of each iteration's loss, scaled as in training."""
+
+    final: bool = False
+    """True for the evaluation after the last training step."""
+
+    reported: tuple[tuple[str, float], ...] = ()
+    """The loss function's reported values, reduced over every micro-batch of every iteration as
+    Megatron-LM's `evaluate` does ([sum, count]: sum / count; one element: the mean)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view (also the eval event's fields)."""
+        return {"index": self.index, "after_step": self.after_step, "loss": self.loss, "final": self.final,
+                "reported": dict(self.reported)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalRecord:
+        """Inverse of to_dict."""
+        return cls(index=int(data["index"]), after_step=int(data["after_step"]), loss=float(data["loss"]),
+                   final=bool(data.get("final", False)),
+                   reported=tuple((str(k), float(v)) for k, v in (data.get("reported") or {}).items()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,9 @@ import torch
 from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics, forward_step_name, step_batches
 from graphdoctor.child.quiet import GpuTurn
 from graphdoctor.child.reported import reduce_step
+from graphdoctor.child.schedule import eval_plan, run_eval, with_tracker_values
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
-from graphdoctor.protocol.events import Capture, Event, Phase, Step, Tensors
+from graphdoctor.protocol.events import Capture, Eval, Event, Phase, Step, Tensors
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Role
 from graphdoctor.types import StepPrints, StepRecord, TensorDiff
 
@@ -230,6 +231,7 @@ class StepRunner:
                 self.taps.end_step(step)
         values = reduce_step(losses, per_token_loss=bool(getattr(setup.config, "calculate_per_token_loss", False)),
                              where=forward_step_name(cfg.forward_step))
+        values = with_tracker_values(values)  # read before clear_moe_metrics below
         end_fb.record()
         grad_prints = None if profiled or self.printer is None else self.printer.grads()
         grads = None if profiled else self.io.process(step, "grads")
@@ -281,6 +283,7 @@ def run_steps(
     te_capture_step = cfg.cuda_graph_warmup_steps if setup.te_helper is not None else None
     turn = GpuTurn(spec.gpu_turn) if spec.gpu_turn else None
     timed = timed_steps(spec)
+    evals = {p.after_step: p for p in eval_plan(cfg.steps, cfg.eval_interval)}
     for step in range(last + 1):
         phase = phase_of(spec.impl, step, cfg.cuda_graph_warmup_steps)
         if phase != state.phase:
@@ -302,6 +305,11 @@ def run_steps(
         emit(Step(record=record))
         if record.phase == "capture" and te_capture_step is None:
             emit(Capture(step=step, seconds=record.step_time_ms / 1000.0))
+        if step in evals and not record.profiled:
+            state.phase = "eval"
+            emit(Phase(phase="eval", step=step))
+            emit(Eval(record=run_eval(cfg, setup, evals[step], where=forward_step_name(cfg.forward_step),
+                                      taps=taps)))
     state.phase = "done"
     return runner.io.compare_s
 

@@ -116,7 +116,7 @@ def transformer_config(config: DiffConfig, impl: str, dropout: float) -> Any:
         "cuda_graph_warmup_steps": config.cuda_graph_warmup_steps,
         **_dtype_flags(config.dtype),
     }
-    for key, value in config.transformer.items():
+    for key, value in {**config.transformer, **config.recompute_settings()}.items():
         if key in ("hidden_dropout", "attention_dropout", "cuda_graph_impl"):
             continue  # owned by the run (dropout/control pairs, impl per child)
         fields[key] = value

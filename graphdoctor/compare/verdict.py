@@ -28,7 +28,8 @@ class Divergence:
 
     what: str
     """loss | reported | grads | params: the first quantity of that step that differs (in that
-    order; `reported`: a value the loss function reported, named by `key`)."""
+    order; `reported`: a value the loss function reported, named by `key`); `eval` when every
+    training step matches and the evaluation after `step` differs (its loss, or the value `key`)."""
 
     tensor: str | None
     """First differing tensor (parameter name) of that step, None for a loss-only difference."""
@@ -53,6 +54,8 @@ class Divergence:
     @property
     def label(self) -> str:
         """`loss`, `grads`, `params`, or `reported 'lm loss'`."""
+        if self.what == "eval":
+            return f"eval {self.key!r}" if self.key else "eval loss"
         return f"reported {self.key!r}" if self.what == "reported" else self.what
 
     def to_dict(self) -> dict[str, Any]:
@@ -400,18 +403,45 @@ def judge(
                           **common)  # type: ignore[arg-type]
     timing = steady_timing(reference, graphed, warmup_steps)
     divergence = find_divergence(reference, graphed, rtol=rtol, atol=atol)
+    phase_notes = schedule_notes(reference, graphed, rtol=rtol, atol=atol, steps_match=divergence is None)
+    divergence = divergence or eval_divergence(reference, graphed, rtol=rtol, atol=atol)
     if divergence is None:
         return ImplResult(verdict=Verdict.MATCH, timing=timing, **common)  # type: ignore[arg-type]
     if graphed.dropout == 0.0:
         return ImplResult(verdict=Verdict.NUMERIC_DIVERGENCE, divergence=divergence,
-                          timing=timing, **common)  # type: ignore[arg-type]
+                          timing=timing, notes=phase_notes, **common)  # type: ignore[arg-type]
     control, verdict, notes = _control(control_reference, control_graphed, warmup_steps, rtol, atol)
     return ImplResult(verdict=verdict, divergence=divergence, timing=timing, control=control,
-                      notes=notes, **common)  # type: ignore[arg-type]
+                      notes=phase_notes + notes, **common)  # type: ignore[arg-type]
 
 
 REFERENCE_FAILED_NOTE = "not run: the eager reference failed"
 """The note of every implementation's row when the eager reference failed."""
+
+
+def eval_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float, atol: float) -> Divergence | None:
+    """A Divergence of `what="eval"` at the first differing evaluation's step (training matched)."""
+    from graphdoctor.compare.phases import find_eval_divergence
+
+    found = find_eval_divergence(reference, graphed, rtol=rtol, atol=atol)
+    if found is None:
+        return None
+    diff = abs(found.graphed - found.eager)
+    return Divergence(step=found.after_step, what="eval", tensor=None, max_abs=diff,
+                      max_rel=diff / abs(found.eager) if found.eager else diff, loss_max_abs=0.0, key=found.key)
+
+
+def schedule_notes(reference: RunRecord, graphed: RunRecord, *, rtol: float, atol: float,
+                   steps_match: bool) -> tuple[str, ...]:
+    """Notes naming the run schedule's phase and rule: each frozen logged value (GD513) and the first
+    differing evaluation (GD514)."""
+    from graphdoctor.compare.phases import find_eval_divergence, find_frozen_values
+
+    notes = [f.note() for f in find_frozen_values(reference, graphed)]
+    found = find_eval_divergence(reference, graphed, rtol=rtol, atol=atol)
+    if found is not None:
+        notes.append(found.note(steps_match))
+    return tuple(notes)
 
 
 def reference_failed(impl: str) -> ImplResult:

@@ -23,6 +23,7 @@ from graphdoctor.parent.runner import ProcessResult, child_env, python_command, 
 from graphdoctor.protocol.events import (
     End,
     Error,
+    Eval,
     EventLog,
     Hazard,
     Launches,
@@ -44,6 +45,7 @@ CHILD_MODULE = "graphdoctor.child"
 def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> RunRecord:
     """Fold a child's events and how its process ended into a RunRecord (pure; tested on CPU)."""
     steps = tuple(e.record for e in log.of(Step))
+    evals = tuple(e.record for e in log.of(Eval))
     started: Started | None = log.first(Started)
     end: End | None = log.first(End)
     error: Error | None = log.first(Error)
@@ -55,7 +57,7 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
     teardown = teardown_exits({rank: log}, ended.stacks)
     status, diagnosis = _outcome(spec, {rank: log}, end, error, ended, teardown)
     return RunRecord(
-        impl=spec.impl, dropout=spec.dropout, status=status, steps=steps, diagnosis=diagnosis,
+        impl=spec.impl, dropout=spec.dropout, status=status, steps=steps, evals=evals, diagnosis=diagnosis,
         wall_s=ended.wall_s, train_s=end.train_s if end else 0.0, compare_s=end.compare_s if end else 0.0,
         memory=memory.section if memory else None, launches=launches.section if launches else None,
         env=started.env if started else None, forensics=taps.table if taps else None,

@@ -16,6 +16,10 @@ from graphdoctor.types import Verdict
 
 MOE_FAMILY = "moe"
 
+SCHEDULE_RULES: tuple[str, ...] = ("GD402", "GD220")
+"""Static rules of the run schedule diff notes on a row: evaluation replaying local training graphs
+(GD402, when the run evaluates) and parameters used only by a recompute inside local graphs (GD220)."""
+
 MEGATRON_MOE_FRAME = re.compile(r"(megatron/core/transformer/moe/[\w/]+\.py:\d+)")
 """A frame of Megatron's MoE code in a traceback line (`.../site-packages/megatron/core/...py:317 in f`)."""
 
@@ -41,14 +45,32 @@ def moe_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     return [f for f in report.findings if f.severity in ("error", "warning")]
 
 
+def schedule_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
+    """GD402 and GD220 on the TransformerConfig diff builds for `impl` with the run's recompute settings
+    (GD402 only when the run evaluates between steps)."""
+    if impl != "local":
+        return []
+    transformer = {k: v for k, v in config.transformer.items() if k != "cuda_graph_impl"}
+    transformer.update(config.recompute_settings(), cuda_graph_impl=impl)
+    if config.cuda_graph_modules and "cuda_graph_modules" not in transformer:
+        transformer["cuda_graph_modules"] = list(config.cuda_graph_modules)
+    codes = [c for c in SCHEDULE_RULES if c != "GD402" or config.eval_interval > 0]
+    try:
+        report = check({"transformer": transformer}, select=codes)
+    except UsageError:
+        return []
+    return list(report.findings)
+
+
 def with_static_findings(result: ImplResult, config: DiffConfig) -> ImplResult:
     """The row with its static MoE findings as notes. A capture failure that GD217 predicts gets
     GD217's rule and fix, and the innermost Megatron MoE frame of its traceback (else the rule's
     file:line) as its location; any other capture failure without a location that died in Megatron's
     MoE code gets that frame as its location."""
     findings = moe_static_findings(config, result.impl)
-    if findings:
-        notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in findings)
+    schedule = schedule_static_findings(config, result.impl)
+    if findings or schedule:
+        notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in (*findings, *schedule))
         result = dataclasses.replace(result, notes=(*result.notes, *notes))
     diag = result.diagnosis
     if result.verdict != Verdict.CAPTURE_FAILED or diag is None:
@@ -69,4 +91,4 @@ def _in_moe_code(location: str | None, tail: list[str]) -> bool:
     return any(MEGATRON_MOE_FRAME.search(text or "") for text in (location, *tail))
 
 
-__all__ = ["moe_static_findings", "with_static_findings"]
+__all__ = ["moe_static_findings", "schedule_static_findings", "with_static_findings"]

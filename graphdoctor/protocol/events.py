@@ -16,7 +16,7 @@ from graphdoctor.compare.forensics import TapTable
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.spec import ProtocolError
-from graphdoctor.types import StepRecord
+from graphdoctor.types import EvalRecord, StepRecord
 
 Frame = tuple[str, int, str]
 """(filename, line, function) of one traceback frame, outermost first."""
@@ -64,6 +64,14 @@ class Step:
 
     kind: ClassVar[str] = "step"
     record: StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Eval:
+    """One evaluation finished (between training steps, or the final one)."""
+
+    kind: ClassVar[str] = "eval"
+    record: EvalRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +196,9 @@ class Teardown:
     """The watchdog fired: its stacks were dumped and the process was ended."""
 
 
-Event = Started | Tensors | Step | Capture | Memory | Launches | Taps | Hazard | Error | End | Phase | Teardown
+Event = Started | Tensors | Step | Eval | Capture | Memory | Launches | Taps | Hazard | Error | End | Phase | Teardown
 EVENT_TYPES: dict[str, type[Any]] = {
-    cls.kind: cls for cls in (Started, Tensors, Step, Capture, Memory, Launches, Taps, Hazard, Error, End,
+    cls.kind: cls for cls in (Started, Tensors, Step, Eval, Capture, Memory, Launches, Taps, Hazard, Error, End,
                               Phase, Teardown)
 }
 
@@ -203,6 +211,8 @@ def encode(event: Event) -> str:
         value = getattr(event, f.name)
         if isinstance(value, StepRecord):
             data.update(value.to_event())
+        elif isinstance(value, EvalRecord):
+            data.update(value.to_dict())
         elif isinstance(value, RunEnv):
             data.update(value.to_dict())
         elif isinstance(value, MemorySection | LaunchSection | TapTable):
@@ -228,6 +238,8 @@ def decode(line: str) -> Event:
             return Started(env=RunEnv.from_dict(data))
         if cls is Step:
             return Step(record=StepRecord.from_dict(data))
+        if cls is Eval:
+            return Eval(record=EvalRecord.from_dict(data))
         if cls is Memory:
             return Memory(section=MemorySection.from_dict(data["section"]))
         if cls is Launches:
@@ -299,6 +311,7 @@ __all__ = [
     "Capture",
     "End",
     "Error",
+    "Eval",
     "Event",
     "EventLog",
     "EventWriter",

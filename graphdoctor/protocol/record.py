@@ -14,7 +14,7 @@ from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.events import Hazard, RunEnv
 from graphdoctor.protocol.spec import impl_name
-from graphdoctor.types import Diagnosis, RankExit, StepRecord
+from graphdoctor.types import Diagnosis, EvalRecord, RankExit, StepRecord
 
 END_MEMORY_FIELDS: tuple[str, ...] = ("peak_allocated_bytes", "end_reserved_bytes", "end_allocated_bytes")
 
@@ -37,6 +37,9 @@ class RunRecord:
 
     diagnosis: Diagnosis | None = None
     """Set when status is not ok."""
+
+    evals: tuple[EvalRecord, ...] = ()
+    """Evaluations, in order (none unless the run schedule evaluates)."""
 
     wall_s: float = 0.0
     """Wall-clock time of the child process, start to exit."""
@@ -100,6 +103,7 @@ class RunRecord:
             "dropout": self.dropout,
             "status": self.status,
             "steps": [s.to_dict() for s in self.steps],
+            "evals": [e.to_dict() for e in self.evals],
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
             "wall_s": self.wall_s,
             "train_s": self.train_s,
@@ -121,6 +125,7 @@ class RunRecord:
         return cls(
             impl=impl_name(str(data["impl"])), dropout=float(data["dropout"]), status=str(data["status"]),
             steps=tuple(StepRecord.from_dict(s) for s in data.get("steps", ())),
+            evals=tuple(EvalRecord.from_dict(e) for e in data.get("evals", ())),
             diagnosis=Diagnosis.from_dict(data["diagnosis"]) if data.get("diagnosis") else None,
             wall_s=float(data.get("wall_s", 0.0)), train_s=float(data.get("train_s", 0.0)),
             compare_s=float(data.get("compare_s", 0.0)),

@@ -13,6 +13,7 @@ from graphdoctor.inputs import write_output
 from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
 from graphdoctor.report.envelope import envelope
 from graphdoctor.report.forensics import forensics_table
+from graphdoctor.report.schedule import phase_lines
 from graphdoctor.strict_json import json_safe
 from graphdoctor.types import teardown_note
 
@@ -34,6 +35,8 @@ def _num(value: float | None, fmt: str = "{:.3g}") -> str:
 def _first(result: ImplResult) -> str:
     if result.divergence is not None:
         d = result.divergence
+        if d.what == "eval":
+            return f"{d.label} after step {d.step}"
         if d.tensor is None:
             return f"step {d.step} {d.label}"
         return f"step {d.step} {d.label} ({d.tensor})" if d.what not in ("loss", "reported") else \
@@ -94,6 +97,8 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
         "impl", "verdict", "first divergence", "max abs", "max rel", "eager ms", "graphed ms",
         "speedup"], tablefmt="simple")
     lines += ["", table, ""]
+    if report.reference.evals or report.config.eval_interval:
+        lines += [*phase_lines(report), ""]
     launches = launch_table(report)
     if launches:
         lines += [launches, ""]

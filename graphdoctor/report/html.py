@@ -17,6 +17,7 @@ from graphdoctor.report.html_model import ImplView, ReportView, load_report, par
 from graphdoctor.report.html_model_parts import DiagnosisView, RunView, TensorDiffView
 from graphdoctor.report.html_page import badge, figure, page, table, verdict_class
 from graphdoctor.report.html_sections import forensics_section, launches_section, memory_section
+from graphdoctor.report.schedule import eval_section
 from graphdoctor.report.svg import EAGER_COLOUR, HeatCell, Series, heat_strip, line_chart, series_style
 
 
@@ -58,7 +59,9 @@ def _first_line(impl: ImplView) -> str:
     d = impl.first_divergence
     if d is None:
         return "equal to eager at every compared step" if impl.verdict == "match" else ""
-    where = f"step {d.step}, {d.what}" + (f" {d.key!r}" if d.what == "reported" and d.key else "")
+    where = f"step {d.step}, {d.what}" + (f" {d.key!r}" if d.what in ("reported", "eval") and d.key else "")
+    if d.what == "eval":
+        where = f"evaluation after step {d.step}" + (f", {d.key!r}" if d.key else ", its loss")
     if d.tensor:
         where += f"; first tensor {d.tensor}"
     return f"first difference: {where} (max abs {_g(d.max_abs)}, max rel {_g(d.max_rel)})"
@@ -271,6 +274,10 @@ def render_report(view: ReportView, *, source: str = "") -> str:
     toc = [("run", "run"), ("loss", "loss"), ("numeric", "grads/params"), ("tensors", "first tensors")]
     if view.source == "diff":
         sections += [_loss_section(view), _numeric_section(view), _first_tensors_section(view)]
+        evals = eval_section(view)
+        if evals:
+            sections.append(evals)
+            toc.append(("eval", "eval"))
     else:
         toc = [("run", "run")]
     forensics = forensics_section(view.impls)

@@ -93,6 +93,24 @@ class StepView:
 
 
 @dataclass(frozen=True, slots=True)
+class EvalView:
+    """One evaluation of one run (the run schedule's eval phase)."""
+
+    index: int
+    after_step: int
+    final: bool
+    loss: float | None
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], index: int) -> EvalView:
+        """An evaluation; a missing index falls back to the row index."""
+        given = as_int(raw.get("index"))
+        after = as_int(raw.get("after_step"))
+        return cls(index if given is None else given, -1 if after is None else after, bool(raw.get("final")),
+                   num(raw.get("loss")))
+
+
+@dataclass(frozen=True, slots=True)
 class RunView:
     """One child run (eager reference, graphed run, control run, re-run)."""
 
@@ -102,6 +120,8 @@ class RunView:
     steps: tuple[StepView, ...]
     diagnosis: DiagnosisView | None = None
     """Why the run failed, when it did."""
+    evals: tuple[EvalView, ...] = ()
+    """Evaluations between and after the training steps (reports before the run schedule have none)."""
 
     @property
     def is_eager(self) -> bool:
@@ -120,8 +140,10 @@ class RunView:
             return None
         steps = tuple(StepView.parse(s, i) for i, s in enumerate(as_list(raw.get("steps")))
                       if isinstance(s, Mapping))
+        evals = tuple(EvalView.parse(e, i) for i, e in enumerate(as_list(raw.get("evals")))
+                      if isinstance(e, Mapping))
         return cls(str(raw.get("impl") or "none"), num(raw.get("dropout")), str(raw.get("status") or "?"),
-                   steps, DiagnosisView.parse(raw.get("diagnosis")))
+                   steps, DiagnosisView.parse(raw.get("diagnosis")), evals)
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +361,7 @@ class LaunchesView:
 
 __all__ = [
     "as_int", "as_list", "as_map", "as_str", "num",
-    "EAGER_NAMES", "PASSING_VERDICTS", "ControlView", "DiagnosisView", "DivergenceView",
+    "EAGER_NAMES", "PASSING_VERDICTS", "ControlView", "DiagnosisView", "DivergenceView", "EvalView",
     "GraphCensusView", "LaunchStepView", "LaunchesView", "LeakSiteView", "MemoryView",
     "PoolView", "RunView", "StepView", "TensorDiffView", "TimingView",
 ]

@@ -1,0 +1,151 @@
+"""The run schedule's phases compared: evaluation losses per evaluation, and logged values (reported
+and tracker values) that stay frozen across replays while eager's change. Pure Python on RunRecords.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.types import EvalRecord, StepRecord
+
+EVAL_DIVERGENCE_RULE = "GD514"
+"""Catalogue rule of an evaluation that differs from eager (checks/gd5xx_schedule.py)."""
+
+FROZEN_VALUE_RULE = "GD513"
+"""Catalogue rule of a logged value frozen at capture (checks/gd5xx_schedule.py)."""
+
+MIN_REPLAYS = 2
+"""Replay steps needed before a constant value counts as frozen."""
+
+
+@dataclass(frozen=True, slots=True)
+class EvalDivergence:
+    """The first evaluation whose loss or a reported value differs from eager."""
+
+    index: int
+    after_step: int
+    final: bool
+    what: str
+    """`loss` or `reported` (then `key` names the value)."""
+    key: str | None
+    eager: float
+    graphed: float
+
+    @property
+    def label(self) -> str:
+        """`loss` or `reported 'lm loss'`."""
+        return f"reported {self.key!r}" if self.what == "reported" else self.what
+
+    def note(self, steps_match: bool) -> str:
+        """The ImplResult note naming the phase and the catalogue rule."""
+        which = "final evaluation" if self.final else f"evaluation {self.index}"
+        tail = " while every training step matches" if steps_match else ""
+        return (f"{EVAL_DIVERGENCE_RULE} eval-after-train-divergence: phase eval: {which} (after step "
+                f"{self.after_step}) differs in {self.label}: eager {self.eager!r}, graphed {self.graphed!r}{tail}")
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenValue:
+    """A logged value constant over the graphed run's replays while eager's changes over those steps."""
+
+    key: str
+    steps: tuple[int, ...]
+    """The replay steps compared."""
+    value: float
+    """The graphed value at every one of them."""
+
+    def note(self) -> str:
+        """The ImplResult note naming the phase, the key and the catalogue rule."""
+        return (f"{FROZEN_VALUE_RULE} frozen-logged-value: phase train: {self.key!r} stays {self.value!r} over "
+                f"replay steps {self.steps[0]}-{self.steps[-1]} while eager's changes")
+
+
+def _differs(a: float, b: float, rtol: float, atol: float) -> bool:
+    if a != a and b != b:  # both NaN
+        return False
+    if rtol == 0.0 and atol == 0.0:
+        return a != b
+    return abs(a - b) > atol + rtol * abs(b)
+
+
+def _first_eval_difference(ref: EvalRecord, rec: EvalRecord, rtol: float,
+                           atol: float) -> tuple[str, str | None, float, float] | None:
+    if _differs(rec.loss, ref.loss, rtol, atol):
+        return "loss", None, ref.loss, rec.loss
+    theirs = dict(rec.reported)
+    for key, value in ref.reported:
+        if key not in theirs or _differs(theirs[key], value, rtol, atol):
+            return "reported", key, value, theirs.get(key, float("nan"))
+    return None
+
+
+def find_eval_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0.0,
+                         atol: float = 0.0) -> EvalDivergence | None:
+    """The first evaluation (in order) whose loss or reported values differ; an evaluation only the
+    eager run has (the graphed run stopped early) is not judged here."""
+    for ref, rec in zip(reference.evals, graphed.evals, strict=False):
+        found = _first_eval_difference(ref, rec, rtol, atol)
+        if found is not None:
+            what, key, eager, value = found
+            return EvalDivergence(index=ref.index, after_step=ref.after_step, final=ref.final, what=what,
+                                  key=key, eager=eager, graphed=value)
+    return None
+
+
+def _replays(run: RunRecord) -> list[StepRecord]:
+    return [s for s in run.steps if s.phase == "replay" and not s.profiled]
+
+
+def find_frozen_values(reference: RunRecord, graphed: RunRecord) -> tuple[FrozenValue, ...]:
+    """Logged values (the step's reported and tracker values) that are the same number at every
+    replay step of the graphed run while the eager run's values at those steps are not all equal."""
+    replays = _replays(graphed)
+    if len(replays) < MIN_REPLAYS:
+        return ()
+    eager_by_step = {s.step: dict(s.reported) for s in reference.steps}
+    frozen: list[FrozenValue] = []
+    for key, _ in replays[0].reported:
+        ours = [dict(s.reported).get(key) for s in replays]
+        theirs = [eager_by_step.get(s.step, {}).get(key) for s in replays]
+        if any(v is None for v in ours) or any(v is None for v in theirs):
+            continue
+        if len(set(ours)) == 1 and len(set(theirs)) > 1:
+            frozen.append(FrozenValue(key=key, steps=tuple(s.step for s in replays), value=float(ours[0])))  # type: ignore[arg-type]
+    return tuple(frozen)
+
+
+def phase_list(run: RunRecord) -> tuple[str, ...]:
+    """The phases a run went through, in order of first appearance (e.g. capture, replay, eval)."""
+    seen: list[str] = []
+    for item in _timeline(run):
+        if item not in seen:
+            seen.append(item)
+    return tuple(seen)
+
+
+def _timeline(run: RunRecord) -> list[str]:
+    evals_after: dict[int, list[EvalRecord]] = {}
+    for e in run.evals:
+        evals_after.setdefault(e.after_step, []).append(e)
+    out: list[str] = []
+    for s in run.steps:
+        out.append(s.phase)
+        out.extend("eval" for _ in evals_after.get(s.step, ()))
+    return out
+
+
+def phases_summary(run: RunRecord) -> dict[str, Any]:
+    """Counts per phase for the report: training steps by phase, evaluations, and the training steps
+    right after an evaluation (each compared like every other step)."""
+    counts: dict[str, int] = {}
+    for s in run.steps:
+        counts[s.phase] = counts.get(s.phase, 0) + 1
+    after_eval = {e.after_step + 1 for e in run.evals}
+    return {"steps": counts, "evals": len(run.evals),
+            "steps_after_eval": sum(1 for s in run.steps if s.step in after_eval)}
+
+
+__all__ = ["EVAL_DIVERGENCE_RULE", "FROZEN_VALUE_RULE", "EvalDivergence", "FrozenValue", "find_eval_divergence",
+           "find_frozen_values", "phase_list", "phases_summary"]

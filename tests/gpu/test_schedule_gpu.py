@@ -1,0 +1,118 @@
+"""The run schedule end to end on a real GPU: evaluation between steps and a final one, gradient
+accumulation over micro-batches, and the planted schedule fixtures (a mode-dependent module under
+graphs that evaluation reuses, micro-batch gradient aliasing, a logged value frozen at capture, a
+parameter only a recompute uses), each found with its phase and where."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from graphdoctor.compare.phases import phase_list
+from graphdoctor.config import DiffConfig
+from graphdoctor.diff import diff
+from graphdoctor.report.diff import render_text
+from graphdoctor.types import Verdict
+
+pytestmark = pytest.mark.gpu
+
+SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
+         "vocab_size": 512, "steps": 7, "cuda_graph_warmup_steps": 2, "timeout_s": 240.0}
+SCHEDULE = {"eval_interval": 3, "eval_iters": 2, "num_microbatches": 4}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def planted_line(module: str, marker: str) -> int:
+    text = (REPO / "fixtures" / "planted" / f"{module}.py").read_text(encoding="utf-8")
+    return next(i for i, line in enumerate(text.splitlines(), 1) if f"# [{marker}]" in line)
+
+
+@pytest.mark.without_te
+def test_clean_schedule_matches_eager_with_every_phase_listed() -> None:
+    report = diff(DiffConfig(impls=("local", "full_iteration"), dropout=0.0, **SCHEDULE, **SMALL))
+    assert [r.verdict for r in report.results] == [Verdict.MATCH, Verdict.MATCH], report.results
+    reference = report.reference
+    assert [(e.index, e.after_step, e.final) for e in reference.evals] == [(0, 2, False), (1, 5, False), (2, 6, True)]
+    for result in report.results:
+        run = result.runs[0]
+        assert [e.loss for e in run.evals] == [e.loss for e in reference.evals]
+        assert {"replay", "eval"} <= set(phase_list(run))
+        # the first training step after each evaluation is a replay, compared like every other
+        assert all(s.phase == "replay" for s in run.steps if s.step in (3, 6))
+    text = render_text(report)
+    assert "eval" in text and "phases" in text
+    assert report.exit_code() == 0
+
+
+@pytest.mark.without_te
+def test_mode_dependent_module_under_reused_local_graphs_diverges_in_eval_only() -> None:
+    config = DiffConfig(impls=("local", "full_iteration"), dropout=0.0,
+                        layer_spec="fixtures.planted.schedule_eval_mode_mlp:layer_spec", **SCHEDULE, **SMALL)
+    report = diff(config)
+    by_impl = {r.impl: r for r in report.results}
+    local = by_impl["local"]
+    assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
+    assert local.divergence is not None and local.divergence.what == "eval", local.divergence
+    assert local.divergence.step == 2  # the first evaluation, after step 2
+    note = next(n for n in local.notes if n.startswith("GD514"))
+    assert "phase eval" in note and "every training step matches" in note
+    assert any(n.startswith("static GD402") for n in local.notes), local.notes
+    assert by_impl["full_iteration"].verdict == Verdict.MATCH, by_impl["full_iteration"]
+    assert planted_line("schedule_eval_mode_mlp", "GD514") > 0
+
+
+@pytest.mark.without_te
+def test_microbatch_grad_aliasing_diverges_at_the_aliased_parameter() -> None:
+    config = DiffConfig(impls=("local", "full_iteration"), dropout=0.0,
+                        forward_step="fixtures.planted.schedule_grad_alias:forward_step", **SCHEDULE, **SMALL)
+    report = diff(config)
+    by_impl = {r.impl: r for r in report.results}
+    local = by_impl["local"]
+    assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
+    div = local.divergence
+    assert div is not None and (div.what, div.step) == ("grads", 1), div  # the first replay
+    assert div.tensor == "embedding.word_embeddings.weight", div
+    assert by_impl["full_iteration"].verdict == Verdict.MATCH, by_impl["full_iteration"]
+    assert planted_line("schedule_grad_alias", "alias") > 0
+
+
+def test_value_frozen_at_capture_is_a_frozen_logged_value_finding() -> None:
+    config = DiffConfig(impls=("local", "full_iteration"), dropout=0.0,
+                        forward_step="fixtures.planted.schedule_frozen_metric:forward_step", **SCHEDULE, **SMALL)
+    report = diff(config)
+    by_impl = {r.impl: r for r in report.results}
+    full = by_impl["full_iteration"]
+    assert full.verdict == Verdict.NUMERIC_DIVERGENCE, full
+    assert full.divergence is not None and (full.divergence.what, full.divergence.key) == ("reported", "calls")
+    note = next(n for n in full.notes if n.startswith("GD513"))
+    assert "'calls'" in note and "phase train" in note
+    # the loss itself matches at every step
+    eager_losses = [s.loss for s in report.reference.steps]
+    assert [s.loss for s in full.runs[0].steps] == eager_losses
+    assert planted_line("schedule_frozen_metric", "GD513") > 0
+
+
+@pytest.mark.without_te
+def test_recompute_only_parameter_gets_no_gradient_under_local_graphs() -> None:
+    config = DiffConfig(impls=("local",), dropout=0.0,
+                        layer_spec="fixtures.planted.schedule_recompute_param:layer_spec", **SMALL)
+    report = diff(config)
+    (local,) = report.results
+    assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
+    div = local.divergence
+    assert div is not None and div.what == "grads" and div.step >= 1, div
+    assert div.tensor is not None and div.tensor.endswith("mlp.recompute_scale"), div
+
+
+@pytest.mark.without_te
+def test_layernorm_recompute_in_local_graphs_is_noted_statically_and_compared() -> None:
+    config = DiffConfig(impls=("local",), dropout=0.0, recompute_granularity="selective",
+                        recompute_modules=("layernorm",), **SMALL)
+    report = diff(config)
+    (local,) = report.results
+    assert any(n.startswith("static GD220") for n in local.notes), local.notes
+    assert local.verdict in (Verdict.MATCH, Verdict.NUMERIC_DIVERGENCE), local
+    if local.verdict == Verdict.NUMERIC_DIVERGENCE:
+        assert local.divergence is not None and local.divergence.tensor is not None
+        assert "layernorm" in local.divergence.tensor, local.divergence
