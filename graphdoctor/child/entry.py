@@ -173,8 +173,12 @@ def _align(spec: ChildSpec) -> Callable[[], None]:
 
 def run(spec_path: str) -> int:
     """Run one child; always leaves an `end` or `error` event behind (unless killed)."""
+    from graphdoctor.child.distributed import die_with_launcher, rank_spec
+
     with open(spec_path, encoding="utf-8") as fh:
-        spec = ChildSpec.from_json(fh.read())
+        spec = rank_spec(ChildSpec.from_json(fh.read()))
+    if spec.placement.launcher:
+        die_with_launcher()
     if spec.import_dir:
         sys.path.append(spec.import_dir)
     events = EventWriter(spec.events_path)
@@ -204,6 +208,11 @@ def main() -> None:
     code = run(sys.argv[1])
     sys.stdout.flush()
     sys.stderr.flush()
+    if "RANK" in os.environ and code == EXIT_OK:
+        # Results are written; a multi-process child's ranks leave their process group together.
+        from graphdoctor.child.distributed import teardown_distributed
+
+        teardown_distributed()
     os._exit(code)
 
 
