@@ -17,6 +17,7 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import entry_point_modules
 from graphdoctor.parent.diagnose import diagnose, is_capture_error
 from graphdoctor.parent.gpus import JobPlan
+from graphdoctor.parent.launch import launch_env, multi_gpu_placement
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.runner import ProcessResult, child_env, python_command, run_isolated, with_port_retries
 from graphdoctor.protocol.events import (
@@ -95,6 +96,11 @@ def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = No
     Leaves `spec-<name>.json`, `events-<name>.jsonl` and `log-<name>.txt` in `workdir`.
     """
     spec_path = spec.write(workdir / f"spec-{spec.name}.json")
+    if spec.placement.launcher:
+        from graphdoctor.parent.launch import launch_env, run_launched
+
+        return run_launched(spec, spec_path, workdir / f"log-{spec.name}.txt",
+                            env if env is not None else launch_env(spec.config.env, None))
     Path(spec.events_path).unlink(missing_ok=True)
     ended = run_isolated(python_command(CHILD_MODULE, str(spec_path)), timeout_s=spec.config.timeout_s,
                          log_path=workdir / f"log-{spec.name}.txt",
@@ -189,6 +195,9 @@ class ChildSession:
         with self._lock:
             placement = placement_for_child(self.num_children)
             self.num_children += 1
+        if config.nproc_per_node > 1:
+            placement = multi_gpu_placement(config.nproc_per_node, config.tensor_model_parallel_size,
+                                            config.pipeline_model_parallel_size)
         return ChildSpec(impl=request.impl, dropout=request.dropout, config=config, role=request.role,
                          name=name, events_path=str(self.workdir / f"events-{name}.jsonl"),
                          reference_dir=str(request.ref_dir), placement=placement,
@@ -210,7 +219,9 @@ class ChildSession:
         try:
             turn = gpu_turn_path(device if device is not None else "0") if self.plan.shared else None
             env = child_env(self.config.env)
-            if device is not None and len(self.plan.gpus) > 1:
+            if self.config.nproc_per_node > 1:
+                env = launch_env(self.config.env, device)
+            elif device is not None and len(self.plan.gpus) > 1:
                 env["CUDA_VISIBLE_DEVICES"] = device
 
             def attempt(number: int) -> RunRecord:

@@ -86,6 +86,11 @@ class RunRecord:
     fingerprint_bytes: int = 0
     """Peak device bytes the step fingerprints used (their computed plan)."""
 
+    ranks: tuple[RunRecord, ...] = ()
+    """A multi-GPU run's records of every rank, in rank order (empty for one process). This record is
+    then their fold (graphdoctor.parent.ranks): rank 0's figures, the deciding rank's status, every
+    rank's tensors named `rank<r>:...` (docs/multi-gpu.md)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -107,6 +112,7 @@ class RunRecord:
             "forensics": self.forensics.to_dict() if self.forensics else None,
             "hazards": [{"rule": h.rule, "module": h.module, "message": h.message} for h in self.hazards],
             **{key: getattr(self, key) for key in END_MEMORY_FIELDS},
+            "ranks": [r.to_dict() for r in self.ranks],
         }
 
     @classmethod
@@ -132,6 +138,7 @@ class RunRecord:
             peak_allocated_bytes=data.get("peak_allocated_bytes", env.get("peak_allocated_bytes")),
             end_reserved_bytes=data.get("end_reserved_bytes", env.get("end_reserved_bytes")),
             end_allocated_bytes=data.get("end_allocated_bytes", env.get("end_allocated_bytes")),
+            ranks=tuple(cls.from_dict(r) for r in data.get("ranks", ())),
         )
 
 
