@@ -88,16 +88,26 @@ def data_parallel_salt() -> int:
     return 7919 * (1 + parallel_state.get_data_parallel_rank())
 
 
-def teardown_distributed() -> None:
-    """Tear-down after the results (the end or error event) are written: destroys the process group.
+TEARDOWN_WAIT_S = 10.0
+"""How long a rank waits for destroy_process_group before it exits anyway (on two H200s ranks once
+did not exit within 100 s of it: /work/shared/notes/h200-findings.md section 6)."""
 
-    The hook for bounded tear-down (issue 14 item 6): NCCL shutdown after graphs can take longer
-    than the run itself (docs/multi-gpu.md), so nothing may be written after this is called.
+
+def teardown_distributed(wait_s: float = TEARDOWN_WAIT_S) -> None:
+    """Tear-down after the results (the end or error event) are written: destroys the process group,
+    waiting at most `wait_s` (the caller exits with os._exit right after, whatever NCCL still does).
+
+    The hook for bounded tear-down (issue 14 item 6), so nothing may be written after it is called.
     """
+    import threading
+
     import torch
 
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    done = threading.Thread(target=torch.distributed.destroy_process_group, name="teardown", daemon=True)
+    done.start()
+    done.join(wait_s)
 
 
 __all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "parallel_fields", "rank_spec", "stage_flags",
