@@ -51,6 +51,15 @@ def parallel_fields(config: DiffConfig, params_dtype: Any) -> dict[str, Any]:
     return fields
 
 
+def one_gpu(config: DiffConfig) -> DiffConfig:
+    """The run on one process (the probe worker's model): no tensor, pipeline or sequence parallel."""
+    if config.nproc_per_node == 1 and config.tensor_model_parallel_size == 1 \
+            and config.pipeline_model_parallel_size == 1:
+        return config
+    return config.replace(nproc_per_node=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                          sequence_parallel=False)
+
+
 def stage_flags(config: DiffConfig) -> dict[str, bool]:
     """pre_process/post_process of this rank's pipeline stage, as Megatron-LM's get_model passes them
     (none with one stage: GPTModel's defaults)."""
@@ -110,5 +119,5 @@ def teardown_distributed(wait_s: float = TEARDOWN_WAIT_S) -> None:
     done.join(wait_s)
 
 
-__all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "parallel_fields", "rank_spec", "stage_flags",
+__all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "one_gpu", "parallel_fields", "rank_spec", "stage_flags",
            "teardown_distributed"]

@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from graphdoctor.child.distributed import data_parallel_salt, parallel_fields, stage_flags
-from graphdoctor.child.distributed import ddp_config as ddp_config_of
+from graphdoctor.child.distributed import data_parallel_salt, ddp_config, one_gpu, parallel_fields, stage_flags
 from graphdoctor.child.probe_modules import track_hook_registrations
 from graphdoctor.child.reported import checked_forward_step
 from graphdoctor.config import DiffConfig
@@ -233,15 +232,15 @@ def wrap_ddp(impl: str, config: Any, model: torch.nn.Module, run: DiffConfig | N
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.full_cuda_graph import get_shared_capture_stream
 
-    ddp_config = ddp_config_of(run)
+    settings = ddp_config(run)
     if impl != "full_iteration":
-        return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+        return DistributedDataParallel(config=config, ddp_config=settings, module=model)
     # Without this, torch 2.11 (no set_override_stale_capture_stream) fails capture with
     # cudaErrorStreamCaptureImplicit: DDP's AccumulateGrad nodes would live on another stream.
     stream = get_shared_capture_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+        ddp = DistributedDataParallel(config=config, ddp_config=settings, module=model)
     torch.cuda.current_stream().wait_stream(stream)
     return ddp
 
@@ -451,6 +450,7 @@ def build_probe_model(config: DiffConfig, *, device: str = "cuda") -> tuple[torc
         (model, hook registrations made while building it: handle id -> `path:line`).
     """
     require_transformer_engine(config, EAGER)
+    config = one_gpu(config)  # the probes capture layers in one process
     if device == "cuda":
         init_distributed(Placement(master_port=free_port()))
         seed_everything(config.seed, EAGER, uses_te_spec(config), graph_safe=True)

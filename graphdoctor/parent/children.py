@@ -34,7 +34,7 @@ from graphdoctor.protocol.events import (
     read_events,
 )
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, run_name
+from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, rank_path, run_name
 from graphdoctor.types import Diagnosis
 
 CHILD_MODULE = "graphdoctor.child"
@@ -106,6 +106,11 @@ def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = No
                          log_path=workdir / f"log-{spec.name}.txt",
                          env=env if env is not None else child_env(spec.config.env))
     return record_from_events(spec, read_events(spec.events_path), ended)
+
+
+def progress_events(spec: ChildSpec) -> str:
+    """The events file the progress board follows: rank 0's of a multi-GPU child."""
+    return rank_path(spec.events_path, 0, spec.placement.world_size) if spec.placement.launcher else spec.events_path
 
 
 def total_steps(spec: ChildSpec) -> int:
@@ -227,7 +232,7 @@ class ChildSession:
             def attempt(number: int) -> RunRecord:
                 spec = self.spec(request, attempt=number, gpu_turn=turn)
                 if self.board is not None:
-                    self.board.child_started(spec.name, request.impl, request.describe(), spec.events_path,
+                    self.board.child_started(spec.name, request.impl, request.describe(), progress_events(spec),
                                              total_steps(spec))
                 record = run_child(spec, self.workdir, env=env)
                 if self.board is not None:

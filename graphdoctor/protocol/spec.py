@@ -264,11 +264,14 @@ class ChildSpec:
 
     def for_rank(self, env: dict[str, str]) -> ChildSpec:
         """This spec as one rank of a child started by torch.distributed.run sees it: its placement from
-        the launcher's environment, its own events file (rank_path)."""
+        the launcher's environment, its own events file (rank_path) and name (`<name>-rank<r>`, which
+        names its trace and snapshots)."""
         from dataclasses import replace
 
         place = launched_placement(self.placement, env)
-        return replace(self, placement=place, events_path=rank_path(self.events_path, place.rank, place.world_size))
+        name = f"{self.name}-rank{place.rank}" if place.world_size > 1 else self.name
+        return replace(self, placement=place, name=name,
+                       events_path=rank_path(self.events_path, place.rank, place.world_size))
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,6 +210,7 @@ def test_session_specs_carry_the_launcher_placement(tmp_path: Path) -> None:
     assert spec.placement.tensor_model_parallel_size == 2
     ranked = spec.for_rank({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_PORT": "4242"})
     assert ranked.events_path.endswith("events-eager-reference-d0.1-rank1.jsonl")
+    assert ranked.name == "eager-reference-d0.1-rank1"  # names the rank's trace and snapshots
     assert (ranked.placement.rank, ranked.placement.local_rank, ranked.placement.master_port) == (1, 1, 4242)
 
 
