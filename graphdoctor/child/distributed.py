@@ -83,6 +83,16 @@ def ddp_config(config: DiffConfig | None) -> Any:
                                          bucket_size=config.ddp_bucket_size)
 
 
+def sync_hooks(tconfig: Any, model: Any, config: DiffConfig) -> Any:
+    """The schedule's gradient-sync hooks Megatron-LM's trainer sets with overlap_grad_reduce
+    (training.py:3532-3543 of megatron-core 0.19.2; align_grad_reduce is its default): no reduction
+    inside the accumulating micro-batches, then the buckets started as their gradients are ready."""
+    if config.overlap_grad_reduce:
+        tconfig.no_sync_func = model.no_sync
+        tconfig.grad_sync_func = model.start_grad_sync
+    return model
+
+
 def data_parallel_salt() -> int:
     """A number that differs per data-parallel rank (0 with one): every data-parallel rank trains on
     its own batches, as under Megatron-LM's sampler; tensor- and pipeline-parallel peers share them."""
@@ -119,5 +129,5 @@ def teardown_distributed(wait_s: float = TEARDOWN_WAIT_S) -> None:
     done.join(wait_s)
 
 
-__all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "one_gpu", "parallel_fields", "rank_spec", "stage_flags",
-           "teardown_distributed"]
+__all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "one_gpu", "parallel_fields", "rank_spec",
+           "stage_flags", "sync_hooks", "teardown_distributed"]

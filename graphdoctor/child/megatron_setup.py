@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from graphdoctor.child.distributed import data_parallel_salt, ddp_config, one_gpu, parallel_fields, stage_flags
+from graphdoctor.child import distributed as rank_setup
 from graphdoctor.child.probe_modules import track_hook_registrations
 from graphdoctor.child.reported import checked_forward_step
 from graphdoctor.config import DiffConfig
@@ -116,7 +116,7 @@ def transformer_config(config: DiffConfig, impl: str, dropout: float) -> Any:
         "cuda_graph_warmup_steps": config.cuda_graph_warmup_steps,
         **_dtype_flags(config.dtype),
     }
-    fields.update(parallel_fields(config, fields["params_dtype"]))
+    fields.update(rank_setup.parallel_fields(config, fields["params_dtype"]))
     for key, value in config.transformer.items():
         if key in ("hidden_dropout", "attention_dropout", "cuda_graph_impl"):
             continue  # owned by the run (dropout/control pairs, impl per child)
@@ -160,12 +160,12 @@ def build_model(config: DiffConfig, tconfig: Any, *, float16_wrapper: bool = Tru
         provider = resolve_entry_point(config.model_provider, "model_provider")
         args, kwargs = provider_arguments(provider, config.model_provider, tconfig, {
             "vocab_size": config.vocab_size, "max_sequence_length": config.seq_length,
-            "transformer_layer_spec": layer_spec, **stage_flags(config)})
+            "transformer_layer_spec": layer_spec, **rank_setup.stage_flags(config)})
         model = provider(*args, **kwargs)
     else:
         model = GPTModel(config=tconfig, transformer_layer_spec=layer_spec,
                          vocab_size=config.vocab_size, max_sequence_length=config.seq_length,
-                         **stage_flags(config))
+                         **rank_setup.stage_flags(config))
     model = model.cuda(torch.cuda.current_device()) if device == "cuda" else model.to(device)
     if float16_wrapper and config.dtype in ("bf16", "fp16"):
         model = Float16Module(tconfig, model)
@@ -232,7 +232,7 @@ def wrap_ddp(impl: str, config: Any, model: torch.nn.Module, run: DiffConfig | N
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.full_cuda_graph import get_shared_capture_stream
 
-    settings = ddp_config(run)
+    settings = rank_setup.ddp_config(run)
     if impl != "full_iteration":
         return DistributedDataParallel(config=config, ddp_config=settings, module=model)
     # Without this, torch 2.11 (no set_override_stale_capture_stream) fails capture with
@@ -286,7 +286,7 @@ def constant_inputs(config: DiffConfig, device: torch.device) -> dict[str, torch
 
 def synthetic_batch(config: DiffConfig, step: int, microbatch: int) -> dict[str, torch.Tensor]:
     """The deterministic batch of (step, microbatch): the same on every side and every process."""
-    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + microbatch + data_parallel_salt())
+    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + microbatch + rank_setup.data_parallel_salt())
     b, s = config.micro_batch_size, config.seq_length
     data = torch.randint(0, config.vocab_size, (b, s + 1), generator=gen)
     device = torch.device("cuda", torch.cuda.current_device())
@@ -369,7 +369,7 @@ def build_setup(spec: ChildSpec) -> Setup:
     model = build_model(config, tconfig)
     if impl == "local":
         restrict_graph_layers(config, model)
-    model = wrap_ddp(impl, tconfig, model, config)
+    model = rank_setup.sync_hooks(tconfig, wrap_ddp(impl, tconfig, model, config), config)
     optimizer = build_optimizer(config.dtype, tconfig, model, distributed=config.use_distributed_optimizer)
     forward_backward = get_forward_backward_func()
     if impl == "full_iteration":
@@ -450,7 +450,7 @@ def build_probe_model(config: DiffConfig, *, device: str = "cuda") -> tuple[torc
         (model, hook registrations made while building it: handle id -> `path:line`).
     """
     require_transformer_engine(config, EAGER)
-    config = one_gpu(config)  # the probes capture layers in one process
+    config = rank_setup.one_gpu(config)  # the probes capture layers in one process
     if device == "cuda":
         init_distributed(Placement(master_port=free_port()))
         seed_everything(config.seed, EAGER, uses_te_spec(config), graph_safe=True)
