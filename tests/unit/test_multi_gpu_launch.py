@@ -268,3 +268,18 @@ def test_megatron_configs_carry_the_placement_and_ddp_settings() -> None:
     assert (one.tensor_model_parallel_size, one.pipeline_model_parallel_size, one.sequence_parallel) == (1, 1, False)
     assert not ddp_config(None).overlap_grad_reduce
     assert one_gpu(config).tensor_model_parallel_size == 1 and not one_gpu(config).sequence_parallel
+
+
+def test_environment_rules_are_checked_on_the_ranks_environment() -> None:
+    """The run file's env: reaches every rank; the catalogue's environment rules judge that environment."""
+    from graphdoctor.compare.verdict import ImplResult
+    from graphdoctor.parent.static import with_static_findings
+
+    risky = DiffConfig(env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, **TP2)  # type: ignore[arg-type]
+    (note,) = with_static_findings(ImplResult(impl="local", verdict=Verdict.MATCH), risky).notes
+    assert note.startswith("static GD301 expandable-segments-with-nccl-graph-register: PYTORCH_CUDA_ALLOC_CONF has "
+                           "expandable_segments:True but NCCL_GRAPH_REGISTER=None")
+    safe = risky.replace(env={**risky.env, "NCCL_GRAPH_REGISTER": "0"})
+    assert with_static_findings(ImplResult(impl="local", verdict=Verdict.MATCH), safe).notes == ()
+    one_gpu = risky.replace(nproc_per_node=1, tensor_model_parallel_size=1)
+    assert with_static_findings(ImplResult(impl="local", verdict=Verdict.MATCH), one_gpu).notes == ()
