@@ -283,3 +283,25 @@ def test_environment_rules_are_checked_on_the_ranks_environment() -> None:
     assert with_static_findings(ImplResult(impl="local", verdict=Verdict.MATCH), safe).notes == ()
     one_gpu = risky.replace(nproc_per_node=1, tensor_model_parallel_size=1)
     assert with_static_findings(ImplResult(impl="local", verdict=Verdict.MATCH), one_gpu).notes == ()
+
+
+def test_report_text_json_and_page_of_a_two_rank_diff(tmp_path: Path) -> None:
+    from graphdoctor.diff import DiffReport, load_report
+    from graphdoctor.report.diff import render_text, write_json
+    from graphdoctor.report.html import render_payload
+
+    eager = tensor_parallel_run(tmp_path, EAGER, Role.REFERENCE, None)
+    graphed = tensor_parallel_run(tmp_path, "local", Role.GRAPHED, 1)
+    config = DiffConfig(impls=("local",), dropout=0.0, **TP2)  # type: ignore[arg-type]
+    report = DiffReport(config=config, results=(judge(eager, graphed, warmup_steps=2),), reference=eager)
+    text = render_text(report)
+    assert "  2 processes per run: TP 2, PP 1, DP 1; every rank compared" in text
+    assert f"step 3 grads (rank1:{NAMES[1]})" in text
+    assert report.exit_code() == 1
+    path = write_json(report, tmp_path / "report.json")
+    loaded = load_report(path)
+    (row,) = loaded.results
+    assert row.divergence is not None and row.divergence.tensor == f"rank1:{NAMES[1]}"
+    assert [r.env.rank for r in row.runs[0].ranks if r.env] == [0, 1]
+    assert loaded.config.nproc_per_node == 2 and loaded.reference.ranks[1].peak_allocated_bytes == 2 << 20
+    assert "rank1:" in render_payload(report.to_dict())
