@@ -17,7 +17,7 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import entry_point_modules
 from graphdoctor.parent.diagnose import diagnose, is_capture_error
 from graphdoctor.parent.gpus import JobPlan
-from graphdoctor.parent.launch import launch_env, multi_gpu_placement
+from graphdoctor.parent.launch import launch_env, multi_gpu_placement, run_launched
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.runner import ProcessResult, child_env, python_command, run_isolated, with_port_retries
 from graphdoctor.protocol.events import (
@@ -97,8 +97,6 @@ def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = No
     """
     spec_path = spec.write(workdir / f"spec-{spec.name}.json")
     if spec.placement.launcher:
-        from graphdoctor.parent.launch import launch_env, run_launched
-
         return run_launched(spec, spec_path, workdir / f"log-{spec.name}.txt",
                             env if env is not None else launch_env(spec.config.env, None))
     Path(spec.events_path).unlink(missing_ok=True)
