@@ -170,6 +170,29 @@ class DiffConfig:
     launch_notes: tuple[str, ...] = ()
     """What reading megatron_args left out or decided, listed once (set by diff_config_from)."""
 
+    nproc_per_node: int = 1
+    """Processes (GPUs) of every child run; > 1 starts each child's ranks with torch.distributed.run
+    (docs/multi-gpu.md)."""
+
+    tensor_model_parallel_size: int = 1
+    """Megatron tensor-parallel size T (initialize_model_parallel)."""
+
+    pipeline_model_parallel_size: int = 1
+    """Megatron pipeline-parallel size P; needs num_microbatches >= P."""
+
+    sequence_parallel: bool = False
+    """TransformerConfig.sequence_parallel (needs tensor_model_parallel_size > 1)."""
+
+    overlap_grad_reduce: bool = False
+    """Megatron DDP overlap_grad_reduce (gradient reduction overlapped with the backward pass)."""
+
+    use_distributed_optimizer: bool = False
+    """Megatron's distributed optimizer (optimizer state and the gradient reduce-scatter sharded over
+    data-parallel ranks)."""
+
+    ddp_bucket_size: int | None = None
+    """Megatron DDP bucket_size in elements (None: Megatron's default)."""
+
     def __post_init__(self) -> None:
         _check_impls(self.impls)
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
@@ -221,6 +244,9 @@ class DiffConfig:
         for layer in self.graph_layers:
             if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
                 raise UsageError(f"graph_layers: got {layer!r}, expected layer indices 0 to {self.num_layers - 1}")
+        from graphdoctor.placement import check_placement
+
+        check_placement(self)
 
     @property
     def bitwise(self) -> bool:
@@ -441,8 +467,8 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
 
 def _check_type(key: str, value: Any, annotation: str) -> None:
     expected: tuple[type, ...]
-    if annotation == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool)
+    if annotation in ("int", "int | None"):
+        ok = (isinstance(value, int) and not isinstance(value, bool)) or (value is None and "None" in annotation)
         what = "an integer"
     elif annotation == "float":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -22,6 +22,10 @@ from graphdoctor.suggest import did_you_mean
 RUN_FIELDS = frozenset({"num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
                         "seed", "cuda_graph_warmup_steps", "vocab_size"})
 """Megatron-LM dests that are DiffConfig fields of the same name."""
+PARALLEL_FIELDS = frozenset({"tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
+                             "overlap_grad_reduce", "use_distributed_optimizer", "ddp_bucket_size"})
+"""Megatron-LM dests of the placement and DDP settings that are DiffConfig fields of the same name
+(docs/multi-gpu.md); the processes come from torchrun's --nproc-per-node."""
 GRAPH_DESTS = frozenset({"cuda_graph_impl", "enable_cuda_graph", "external_cuda_graph", "cuda_graph_modules",
                          "cuda_graph_scope_deprecated"})
 MODEL_BUILDER = frozenset({"spec", "fp16_lm_cross_entropy", "position_embedding_type", "rotary_percent",
@@ -48,9 +52,10 @@ DEFAULT_VOCAB_DIVISOR = 128
 
 CATEGORIES: dict[str, str] = {
     "launcher": "launcher (torchrun)",
-    "distributed": "distributed (diff runs one GPU)",
-    "ddp": "DDP and optimizer (diff's set-up builds Megatron DDP without overlap and Adam: lr 1e-3, weight "
-           "decay 0.01, clip 1.0)",
+    "distributed": "distributed (diff applies tensor- and pipeline-parallel sizes, sequence parallel and the "
+                   "processes per node only)",
+    "ddp": "DDP and optimizer (diff applies overlap_grad_reduce, the distributed optimizer and the bucket size; "
+           "its optimizer is Adam: lr 1e-3, weight decay 0.01, clip 1.0)",
     "builder": "model builder (diff's GPTModel keeps its defaults: learned absolute positions, tied embeddings)",
     "function": "function- or enum-valued (a child run takes plain values)",
     "inference": "inference",
@@ -119,6 +124,9 @@ def _route(use: FlagUse, spec: MegatronFlag, value: Any, state: _Reading) -> Non
     dest = spec.dest
     if dest in RUN_FIELDS:
         state.values[dest], state.sources[dest] = value, use.flag
+    elif dest in PARALLEL_FIELDS:
+        state.values[dest], state.sources[dest] = value, use.flag
+        state.given[dest] = value  # also read by the micro-batch and vocabulary arithmetic
     elif dest in ("bf16", "fp16"):
         if value:
             state.values["dtype"], state.sources["dtype"] = dest, use.flag
@@ -190,7 +198,8 @@ def read_launch_line(text_or_at: str) -> LaunchLine:
         spec = table.get(use.flag)
         if spec is None or use.launcher:
             if use.launcher or use.flag in launcher_flags():
-                state.skip("launcher", use.flag)
+                if use.flag.replace("_", "-") != "--nproc-per-node":  # read as nproc_per_node
+                    state.skip("launcher", use.flag)
                 state.given.setdefault(use.flag.replace("_", "-"), use.values)
                 continue
             at = f" ({use.where})" if use.where else ""
@@ -245,6 +254,7 @@ def _combine(state: _Reading) -> None:
                                            f"are still exercised"))
     _microbatches(state)
     _vocab(state)
+    _processes(state)
     if "layer_spec" not in state.values:
         state.notes.append(("layer_spec", "no --transformer-impl: Megatron-LM builds Transformer Engine layers by "
                                           "default, diff its local spec (--layer-spec te to build TE layers)"))
@@ -301,6 +311,19 @@ def _world_size(given: dict[str, Any]) -> int | None:
             return None
         counts.append(int(values[0]))
     return counts[0] * counts[1]
+
+
+def _processes(state: _Reading) -> None:
+    """nproc_per_node from torchrun's --nproc-per-node (one node: diff runs every child on one host)."""
+    world = _world_size(state.given)
+    if world is None or world == 1:
+        return
+    nodes = state.given.get("--nnodes", ("1",))[0]
+    if str(nodes) != "1":
+        state.notes.append(("nproc_per_node", f"--nnodes {nodes}: diff runs on one host; nproc_per_node keeps "
+                                              f"its default (--nproc-per-node N to choose)"))
+        return
+    state.values["nproc_per_node"], state.sources["nproc_per_node"] = world, "--nproc-per-node"
 
 
 def _microbatches(state: _Reading) -> None:

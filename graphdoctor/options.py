@@ -132,6 +132,22 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            default_text="none: such keys are refused"),
     Option("deterministic", "deterministic", bool,
            "Deterministic algorithms (warn-only) and cuDNN determinism in every run.", ""),
+    Option("nproc-per-node", "nproc_per_node", int,
+           "GPUs (processes) of every child run; > 1 starts its ranks with torch.distributed.run "
+           "(docs/multi-gpu.md).", "N"),
+    Option("tensor-model-parallel-size", "tensor_model_parallel_size", int,
+           "Megatron tensor-parallel size; must divide the heads and, with the pipeline size, nproc-per-node.",
+           "T"),
+    Option("pipeline-model-parallel-size", "pipeline_model_parallel_size", int,
+           "Megatron pipeline-parallel size; must divide the layers; num-microbatches >= it.", "P"),
+    Option("sequence-parallel", "sequence_parallel", bool,
+           "Megatron sequence parallelism (tensor-parallel size > 1).", ""),
+    Option("overlap-grad-reduce", "overlap_grad_reduce", bool,
+           "Megatron DDP overlap_grad_reduce.", ""),
+    Option("use-distributed-optimizer", "use_distributed_optimizer", bool,
+           "Megatron's distributed optimizer (sharded over data-parallel ranks).", ""),
+    Option("ddp-bucket-size", "ddp_bucket_size", int, "Megatron DDP bucket size in elements.", "N",
+           default_text="Megatron's"),
 )
 
 

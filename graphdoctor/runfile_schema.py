@@ -26,7 +26,7 @@ POSITIVE_INT_FIELDS = frozenset({
     "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "kv_channels", "num_query_groups",
     "moe_router_topk", "moe_ffn_hidden_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
     "context_parallel_size", "expert_model_parallel_size", "seq_length", "micro_batch_size",
-    "num_microbatches", "vocab_size", "steps", "eval_iters",
+    "num_microbatches", "vocab_size", "steps", "eval_iters", "nproc_per_node", "ddp_bucket_size",
 })
 """Fields that count something: an integer >= 1 (None allowed where TransformerConfig defaults to None)."""
 NON_NEGATIVE_INT_FIELDS = frozenset({"num_moe_experts", "cuda_graph_warmup_steps", "seed", "recompute_num_layers", "eval_interval",

@@ -1,15 +1,122 @@
-"""torch.distributed inside a child run: the teardown at its end (process-group destruction)."""
+"""The distributed side of one child rank: its spec as torch.distributed.run placed it, dying with the
+launcher, and the tear-down after the results are written (the hook for bounded tear-down).
+Imported only inside children.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.protocol.spec import ChildSpec
+
+PR_SET_PDEATHSIG = 1
+"""prctl option: the signal this process gets when its parent (the launcher) dies."""
+
+
+def rank_spec(spec: ChildSpec) -> ChildSpec:
+    """The spec of this rank: unchanged for a one-process child; under graphdoctor's own launch the
+    placement comes from torch.distributed.run's environment and the events go to the rank's file."""
+    if not spec.placement.launcher or "RANK" not in os.environ:
+        return spec
+    return spec.for_rank(dict(os.environ))
+
+
+def die_with_launcher() -> None:
+    """SIGKILL this rank when the launcher dies: torch.distributed.run starts each rank in its own
+    session, so killing the launcher's process group alone (a timeout) would leave ranks behind."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the launcher's own SIGTERM handling remains
+        return
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+def parallel_fields(config: DiffConfig, params_dtype: Any) -> dict[str, Any]:
+    """The TransformerConfig (ModelParallelConfig) fields of the run's placement; none on one GPU."""
+    fields: dict[str, Any] = {}
+    if config.tensor_model_parallel_size > 1:
+        fields["tensor_model_parallel_size"] = config.tensor_model_parallel_size
+    if config.pipeline_model_parallel_size > 1:
+        fields["pipeline_model_parallel_size"] = config.pipeline_model_parallel_size
+        fields["pipeline_dtype"] = params_dtype  # Megatron asserts it is set for P > 1
+    if config.sequence_parallel:
+        fields["sequence_parallel"] = True
+    return fields
+
+
+def one_gpu(config: DiffConfig) -> DiffConfig:
+    """The run on one process (the probe worker's model): no tensor, pipeline or sequence parallel."""
+    if config.nproc_per_node == 1 and config.tensor_model_parallel_size == 1 \
+            and config.pipeline_model_parallel_size == 1:
+        return config
+    return config.replace(nproc_per_node=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                          sequence_parallel=False)
+
+
+def stage_flags(config: DiffConfig) -> dict[str, bool]:
+    """pre_process/post_process of this rank's pipeline stage, as Megatron-LM's get_model passes them
+    (none with one stage: GPTModel's defaults)."""
+    if config.pipeline_model_parallel_size == 1:
+        return {}
+    from megatron.core import parallel_state
+
+    return {"pre_process": parallel_state.is_pipeline_first_stage(),
+            "post_process": parallel_state.is_pipeline_last_stage()}
+
+
+def ddp_config(config: DiffConfig | None) -> Any:
+    """Megatron's DistributedDataParallelConfig with the run's DDP settings (fp32 reduction, as before)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    if config is None:
+        return DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                             use_distributed_optimizer=False)
+    return DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=config.overlap_grad_reduce,
+                                         use_distributed_optimizer=config.use_distributed_optimizer,
+                                         bucket_size=config.ddp_bucket_size)
+
+
+def sync_hooks(tconfig: Any, model: Any, config: DiffConfig) -> Any:
+    """The schedule's gradient-sync hooks Megatron-LM's trainer sets with overlap_grad_reduce
+    (training.py:3532-3543 of megatron-core 0.19.2; align_grad_reduce is its default): no reduction
+    inside the accumulating micro-batches, then the buckets started as their gradients are ready."""
+    if config.overlap_grad_reduce:
+        tconfig.no_sync_func = model.no_sync
+        tconfig.grad_sync_func = model.start_grad_sync
+    return model
+
+
+def data_parallel_salt() -> int:
+    """A number that differs per data-parallel rank (0 with one): every data-parallel rank trains on
+    its own batches, as under Megatron-LM's sampler; tensor- and pipeline-parallel peers share them."""
+    import torch
+
+    if not torch.distributed.is_initialized():
+        return 0
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized() or parallel_state.get_data_parallel_world_size() == 1:
+        return 0
+    return 7919 * (1 + parallel_state.get_data_parallel_rank())
+
 
 def teardown_distributed() -> None:
-    """Destroy the default process group, when one is initialized (the child runs this under the
-    teardown watchdog: graphdoctor.child.stacks.exit_within)."""
+    """Destroy the default process group, when one is initialized. Runs after the results (the end or
+    error event) are written, under the teardown watchdog (graphdoctor.child.stacks.exit_within),
+    which bounds it: on two H200s ranks once did not exit within 100 s of destroy_process_group
+    (/work/shared/notes/h200-findings.md section 6)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
-__all__ = ["teardown_distributed"]
+__all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "one_gpu", "parallel_fields", "rank_spec",
+           "stage_flags", "sync_hooks", "teardown_distributed"]

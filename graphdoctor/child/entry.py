@@ -192,8 +192,12 @@ def _align(spec: ChildSpec) -> Callable[[], None]:
 
 def run(spec_path: str) -> int:
     """Run one child; always leaves an `end` or `error` event behind (unless killed)."""
+    from graphdoctor.child.distributed import die_with_launcher, rank_spec
+
     with open(spec_path, encoding="utf-8") as fh:
-        spec = ChildSpec.from_json(fh.read())
+        spec = rank_spec(ChildSpec.from_json(fh.read()))
+    if spec.placement.launcher:
+        die_with_launcher()
     from graphdoctor.child.stacks import register
 
     register(default_rank=spec.placement.rank)
@@ -228,6 +232,8 @@ def main() -> None:
     code = run(sys.argv[1])
     sys.stdout.flush()
     sys.stderr.flush()
+    # A successful run already tore its process group down under the watchdog (ChildRun.teardown);
+    # after a failure the process exits at once: the launcher's timeout and kill bound the rest.
     os._exit(code)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from graphdoctor.child import distributed as rank_setup
 from graphdoctor.child.probe_modules import track_hook_registrations
 from graphdoctor.child.reported import checked_forward_step
 from graphdoctor.config import DiffConfig
@@ -54,13 +55,12 @@ def init_distributed(place: Placement) -> None:
 
     torch.cuda.set_device(place.local_rank)
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(
-            backend="nccl",
-            init_method=f"tcp://{place.master_addr}:{place.master_port}",
-            rank=place.rank,
-            world_size=place.world_size,
-            device_id=torch.device("cuda", place.local_rank),
-        )
+        # Under torch.distributed.run its agent holds the store: the ranks meet through env://.
+        where: dict[str, Any] = {"init_method": "env://"} if place.launcher else {
+            "init_method": f"tcp://{place.master_addr}:{place.master_port}", "rank": place.rank,
+            "world_size": place.world_size}
+        torch.distributed.init_process_group(backend="nccl", device_id=torch.device("cuda", place.local_rank),
+                                             **where)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=place.tensor_model_parallel_size,
@@ -116,6 +116,7 @@ def transformer_config(config: DiffConfig, impl: str, dropout: float) -> Any:
         "cuda_graph_warmup_steps": config.cuda_graph_warmup_steps,
         **_dtype_flags(config.dtype),
     }
+    fields.update(rank_setup.parallel_fields(config, fields["params_dtype"]))
     for key, value in {**config.transformer, **config.recompute_settings()}.items():
         if key in ("hidden_dropout", "attention_dropout", "cuda_graph_impl"):
             continue  # owned by the run (dropout/control pairs, impl per child)
@@ -159,11 +160,12 @@ def build_model(config: DiffConfig, tconfig: Any, *, float16_wrapper: bool = Tru
         provider = resolve_entry_point(config.model_provider, "model_provider")
         args, kwargs = provider_arguments(provider, config.model_provider, tconfig, {
             "vocab_size": config.vocab_size, "max_sequence_length": config.seq_length,
-            "transformer_layer_spec": layer_spec})
+            "transformer_layer_spec": layer_spec, **rank_setup.stage_flags(config)})
         model = provider(*args, **kwargs)
     else:
         model = GPTModel(config=tconfig, transformer_layer_spec=layer_spec,
-                         vocab_size=config.vocab_size, max_sequence_length=config.seq_length)
+                         vocab_size=config.vocab_size, max_sequence_length=config.seq_length,
+                         **rank_setup.stage_flags(config))
     model = model.cuda(torch.cuda.current_device()) if device == "cuda" else model.to(device)
     if float16_wrapper and config.dtype in ("bf16", "fp16"):
         model = Float16Module(tconfig, model)
@@ -225,37 +227,34 @@ def provider_arguments(provider: Callable[..., Any], name: str, tconfig: Any,
     return args, kwargs
 
 
-def wrap_ddp(impl: str, config: Any, model: torch.nn.Module) -> torch.nn.Module:
-    """Megatron DDP; for full_iteration built on the shared capture stream, as Megatron-LM does."""
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-    )
+def wrap_ddp(impl: str, config: Any, model: torch.nn.Module, run: DiffConfig | None = None) -> torch.nn.Module:
+    """Megatron DDP with the run's DDP settings; for full_iteration on the shared capture stream."""
+    from megatron.core.distributed import DistributedDataParallel
     from megatron.core.full_cuda_graph import get_shared_capture_stream
 
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False)
+    settings = rank_setup.ddp_config(run)
     if impl != "full_iteration":
-        return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+        return DistributedDataParallel(config=config, ddp_config=settings, module=model)
     # Without this, torch 2.11 (no set_override_stale_capture_stream) fails capture with
     # cudaErrorStreamCaptureImplicit: DDP's AccumulateGrad nodes would live on another stream.
     stream = get_shared_capture_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+        ddp = DistributedDataParallel(config=config, ddp_config=settings, module=model)
     torch.cuda.current_stream().wait_stream(stream)
     return ddp
 
 
-def build_optimizer(dtype: str, config: Any, model: torch.nn.Module) -> Any:
-    """get_megatron_optimizer (Adam) and the config hooks Megatron's trainer sets."""
+def build_optimizer(dtype: str, config: Any, model: torch.nn.Module, *, distributed: bool = False) -> Any:
+    """get_megatron_optimizer (Adam; sharded over data-parallel ranks when `distributed`) and the
+    config hooks Megatron's trainer sets."""
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     opt_config = OptimizerConfig(
         optimizer="adam", lr=1e-3, weight_decay=0.01, clip_grad=1.0,
         bf16=dtype == "bf16", fp16=dtype == "fp16",
-        params_dtype=_dtype_flags(dtype)["params_dtype"], use_distributed_optimizer=False,
+        params_dtype=_dtype_flags(dtype)["params_dtype"], use_distributed_optimizer=distributed,
     )
     optimizer = get_megatron_optimizer(opt_config, [model])
     config.finalize_model_grads_func = finalize_model_grads
@@ -287,7 +286,7 @@ def constant_inputs(config: DiffConfig, device: torch.device) -> dict[str, torch
 
 def synthetic_batch(config: DiffConfig, step: int, microbatch: int) -> dict[str, torch.Tensor]:
     """The deterministic batch of (step, microbatch): the same on every side and every process."""
-    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + microbatch)
+    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + microbatch + rank_setup.data_parallel_salt())
     b, s = config.micro_batch_size, config.seq_length
     data = torch.randint(0, config.vocab_size, (b, s + 1), generator=gen)
     device = torch.device("cuda", torch.cuda.current_device())
@@ -370,8 +369,8 @@ def build_setup(spec: ChildSpec) -> Setup:
     model = build_model(config, tconfig)
     if impl == "local":
         restrict_graph_layers(config, model)
-    model = wrap_ddp(impl, tconfig, model)
-    optimizer = build_optimizer(config.dtype, tconfig, model)
+    model = rank_setup.sync_hooks(tconfig, wrap_ddp(impl, tconfig, model, config), config)
+    optimizer = build_optimizer(config.dtype, tconfig, model, distributed=config.use_distributed_optimizer)
     forward_backward = get_forward_backward_func()
     if impl == "full_iteration":
         forward_backward = FullCudaGraphWrapper(
@@ -451,6 +450,7 @@ def build_probe_model(config: DiffConfig, *, device: str = "cuda") -> tuple[torc
         (model, hook registrations made while building it: handle id -> `path:line`).
     """
     require_transformer_engine(config, EAGER)
+    config = rank_setup.one_gpu(config)  # the probes capture layers in one process
     if device == "cuda":
         init_distributed(Placement(master_port=free_port()))
         seed_everything(config.seed, EAGER, uses_te_spec(config), graph_safe=True)

@@ -86,6 +86,7 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     Exit code 0 when every implementation passes (rng-divergence passes unless --strict-rng),
     1 otherwise, 2 for usage, config or environment errors (no GPU).
     """
+    values = _under_torchrun(values)
     config = build_config(config_path, values)
     from graphdoctor.inputs import check_output_path
 
@@ -117,6 +118,26 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
         write_html(render_payload(report.to_dict()), html_path)
         click.echo(f"page written to {html_path}")
     sys.exit(report.exit_code())
+
+
+def _under_torchrun(values: dict[str, Any]) -> dict[str, Any]:
+    """Started by a user's torchrun: rank 0 runs the diff over every launched process (graphdoctor
+    starts the children's ranks itself); the other ranks exit 0 at once, before touching CUDA."""
+    from graphdoctor.parent.launch import leave_user_torchrun, under_user_torchrun
+
+    placed = under_user_torchrun()
+    if placed is None:
+        return values
+    rank, world = placed
+    if rank != 0:
+        click.echo(f"graphdoctor diff: rank {rank} of {world} under torchrun exits; rank 0 runs the diff "
+                   f"and starts every child's {world} ranks itself", err=True)
+        sys.exit(0)
+    leave_user_torchrun()
+    nproc = values.get("nproc_per_node") or world
+    click.echo(f"graphdoctor diff: under torchrun with {world} processes: rank 0 runs the diff with "
+               f"nproc_per_node {nproc}, the other ranks exit", err=True)
+    return {**values, "nproc_per_node": nproc}
 
 
 COMMANDS = [diff_command]

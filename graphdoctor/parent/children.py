@@ -18,6 +18,7 @@ from graphdoctor.entry_points import entry_point_modules
 from graphdoctor.parent.diagnose import diagnose, is_capture_error
 from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.hangs import teardown_exits, timeout_outcome
+from graphdoctor.parent.launch import launch_env, multi_gpu_placement, run_launched
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.runner import ProcessResult, child_env, python_command, run_isolated, with_port_retries
 from graphdoctor.protocol.events import (
@@ -35,7 +36,7 @@ from graphdoctor.protocol.events import (
     read_events,
 )
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, run_name
+from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, rank_path, run_name
 from graphdoctor.types import Diagnosis, RankExit
 
 CHILD_MODULE = "graphdoctor.child"
@@ -103,12 +104,20 @@ def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = No
     `stacks-<name>.rank<R>.txt` in `workdir`.
     """
     spec_path = spec.write(workdir / f"spec-{spec.name}.json")
+    if spec.placement.launcher:
+        return run_launched(spec, spec_path, workdir / f"log-{spec.name}.txt",
+                            env if env is not None else launch_env(spec.config.env, None))
     Path(spec.events_path).unlink(missing_ok=True)
     ended = run_isolated(python_command(CHILD_MODULE, str(spec_path)), timeout_s=spec.config.timeout_s,
                          log_path=workdir / f"log-{spec.name}.txt",
                          env=env if env is not None else child_env(spec.config.env),
                          stacks_prefix=workdir / f"stacks-{spec.name}")
     return record_from_events(spec, read_events(spec.events_path), ended)
+
+
+def progress_events(spec: ChildSpec) -> str:
+    """The events file the progress board follows: rank 0's of a multi-GPU child."""
+    return rank_path(spec.events_path, 0, spec.placement.world_size) if spec.placement.launcher else spec.events_path
 
 
 def total_steps(spec: ChildSpec) -> int:
@@ -198,6 +207,9 @@ class ChildSession:
         with self._lock:
             placement = placement_for_child(self.num_children)
             self.num_children += 1
+        if config.nproc_per_node > 1:
+            placement = multi_gpu_placement(config.nproc_per_node, config.tensor_model_parallel_size,
+                                            config.pipeline_model_parallel_size)
         return ChildSpec(impl=request.impl, dropout=request.dropout, config=config, role=request.role,
                          name=name, events_path=str(self.workdir / f"events-{name}.jsonl"),
                          reference_dir=str(request.ref_dir), placement=placement,
@@ -219,13 +231,15 @@ class ChildSession:
         try:
             turn = gpu_turn_path(device if device is not None else "0") if self.plan.shared else None
             env = child_env(self.config.env)
-            if device is not None and len(self.plan.gpus) > 1:
+            if self.config.nproc_per_node > 1:
+                env = launch_env(self.config.env, device)
+            elif device is not None and len(self.plan.gpus) > 1:
                 env["CUDA_VISIBLE_DEVICES"] = device
 
             def attempt(number: int) -> RunRecord:
                 spec = self.spec(request, attempt=number, gpu_turn=turn)
                 if self.board is not None:
-                    self.board.child_started(spec.name, request.impl, request.describe(), spec.events_path,
+                    self.board.child_started(spec.name, request.impl, request.describe(), progress_events(spec),
                                              total_steps(spec))
                 record = run_child(spec, self.workdir, env=env)
                 if self.board is not None:

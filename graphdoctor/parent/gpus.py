@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from graphdoctor.config import DiffConfig
 from graphdoctor.parent.runner import run_isolated
+from graphdoctor.placement import check_gpu_count
 
 NVIDIA_SMI_TIMEOUT_S = 30.0
 MEMORY_HEADROOM = 0.85
@@ -91,7 +92,13 @@ def child_bytes(config: DiffConfig) -> int:
 
 
 def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None) -> JobPlan:
-    """How many children of this diff run at once (config.jobs: 0 decides, N asks for N)."""
+    """How many children of this diff run at once (config.jobs: 0 decides, N asks for N).
+
+    Raises:
+        UsageError: a multi-GPU child needs more GPUs than are visible.
+    """
+    if config.nproc_per_node > 1:
+        return plan_multi_gpu(config, visible_gpus() if gpus is None else gpus)
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return JobPlan(1, (), False, "children run in series: one rank of a torchrun job")
     gpus = visible_gpus() if gpus is None else gpus
@@ -117,4 +124,17 @@ def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None) -> JobPlan:
                                                  f"{need / 2**30:.0f} GiB each of {free / 2**30:.0f} GiB free)")
 
 
-__all__ = ["Gpu", "JobPlan", "child_bytes", "num_parameters", "plan_jobs", "visible_gpus"]
+def plan_multi_gpu(config: DiffConfig, gpus: list[Gpu]) -> JobPlan:
+    """Children of N processes each take N GPUs of their own (CUDA_VISIBLE_DEVICES): as many at a
+    time as disjoint groups of N fit in the visible GPUs (or --jobs, when fewer), never sharing one."""
+    nproc = config.nproc_per_node
+    check_gpu_count(nproc, len(gpus))
+    groups = tuple(",".join(g.device_id for g in gpus[i * nproc:(i + 1) * nproc]) for i in range(len(gpus) // nproc))
+    jobs = min(config.jobs or len(groups), len(groups))
+    where = " and ".join(f"GPUs {group}" for group in groups[:jobs])
+    if jobs == 1:
+        return JobPlan(1, groups[:1], False, f"children run in series, {nproc} processes each on {where}")
+    return JobPlan(jobs, groups[:jobs], False, f"{jobs} children at a time, {nproc} processes each on {where}")
+
+
+__all__ = ["Gpu", "JobPlan", "child_bytes", "num_parameters", "plan_jobs", "plan_multi_gpu", "visible_gpus"]

@@ -62,15 +62,38 @@ def schedule_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     return list(report.findings)
 
 
+ENV_RULES: tuple[str, ...] = ("GD301", "GD302", "GD307")
+"""The environment rules checked on a multi-GPU child's ranks' environment."""
+ENV_RULE_VARIABLES: tuple[str, ...] = ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_GRAPH_REGISTER", "CUDA_DEVICE_MAX_CONNECTIONS",
+                                       "NVTE_ALLOW_NONDETERMINISTIC_ALGO")
+
+
+def env_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
+    """Errors and warnings of the environment rules (ENV_RULES) on the environment every rank of a
+    multi-GPU child gets (graphdoctor.parent.launch.launch_env: ours, the deterministic defaults, the
+    run file's env:); none for a one-GPU diff."""
+    if config.nproc_per_node == 1:
+        return []
+    from graphdoctor.parent.launch import launch_env
+
+    env = {k: v for k, v in launch_env(config.env, None).items() if k in ENV_RULE_VARIABLES}
+    transformer = {"cuda_graph_impl": impl, "cuda_graph_modules": list(config.cuda_graph_modules)}
+    try:
+        report = check({"transformer": transformer}, env=env, select=ENV_RULES)
+    except UsageError:
+        return []
+    return [f for f in report.findings if f.severity in ("error", "warning")]
+
+
 def with_static_findings(result: ImplResult, config: DiffConfig) -> ImplResult:
     """The row with its static MoE findings as notes. A capture failure that GD217 predicts gets
     GD217's rule and fix, and the innermost Megatron MoE frame of its traceback (else the rule's
     file:line) as its location; any other capture failure without a location that died in Megatron's
     MoE code gets that frame as its location."""
-    findings = moe_static_findings(config, result.impl)
-    schedule = schedule_static_findings(config, result.impl)
-    if findings or schedule:
-        notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in (*findings, *schedule))
+    findings = (moe_static_findings(config, result.impl) + schedule_static_findings(config, result.impl)
+                + env_static_findings(config, result.impl))
+    if findings:
+        notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in findings)
         result = dataclasses.replace(result, notes=(*result.notes, *notes))
     diag = result.diagnosis
     if result.verdict != Verdict.CAPTURE_FAILED or diag is None:
@@ -91,4 +114,5 @@ def _in_moe_code(location: str | None, tail: list[str]) -> bool:
     return any(MEGATRON_MOE_FRAME.search(text or "") for text in (location, *tail))
 
 
-__all__ = ["moe_static_findings", "schedule_static_findings", "with_static_findings"]
+__all__ = ["ENV_RULES", "env_static_findings", "moe_static_findings", "schedule_static_findings",
+           "with_static_findings"]

@@ -91,6 +91,10 @@ class RunRecord:
 
     teardown: tuple[RankExit, ...] = ()
     """How each rank exited after its results (a hung teardown is a finding, not a failure)."""
+    ranks: tuple[RunRecord, ...] = ()
+    """A multi-GPU run's records of every rank, in rank order (empty for one process). This record is
+    then their fold (graphdoctor.parent.ranks): rank 0's figures, the deciding rank's status, every
+    rank's tensors named `rank<r>:...` (docs/multi-gpu.md)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
@@ -115,6 +119,7 @@ class RunRecord:
             "hazards": [{"rule": h.rule, "module": h.module, "message": h.message} for h in self.hazards],
             "teardown": [t.to_dict() for t in self.teardown],
             **{key: getattr(self, key) for key in END_MEMORY_FIELDS},
+            "ranks": [r.to_dict() for r in self.ranks],
         }
 
     @classmethod
@@ -142,6 +147,7 @@ class RunRecord:
             end_reserved_bytes=data.get("end_reserved_bytes", env.get("end_reserved_bytes")),
             end_allocated_bytes=data.get("end_allocated_bytes", env.get("end_allocated_bytes")),
             teardown=tuple(RankExit.from_dict(t) for t in data.get("teardown", ())),
+            ranks=tuple(cls.from_dict(r) for r in data.get("ranks", ())),
         )
 
 

@@ -86,6 +86,10 @@ class Placement:
     pipeline_model_parallel_size: int = 1
     """PP degree passed to initialize_model_parallel."""
 
+    launcher: bool = False
+    """The ranks were started by torch.distributed.run (graphdoctor's own launch of a multi-GPU
+    child): rank, local rank and rendezvous come from its environment (init_method env://)."""
+
     @property
     def data_parallel_size(self) -> int:
         """world_size / (TP x PP)."""
@@ -117,6 +121,28 @@ def placement_for_child(child_index: int, *, tp: int = 1, pp: int = 1) -> Placem
         )
     return Placement(master_port=free_port(), tensor_model_parallel_size=tp,
                      pipeline_model_parallel_size=pp)
+
+
+def rank_path(path: str, rank: int, world_size: int) -> str:
+    """A run's file of one rank: `events-<name>-rank<r>.jsonl` when the run has several ranks, the
+    path itself for one."""
+    if world_size <= 1:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-rank{rank}{p.suffix}"))
+
+
+LAUNCHER_VARIABLES: tuple[str, ...] = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""What torch.distributed.run sets in every rank's environment that a placement reads."""
+
+
+def launched_placement(place: Placement, env: dict[str, str]) -> Placement:
+    """This rank's placement inside a child started by torch.distributed.run (from its environment)."""
+    return Placement(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                     local_rank=int(env.get("LOCAL_RANK", "0")), master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                     master_port=int(env.get("MASTER_PORT", "29500")),
+                     tensor_model_parallel_size=place.tensor_model_parallel_size,
+                     pipeline_model_parallel_size=place.pipeline_model_parallel_size, launcher=True)
 
 
 def gpu_turn_path(gpu: int | str) -> str:
@@ -236,6 +262,17 @@ class ChildSpec:
         path.write_text(self.to_json(), encoding="utf-8")
         return path
 
+    def for_rank(self, env: dict[str, str]) -> ChildSpec:
+        """This spec as one rank of a child started by torch.distributed.run sees it: its placement from
+        the launcher's environment, its own events file (rank_path) and name (`<name>-rank<r>`, which
+        names its trace and snapshots)."""
+        from dataclasses import replace
+
+        place = launched_placement(self.placement, env)
+        name = f"{self.name}-rank{place.rank}" if place.world_size > 1 else self.name
+        return replace(self, placement=place, name=name,
+                       events_path=rank_path(self.events_path, place.rank, place.world_size))
+
 
 @dataclass(frozen=True, slots=True)
 class ProbeJob:
@@ -272,6 +309,9 @@ class ProbeJob:
 
 
 __all__ = [
+    "LAUNCHER_VARIABLES",
+    "launched_placement",
+    "rank_path",
     "EAGER",
     "LEGACY_EAGER",
     "ChildSpec",

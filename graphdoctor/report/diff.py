@@ -19,6 +19,7 @@ from graphdoctor.types import teardown_note
 
 if TYPE_CHECKING:
     from graphdoctor.compare.verdict import ImplResult, Timing
+    from graphdoctor.config import DiffConfig
     from graphdoctor.diff import DiffReport
     from graphdoctor.protocol.record import RunRecord
     from graphdoctor.types import Diagnosis, RankStack
@@ -93,6 +94,8 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
     if env is not None:
         lines.append(f"  {env.gpu or '?'} | torch {env.torch or '?'} | megatron-core "
                      f"{env.megatron_core or '?'} | world size {env.world_size}")
+    if cfg.nproc_per_node > 1:
+        lines.append(placement_line(cfg))
     table = tabulate(summary_rows(report), headers=[
         "impl", "verdict", "first divergence", "max abs", "max rel", "eager ms", "graphed ms",
         "speedup"], tablefmt="simple")
@@ -106,6 +109,21 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
     lines.append(f"wall {report.wall_s:.1f} s (children {report.child_wall_s:.1f} s); "
                  f"exit code {report.exit_code()}")
     return "\n".join(lines)
+
+
+def placement_line(cfg: DiffConfig) -> str:
+    """The multi-GPU line of the header: processes, parallel sizes, DDP settings, whose figures print."""
+    from graphdoctor.placement import data_parallel_size
+
+    ddp = [name for name, on in (("sequence parallel", cfg.sequence_parallel),
+                                 ("overlap_grad_reduce", cfg.overlap_grad_reduce),
+                                 ("distributed optimizer", cfg.use_distributed_optimizer)) if on]
+    if cfg.ddp_bucket_size is not None:
+        ddp.append(f"bucket {cfg.ddp_bucket_size}")
+    return (f"  {cfg.nproc_per_node} processes per run: TP {cfg.tensor_model_parallel_size}, PP "
+            f"{cfg.pipeline_model_parallel_size}, DP {data_parallel_size(cfg)}{', ' if ddp else ''}{', '.join(ddp)}; "
+            f"every rank compared (tensors named rank<r>:), memory and launch figures printed are rank 0's "
+            f"(every rank's in --json: runs[].ranks)")
 
 
 def launch_table(report: DiffReport) -> str:
@@ -225,5 +243,5 @@ def write_json(report: DiffReport, path: str | os.PathLike[str]) -> Path:
     return target
 
 
-__all__ = ["json_safe", "launch_table", "launch_table_from_sections", "render_text",
+__all__ = ["json_safe", "launch_table", "launch_table_from_sections", "placement_line", "render_text",
            "summary_rows", "write_json"]

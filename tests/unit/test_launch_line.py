@@ -35,9 +35,10 @@ def test_gpt_example_parses_into_exact_fields() -> None:
         transformer={"ffn_hidden_size": 2048, "init_method_std": 0.02},
         megatron_args=f"@{GPT}", launch_notes=config.launch_notes)
     (note,) = config.launch_notes
-    assert note.startswith("flags that do not apply to diff: launcher (torchrun): --nproc_per_node, --nnodes, "
-                           "--master_addr, --master_port; distributed (diff runs one GPU): "
-                           "--tensor-model-parallel-size, --pipeline-model-parallel-size; DDP and optimizer")
+    # The tensor- and pipeline-parallel sizes (1 here) and torchrun's --nproc_per_node are applied
+    # since multi-GPU diff (docs/multi-gpu.md); the other launcher flags are not.
+    assert note.startswith("flags that do not apply to diff: launcher (torchrun): --nnodes, "
+                           "--master_addr, --master_port; DDP and optimizer")
     for flag in ("--lr", "--clip-grad", "--weight-decay", "--max-position-embeddings", "--train-iters",
                  "--mock-data", "--save", "--eval-iters", "--tokenizer-type", "--split"):
         assert len(re.findall(rf"{flag}(?=[,;]|$)", note)) == 1, flag
@@ -57,12 +58,16 @@ def test_moe_example_maps_flags_into_transformer_config() -> None:
         "seq_length": 256, "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "layer_spec": "local",
         "micro_batch_size": 1, "dtype": "bf16", "cuda_graph_warmup_steps": 2, "impls": ("local",),
         "cuda_graph_modules": ("attn",), "dropout": 0.0, "num_microbatches": 2,
+        # applied since multi-GPU diff (docs/multi-gpu.md): the placement and the DDP settings
+        "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "overlap_grad_reduce": True,
+        "use_distributed_optimizer": True,
     }
     notes = [text for _, text in line.notes]
     assert any("--tokenizer-type" in n and "needs --vocab-size" in n for n in notes)
     assert any(n.startswith("--swiglu: gated_linear_unit is set") for n in notes)
     (skipped,) = [n for n in notes if n.startswith("flags that do not apply")]
-    assert "DDP and optimizer" in skipped and "--overlap-grad-reduce" in skipped
+    # --overlap-grad-reduce is applied since multi-GPU diff; the optimizer's own flags are not
+    assert "DDP and optimizer" in skipped and "--overlap-grad-reduce" not in skipped and "--lr," in skipped
     assert "model builder" in skipped and "--untie-embeddings-and-output-weights" in skipped
     assert "--position-embedding-type" in skipped and "--expert-model-parallel-size" in skipped
 
@@ -116,6 +121,31 @@ def test_torchrun_line_batch_vocab_and_unresolved_variables() -> None:
     assert "data-parallel 4" in notes and "padded to 50432" in notes
     assert "skipped (the flag is left out): --num-layers $NUM_LAYERS" in notes
     assert notes.count("--data-path") == 1  # listed once, among the flags that do not apply
+
+
+def test_torchrun_line_places_ranks_and_ddp_settings() -> None:
+    config = diff_config_from(None, megatron_args=(
+        "torchrun --nproc_per_node 4 --nnodes 1 pretrain_gpt.py --tensor-model-parallel-size 2 "
+        "--pipeline-model-parallel-size 2 --sequence-parallel --overlap-grad-reduce --use-distributed-optimizer "
+        "--ddp-bucket-size 1000000 --micro-batch-size 1 --global-batch-size 4 --num-layers 4"))
+    assert (config.nproc_per_node, config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (4, 2, 2)
+    assert config.sequence_parallel and config.overlap_grad_reduce and config.use_distributed_optimizer
+    assert config.ddp_bucket_size == 1_000_000
+    assert config.num_microbatches == 4  # 4 / (1 x data-parallel 1)
+    notes = " | ".join(config.launch_notes)
+    for flag in ("--nproc_per_node", "--tensor-model-parallel-size", "--sequence-parallel", "--overlap-grad-reduce",
+                 "--use-distributed-optimizer", "--ddp-bucket-size"):
+        assert flag not in notes, flag
+
+
+def test_launch_line_placement_refused_in_one_line() -> None:
+    with pytest.raises(UsageError, match="num_microbatches 1 is fewer than pipeline_model_parallel_size 2"):
+        diff_config_from(None, megatron_args="torchrun --nproc_per_node 2 x.py --pipeline-model-parallel-size 2 "
+                                             "--num-layers 4")
+    # explicit values override the line: one GPU, no tensor parallelism
+    shrunk = diff_config_from(None, megatron_args="torchrun --nproc_per_node 8 x.py --tensor-model-parallel-size 2",
+                              nproc_per_node=1, tensor_model_parallel_size=1)
+    assert (shrunk.nproc_per_node, shrunk.tensor_model_parallel_size) == (1, 1)
 
 
 def test_old_style_string_variables_and_shell_syntax(tmp_path: Path) -> None:

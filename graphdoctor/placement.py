@@ -1,0 +1,73 @@
+"""Placement rules of a multi-GPU diff: processes per child, tensor- and pipeline-parallel sizes, and
+what the model and the schedule must allow for them. Pure; DiffConfig validates with it on creation,
+so a bad placement is refused (exit 2) before any GPU work. The GPU count is checked where the GPUs
+are counted (graphdoctor.parent.gpus.plan_jobs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from graphdoctor.errors import UsageError
+
+if TYPE_CHECKING:
+    from graphdoctor.config import DiffConfig
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name}: got {value!r}, expected an integer >= 1")
+    return value
+
+
+def data_parallel_size(config: DiffConfig) -> int:
+    """nproc_per_node / (T x P): the data-parallel size of every child run."""
+    model_parallel = config.tensor_model_parallel_size * config.pipeline_model_parallel_size
+    return config.nproc_per_node // model_parallel
+
+
+def check_placement(config: DiffConfig) -> None:
+    """Refuse a placement Megatron would refuse (or that cannot be built), with one line naming it.
+
+    Raises:
+        UsageError: T x P not dividing nproc_per_node, heads or query groups not divisible by T,
+            layers not divisible by P, fewer microbatches than P, sequence_parallel without T > 1,
+            a bucket size below 1.
+    """
+    nproc = _positive("nproc_per_node", config.nproc_per_node)
+    tp = _positive("tensor_model_parallel_size", config.tensor_model_parallel_size)
+    pp = _positive("pipeline_model_parallel_size", config.pipeline_model_parallel_size)
+    if nproc % (tp * pp):
+        raise UsageError(f"placement: tensor_model_parallel_size {tp} x pipeline_model_parallel_size {pp} "
+                         f"= {tp * pp} does not divide nproc_per_node {nproc}")
+    if config.num_attention_heads % tp:
+        raise UsageError(f"placement: num_attention_heads {config.num_attention_heads} is not divisible by "
+                         f"tensor_model_parallel_size {tp}")
+    groups = config.transformer.get("num_query_groups")
+    if isinstance(groups, int) and not isinstance(groups, bool) and groups % tp:
+        raise UsageError(f"placement: num_query_groups {groups} is not divisible by tensor_model_parallel_size {tp}")
+    if config.num_layers % pp:
+        raise UsageError(f"placement: num_layers {config.num_layers} is not divisible by "
+                         f"pipeline_model_parallel_size {pp}")
+    if pp > 1 and config.num_microbatches < pp:
+        raise UsageError(f"placement: num_microbatches {config.num_microbatches} is fewer than "
+                         f"pipeline_model_parallel_size {pp}; Megatron's pipeline schedule needs >= {pp}")
+    if config.sequence_parallel and tp == 1:
+        raise UsageError("placement: sequence_parallel needs tensor_model_parallel_size > 1, got 1")
+    bucket = config.ddp_bucket_size
+    if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1):
+        raise UsageError(f"ddp_bucket_size: got {bucket!r}, expected an integer >= 1 (elements)")
+
+
+def check_gpu_count(nproc_per_node: int, num_visible: int) -> None:
+    """Refuse more processes per child than visible GPUs (nproc_per_node 1 runs anywhere).
+
+    Raises:
+        UsageError: nproc_per_node > num_visible.
+    """
+    if nproc_per_node > 1 and nproc_per_node > num_visible:
+        raise UsageError(f"placement: nproc_per_node {nproc_per_node} needs {nproc_per_node} GPUs, "
+                         f"{num_visible} visible")
+
+
+__all__ = ["check_gpu_count", "check_placement", "data_parallel_size"]
