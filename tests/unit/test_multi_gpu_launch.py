@@ -101,8 +101,9 @@ def test_gpu_plan_gives_each_multi_gpu_child_its_own_gpus() -> None:
 
 def test_launch_command_and_every_ranks_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     argv = launch_command(tmp_path / "spec.json", 2)
-    assert argv == [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                    "-m", "graphdoctor.child", str(tmp_path / "spec.json")]
+    # torch.distributed.run through graphdoctor.child.stacks, so the launcher dumps its stack at a timeout
+    assert argv == [sys.executable, "-P", "-m", "graphdoctor.child.stacks", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", "2", "-m", "graphdoctor.child", str(tmp_path / "spec.json")]
     monkeypatch.setenv("RANK", "0")  # an outer torchrun's variables never reach our own launch
     monkeypatch.setenv("MASTER_PORT", "1234")
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
