@@ -443,6 +443,18 @@ def unresolved_note(uses: list[FlagUse]) -> str | None:
             "out): " + ", ".join(skipped))
 
 
+def _is_megatron_flag(flag: str) -> bool:
+    """True when Megatron-LM's own parser (or torchrun's) knows `flag`; asked only for a flag close to
+    one the rules read, since building that parser imports megatron.training (seconds)."""
+    from graphdoctor.errors import MissingDependencyError
+    from graphdoctor.megatron_lm import launcher_flags, megatron_flags
+
+    try:
+        return flag in megatron_flags() or flag in launcher_flags()
+    except MissingDependencyError:
+        return False
+
+
 def parse_megatron_args(text_or_at: str) -> MegatronArgs:
     """Parse a launch line (or `@file`) into the flags `check` understands (FLAGS).
 
@@ -452,11 +464,18 @@ def parse_megatron_args(text_or_at: str) -> MegatronArgs:
     """
     uses = scan_launch_line(text_or_at)
     result = MegatronArgs()
+    ignored: list[str] = []
     for use in uses:
         flag, values = use.flag, list(use.values)
         spec = FLAGS.get(flag)
         if spec is None:
-            result.notes.append(f"ignored flag {flag}{did_you_mean(flag, FLAGS, cutoff=0.85)}")
+            hint = did_you_mean(flag, FLAGS, cutoff=0.85)
+            if hint and _is_megatron_flag(flag):
+                hint = ""  # a real Megatron-LM flag the rules do not read (--moe-ffn-hidden-size), not a typo
+            if hint:  # a likely typo of a flag the rules read gets a line of its own
+                result.notes.append(f"ignored flag {flag}{hint}")
+            elif flag not in ignored:
+                ignored.append(flag)
             continue
         section, key, kind = spec
         if kind in ("true", "false"):
@@ -473,6 +492,9 @@ def parse_megatron_args(text_or_at: str) -> MegatronArgs:
             check_field_range(key, value, flag)
         getattr(result, section)[key] = value
         result.locations[f"{section}.{key}"] = use.where or flag
+    if ignored:
+        noun = "flag" if len(ignored) == 1 else f"{len(ignored)} flags"
+        result.notes.append(f"ignored {noun} (no rule reads them): {', '.join(ignored)}")
     note = unresolved_note([u for u in uses if u.flag in FLAGS and FLAGS[u.flag][2] not in ("true", "false")])
     if note:
         result.notes.append(note)

@@ -111,4 +111,11 @@ def test_did_you_mean_for_run_file_keys_sections_and_flags(tmp_path: Path) -> No
         code, _, err = invoke("check", str(run))
         assert code == 2 and hint in err and len(err.strip().splitlines()) == 1, err
     notes = parse_megatron_args("--cuda-graph-imp local --lr 1e-4").notes
-    assert notes == ["ignored flag --cuda-graph-imp (did you mean '--cuda-graph-impl'?)", "ignored flag --lr"]
+    assert notes == ["ignored flag --cuda-graph-imp (did you mean '--cuda-graph-impl'?)", "ignored flag (no rule reads them): --lr"]
+
+
+def test_real_megatron_flags_near_a_known_one_are_not_called_typos() -> None:
+    """`--moe-ffn-hidden-size` is close to `--ffn-hidden-size` but is Megatron-LM's own flag: it is
+    listed with the other ignored flags, once, not given a "did you mean"."""
+    notes = parse_megatron_args("--moe-ffn-hidden-size 512 --lr 1e-4 --lr 2e-4 --log-interval 1").notes
+    assert notes == ["ignored 3 flags (no rule reads them): --moe-ffn-hidden-size, --lr, --log-interval"]
