@@ -15,19 +15,14 @@ from typing import Any
 
 import pytest
 
+from fixtures.planted.markers import marked_line
+
 pytestmark = pytest.mark.gpu
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL_MODEL = ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
                "--vocab-size", "128")
 SPECS = {"item_mlp": "fixtures.planted.item_mlp:layer_spec", "clean": "fixtures.planted.clean:layer_spec"}
-
-
-def marked_line(fixture: str, code: str) -> int:
-    lines = (REPO / "fixtures" / "planted" / f"{fixture}.py").read_text(encoding="utf-8").splitlines()
-    numbers = [i for i, line in enumerate(lines, 1) if f"# [{code}]" in line]
-    assert len(numbers) == 1, f"{fixture}: expected one # [{code}] marker, got {numbers}"
-    return numbers[0]
 
 
 def run_check(layer_spec: str) -> subprocess.CompletedProcess[str]:

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from fixtures.planted.markers import marked_line
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import diff
 from graphdoctor.rules import rule_fix
@@ -16,12 +15,6 @@ pytestmark = pytest.mark.gpu
 
 SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
          "vocab_size": 512, "steps": 6, "cuda_graph_warmup_steps": 2, "timeout_s": 240.0}
-REPO = Path(__file__).resolve().parents[2]
-
-
-def planted_line(module: str, code: str) -> int:
-    text = (REPO / "fixtures" / "planted" / f"{module}.py").read_text(encoding="utf-8")
-    return next(i for i, line in enumerate(text.splitlines(), 1) if f"# [{code}]" in line)
 
 
 @pytest.mark.parametrize(("module", "code"), [
@@ -38,5 +31,5 @@ def test_planted_capture_failure_cites_its_rule_and_line(module: str, code: str)
     assert diag.rule == code, diag
     assert diag.fix == rule_fix(code)
     assert diag.location is not None
-    assert diag.location.endswith(f"{module}.py:{planted_line(module, code)}"), diag
+    assert diag.location.endswith(f"{module}.py:{marked_line(module, code)}"), diag
     assert report.exit_code() == 1

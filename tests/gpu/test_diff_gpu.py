@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.planted.markers import marked_line
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import diff
 from graphdoctor.types import Verdict
@@ -14,12 +15,6 @@ pytestmark = pytest.mark.gpu
 
 SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
          "vocab_size": 512, "steps": 6, "cuda_graph_warmup_steps": 2, "timeout_s": 240.0}
-REPO = Path(__file__).resolve().parents[2]
-
-
-def planted_line(module: str, code: str) -> int:
-    text = (REPO / "fixtures" / "planted" / f"{module}.py").read_text(encoding="utf-8")
-    return next(i for i, line in enumerate(text.splitlines(), 1) if f"# [{code}]" in line)
 
 
 @pytest.mark.without_te
@@ -60,7 +55,7 @@ def test_item_in_mlp_is_capture_failed_with_user_line() -> None:
     diag = local.diagnosis
     assert diag is not None
     assert diag.location is not None
-    assert diag.location.endswith(f"item_mlp.py:{planted_line('item_mlp', 'GD501')}"), diag
+    assert diag.location.endswith(f"item_mlp.py:{marked_line('item_mlp', 'GD501')}"), diag
     assert diag.module is not None and "mlp" in diag.module
     assert diag.cuda_error == "cudaErrorStreamCaptureUnsupported"
     # The other implementation still reports its own verdict.

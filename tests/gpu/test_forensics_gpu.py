@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.planted.markers import marked_line
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport, diff
 from graphdoctor.report.diff import write_json
@@ -20,18 +21,12 @@ pytestmark = pytest.mark.gpu
 SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
          "vocab_size": 512, "steps": 6, "cuda_graph_warmup_steps": 2, "timeout_s": 240.0,
          "memory": False, "launches": False}
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _keep(report: DiffReport, name: str) -> None:
     folder = os.environ.get("GD_REPORT_DIR")
     if folder:
         write_json(report, Path(folder) / f"{name}.json")
-
-
-def _planted_line(module: str, code: str) -> int:
-    text = (REPO / "fixtures" / "planted" / f"{module}.py").read_text(encoding="utf-8")
-    return next(i for i, line in enumerate(text.splitlines(), 1) if f"# [{code}]" in line)
 
 
 def test_host_drawn_mask_is_frozen_rng_at_its_module() -> None:
@@ -44,7 +39,7 @@ def test_host_drawn_mask_is_frozen_rng_at_its_module() -> None:
     assert diag is not None and diag.module is not None and diag.module.endswith(".mlp"), diag
     assert diag.rule == "GD506"
     assert diag.location is not None
-    assert diag.location.endswith(f"host_mask_dropout.py:{_planted_line('host_mask_dropout', 'GD506') + 1}")
+    assert diag.location.endswith(f"host_mask_dropout.py:{marked_line('host_mask_dropout', 'GD506') + 1}")
     assert report.exit_code() == 1
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.planted.forward_forms import FORMS
+from fixtures.planted.markers import marked_line
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport, diff
 from graphdoctor.report.diff import write_json
@@ -24,12 +25,6 @@ pytestmark = pytest.mark.gpu
 SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
          "vocab_size": 512, "steps": 6, "cuda_graph_warmup_steps": 2, "timeout_s": 240.0,
          "memory": False, "launches": False}
-REPO = Path(__file__).resolve().parents[2]
-
-
-def planted_line(module: str, code: str) -> int:
-    text = (REPO / "fixtures" / "planted" / f"{module}.py").read_text(encoding="utf-8")
-    return next(i for i, line in enumerate(text.splitlines(), 1) if f"# [{code}]" in line)
 
 
 def _keep(report: DiffReport, name: str) -> None:
@@ -76,7 +71,7 @@ def test_item_in_a_two_tuple_loss_func_fails_the_full_iteration_capture_at_its_l
     assert full.verdict == Verdict.CAPTURE_FAILED, full
     diag = full.diagnosis
     assert diag is not None and diag.location is not None
-    assert diag.location.endswith(f"forward_forms.py:{planted_line('forward_forms', 'GD501')}"), diag
+    assert diag.location.endswith(f"forward_forms.py:{marked_line('forward_forms', 'GD501')}"), diag
     assert report.exit_code() == 1
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.planted.markers import marked_location
 from graphdoctor.probes import ProbeReport, probe
 from graphdoctor.rules.finding import Severity
 
 REPO = Path(__file__).resolve().parents[2]
-PLANTED = REPO / "fixtures" / "planted"
 SMALL_MODEL = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
                "micro_batch_size": 2, "vocab_size": 128, "dtype": "fp32", "dropout": 0.0}
 
@@ -34,13 +34,6 @@ CASES: dict[str, tuple[str | None, str, dict[str, float]]] = {
     "clean_with_dropout": (None, "clean", {"dropout": 0.1}),
 }
 CAPTURE_BREAKING = {"GD501", "GD502", "GD505"}
-
-
-def marked_location(fixture: str, code: str) -> str:
-    lines = (PLANTED / f"{fixture}.py").read_text(encoding="utf-8").splitlines()
-    numbers = [i + 1 for i, line in enumerate(lines) if f"# [{code}]" in line]
-    assert len(numbers) == 1, f"{fixture}: expected one # [{code}] marker, got {numbers}"
-    return f"fixtures/planted/{fixture}.py:{numbers[0]}"
 
 
 def describe(report: ProbeReport) -> str:

@@ -5,10 +5,9 @@ parameter only a recompute uses), each found with its phase and where."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from fixtures.planted.markers import marked_line
 from graphdoctor.compare.phases import phase_list
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import diff
@@ -20,12 +19,6 @@ pytestmark = pytest.mark.gpu
 SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
          "vocab_size": 512, "steps": 7, "cuda_graph_warmup_steps": 2, "timeout_s": 240.0}
 SCHEDULE = {"eval_interval": 3, "eval_iters": 2, "num_microbatches": 4}
-REPO = Path(__file__).resolve().parents[2]
-
-
-def planted_line(module: str, marker: str) -> int:
-    text = (REPO / "fixtures" / "planted" / f"{module}.py").read_text(encoding="utf-8")
-    return next(i for i, line in enumerate(text.splitlines(), 1) if f"# [{marker}]" in line)
 
 
 @pytest.mark.without_te
@@ -59,7 +52,7 @@ def test_mode_dependent_module_under_reused_local_graphs_diverges_in_eval_only()
     assert "phase eval" in note and "every training step matches" in note
     assert any(n.startswith("static GD402") for n in local.notes), local.notes
     assert by_impl["full_iteration"].verdict == Verdict.MATCH, by_impl["full_iteration"]
-    assert planted_line("schedule_eval_mode_mlp", "GD514") > 0
+    assert marked_line("schedule_eval_mode_mlp", "GD514") > 0
 
 
 @pytest.mark.without_te
@@ -74,7 +67,7 @@ def test_microbatch_grad_aliasing_diverges_at_the_aliased_parameter() -> None:
     assert div is not None and (div.what, div.step) == ("grads", 1), div  # the first replay
     assert div.tensor == "embedding.word_embeddings.weight", div
     assert by_impl["full_iteration"].verdict == Verdict.MATCH, by_impl["full_iteration"]
-    assert planted_line("schedule_grad_alias", "alias") > 0
+    assert marked_line("schedule_grad_alias", "alias") > 0
 
 
 def test_value_frozen_at_capture_is_a_frozen_logged_value_finding() -> None:
@@ -90,7 +83,7 @@ def test_value_frozen_at_capture_is_a_frozen_logged_value_finding() -> None:
     # the loss itself matches at every step
     eager_losses = [s.loss for s in report.reference.steps]
     assert [s.loss for s in full.runs[0].steps] == eager_losses
-    assert planted_line("schedule_frozen_metric", "GD513") > 0
+    assert marked_line("schedule_frozen_metric", "GD513") > 0
 
 
 @pytest.mark.without_te
