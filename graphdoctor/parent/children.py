@@ -18,7 +18,7 @@ from graphdoctor.entry_points import entry_point_modules
 from graphdoctor.parent.diagnose import diagnose, is_capture_error
 from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.hangs import teardown_exits, timeout_outcome
-from graphdoctor.parent.launch import launch_env, multi_gpu_placement, run_launched
+from graphdoctor.parent.launch import launch_env, multi_gpu_placement, run_launched, under_user_torchrun
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.runner import ProcessResult, child_env, python_command, run_isolated, with_port_retries
 from graphdoctor.protocol.events import (
@@ -205,11 +205,12 @@ class ChildSession:
         name = run_name(request.impl, request.dropout, request.role, attempt=attempt, hunt=request.hunt,
                         taps=request.taps, io_steps=request.io_steps)
         with self._lock:
-            placement = placement_for_child(self.num_children)
+            index = self.num_children
             self.num_children += 1
-        if config.nproc_per_node > 1:
-            placement = multi_gpu_placement(config.nproc_per_node, config.tensor_model_parallel_size,
-                                            config.pipeline_model_parallel_size)
+        # One placement, not one computed (binding a free port) and then replaced.
+        placement = (multi_gpu_placement(config.nproc_per_node, config.tensor_model_parallel_size,
+                                         config.pipeline_model_parallel_size)
+                     if config.nproc_per_node > 1 else placement_for_child(index))
         return ChildSpec(impl=request.impl, dropout=request.dropout, config=config, role=request.role,
                          name=name, events_path=str(self.workdir / f"events-{name}.jsonl"),
                          reference_dir=str(request.ref_dir), placement=placement,
@@ -246,7 +247,8 @@ class ChildSession:
                     self.board.child_finished(spec.name, record.status, record.wall_s)
                 return record
 
-            record, failed = with_port_retries(attempt, port_taken, 0 if _under_torchrun() else 2)
+            # Under torchrun every rank derives the same port; a retry on one rank alone would split them.
+            record, failed = with_port_retries(attempt, port_taken, 0 if under_user_torchrun() is not None else 2)
         finally:
             self._slots.put(device)
         with self._lock:
@@ -264,11 +266,6 @@ class ChildSession:
             return [self.run_request(r) for r in requests]
         with ThreadPoolExecutor(max_workers=min(self.plan.jobs, len(requests))) as pool:
             return list(pool.map(self.run_request, requests))
-
-
-def _under_torchrun() -> bool:
-    # Under torchrun every rank derives the same port; a retry on one rank alone would split them.
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
 __all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "port_taken", "record_from_events", "run_child", "user_import_dir"]
