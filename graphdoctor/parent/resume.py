@@ -34,11 +34,11 @@ def saves(config: DiffConfig, role: Role, stop_after: int | None) -> bool:
 
 def first_process(spec: ChildSpec, directory: Path) -> ChildSpec:
     """The spec of the run's (first) process: saves into `directory` after save_at steps; with
-    --resume it ends there."""
-    stop = spec.stop_after
-    if spec.config.resume:
-        stop = spec.config.save_at - 1
-    return dataclasses.replace(spec, checkpoint_dir=str(directory), stop_after=stop)
+    --resume it ends there (and profiles no step: the resumed process profiles the run's last)."""
+    if not spec.config.resume:
+        return dataclasses.replace(spec, checkpoint_dir=str(directory))
+    return dataclasses.replace(spec, checkpoint_dir=str(directory), stop_after=spec.config.save_at - 1,
+                               config=spec.config.replace(launches=False))
 
 
 def resumed_process(spec: ChildSpec, directory: Path) -> ChildSpec:

@@ -155,9 +155,12 @@ def test_run_file_range_of_save_at_names_its_line(tmp_path: Path) -> None:
         load_run_file(path)
 
 
-def test_help_lists_the_flags_with_their_defaults() -> None:
+def test_help_and_the_pytest_plugin_take_the_options() -> None:
+    from graphdoctor.pytest_plugin import MARKER_KWARGS
+
     out = CliRunner().invoke(main, ["diff", "--help"]).output
     assert "--save-at S" in out and "--resume / --no-resume" in out
+    assert {"save_at", "resume"} <= MARKER_KWARGS  # @pytest.mark.graphdoctor(save_at=4, resume=True)
 
 
 def test_which_children_save_and_the_specs_of_both_processes(tmp_path: Path) -> None:
@@ -170,6 +173,7 @@ def test_which_children_save_and_the_specs_of_both_processes(tmp_path: Path) -> 
     assert directory == tmp_path / "checkpoint-local-graphed-d0"
     first = first_process(spec, directory)
     assert (first.checkpoint_dir, first.stop_after, first.resumed) == (str(directory), SAVE_AT - 1, False)
+    assert not first.config.launches and spec.config.launches
     saving_only = first_process(dataclasses.replace(spec, config=spec.config.replace(resume=False)), directory)
     assert saving_only.stop_after is None  # --save-at alone: save and train on in the same process
     later = resumed_process(spec, directory)
