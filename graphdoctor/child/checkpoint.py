@@ -141,7 +141,7 @@ def load(directory: str | Path, model: Any, optimizer: Any | None, *, iteration:
     loaded = dist_checkpointing.load(state, str(directory))
     if loaded.get("iteration") != iteration:
         raise CheckpointError(f"checkpoint {directory} is of iteration {loaded.get('iteration')!r}, expected {iteration}")
-    model.load_state_dict(loaded["model"], strict=True)
+    load_model_state(model, loaded["model"])
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
     restore_rng_state(loaded[RNG_KEY][0])
@@ -172,10 +172,35 @@ def resume_run(spec: ChildSpec, setup: Any, state: Any, emit: Callable[[Event], 
     emit(Checkpoint(action="load", iteration=cfg.save_at, seconds=seconds))
 
 
+EXTRA_STATE_SUFFIX = "._extra_state"
+"""State-dict keys of a module's extra state (Transformer Engine's FP8 metadata; None for Megatron's
+local layers)."""
+
+
+def load_model_state(model: Any, state: dict[str, Any]) -> None:
+    """Load a model state dict into the unwrapped model (Megatron's DDP and Float16Module only pass it
+    on). Megatron-LM's load_checkpoint retries with strict=False when a strict load fails, which would
+    accept any missing key; here only extra states may be missing (megatron-core 0.19.2's GPTModel
+    leaves `output_layer._extra_state` out of its sharded state dict).
+
+    Raises:
+        CheckpointError: a parameter or buffer is missing from the checkpoint, or it holds one the
+            model does not have.
+    """
+    from megatron.core.utils import unwrap_model
+
+    result = unwrap_model(model).load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith(EXTRA_STATE_SUFFIX)]
+    if missing or result.unexpected_keys:
+        raise CheckpointError(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected "
+                              f"{list(result.unexpected_keys)[:5]}")
+
+
 def _plain(metadata: dict[str, Any]) -> dict[str, Any]:
     """The metadata without its process group (Megatron-LM's _clean_metadata_for_serialization)."""
     return {k: v for k, v in metadata.items() if k != "dp_cp_group"}
 
 
-__all__ = ["RNG_KEY", "CheckpointError", "content_metadata", "load", "restore_rng_state", "resume_run", "rng_state",
+__all__ = ["EXTRA_STATE_SUFFIX", "RNG_KEY", "CheckpointError", "content_metadata", "load", "load_model_state",
+           "restore_rng_state", "resume_run", "rng_state",
            "save", "save_run", "sharded_state"]

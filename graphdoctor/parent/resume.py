@@ -60,8 +60,8 @@ def clear_checkpoint(directory: Path) -> None:
 
 def stitched(first: RunRecord, resumed: RunRecord) -> RunRecord:
     """One run from its two processes, named as the run: the steps and evaluations of both in order
-    (the resumed process's steps carry `resumed`), both processes' checkpoint events, hazards and
-    exits, times summed; status, diagnosis and the end-of-run sections (memory, launches: the
+    (the resumed process's steps carry `resumed`), both processes' checkpoint events, hazards (each
+    once) and exits, times summed; status, diagnosis and the end-of-run sections (memory, launches: the
     profiled last step) are the resumed process's, which ran the run's last steps.
 
     A first process that failed is the run's record as it is (no resumed process ran); a failure of
@@ -79,7 +79,8 @@ def stitched(first: RunRecord, resumed: RunRecord) -> RunRecord:
     return dataclasses.replace(
         resumed, name=first.name, steps=first.steps + resumed.steps, evals=first.evals + resumed.evals,
         wall_s=first.wall_s + resumed.wall_s, train_s=first.train_s + resumed.train_s,
-        compare_s=first.compare_s + resumed.compare_s, hazards=first.hazards + resumed.hazards,
+        compare_s=first.compare_s + resumed.compare_s,
+        hazards=first.hazards + tuple(h for h in resumed.hazards if h not in first.hazards),
         teardown=first.teardown + resumed.teardown, checkpoints=first.checkpoints + resumed.checkpoints,
         tensor_names=resumed.tensor_names or first.tensor_names, env=first.env or resumed.env, ranks=ranks,
         diagnosis=diagnosis)

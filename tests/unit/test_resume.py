@@ -47,7 +47,7 @@ from graphdoctor.protocol import (
     read_events,
     run_name,
 )
-from graphdoctor.protocol.events import Phase, RunEnv, Teardown
+from graphdoctor.protocol.events import Hazard, Phase, RunEnv, Teardown
 from graphdoctor.types import Verdict
 
 REPORT = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "diff" / "h200_small_dropout0_fingerprints_schema2.json"
@@ -88,6 +88,7 @@ def write_process(path: Path, run: RunRecord, steps: range, *, resumed: bool) ->
     if not resumed:
         writer.emit(Phase(phase="checkpoint", step=SAVE_AT - 1))
         writer.emit(Checkpoint(action="save", iteration=SAVE_AT, seconds=0.5))
+    writer.emit(Hazard(rule="GD511", module="decoder.layers.0", message="seen in both processes"))
     writer.emit(End(train_s=1.0, compare_s=0.1, setup_s=2.0))
     writer.emit(Teardown(rank=0, seconds=0.01, since_last_step_s=0.02))
     writer.close()
@@ -197,7 +198,7 @@ def test_two_processes_are_one_run_with_every_step_in_order(tmp_path: Path) -> N
     assert [s.phase for s in run.steps] == ["warmup", "warmup", "capture", "replay", "warmup", "warmup", "capture"]
     assert [s.step for s in resumed_steps(run)] == [4, 5, 6]
     assert [(c.action, c.iteration) for c in run.checkpoints] == [("save", 4), ("load", 4)]
-    assert run.wall_s == 18.0 and run.train_s == 2.0 and len(run.teardown) == 2
+    assert run.wall_s == 18.0 and run.train_s == 2.0 and len(run.teardown) == 2 and len(run.hazards) == 1
     assert phase_list(run) == ("warmup", "capture", "replay", "checkpoint", "resume")
     assert phases_summary(run)["steps_after_resume"] == {"warmup": 2, "capture": 1}
     again = RunRecord.from_dict(json.loads(json.dumps(run.to_dict())))
@@ -317,6 +318,18 @@ SHARDED = textwrap.dedent("""
     drawn = (random.random(), torch.rand(3))
     checkpoint.restore_rng_state(saved)
     print("restored", random.random() == drawn[0] and torch.equal(torch.rand(3), drawn[1]))
+    other, _ = build_probe_model(config.replace(seed=7), device="cpu")
+    loading = checkpoint.sharded_state(other, None, iteration=4, loading=True)
+    print("missing", sorted(set(other.state_dict()) - set(loading["model"])))
+    checkpoint.load_model_state(other, {k: v.data for k, v in state["model"].items()
+                                        if isinstance(v, ShardedTensor)})
+    print("loaded", all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values())
+                        if isinstance(a, torch.Tensor)))
+    try:
+        checkpoint.load_model_state(other, {k: v.data for k, v in state["model"].items()
+                                            if isinstance(v, ShardedTensor) and not k.startswith("output_layer")})
+    except checkpoint.CheckpointError as exc:
+        print("unfit", str(exc))
     import multiprocessing
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     with checkpoint._write_queue_stopped():
@@ -341,5 +354,9 @@ def test_megatron_sharded_state_of_a_real_gpt_model_on_the_cpu(tmp_path: Path) -
     assert lines["rng"] == "True rng_state (1, 1) (0, 0) ['cpu', 'cuda', 'random', 'tracker']"
     assert lines["refused"] == "True ['input.txt']"
     assert lines["restored"] == "True"
+    # what a strict load of the sharded state dict would trip on, and what the load accepts
+    assert lines["missing"] == "['output_layer._extra_state']"
+    assert lines["loaded"] == "True"
+    assert lines["unfit"] == "checkpoint does not fit the model: missing ['output_layer.weight'], unexpected []"
     # the writer's Manager process is stopped after the save: a child ends with os._exit
     assert (lines["during"], lines["after"]) == ("1", "0 None")
