@@ -63,9 +63,10 @@ def _rng_object(state: dict[str, Any] | None) -> Any:
     from megatron.core import parallel_state
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    pp = (parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_world_size())
-    ranks = (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank())
-    return ShardedObject(RNG_KEY, [state], pp, ranks,
+    shape = (parallel_state.get_pipeline_model_parallel_world_size(),
+             parallel_state.get_tensor_model_parallel_world_size())
+    offset = (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank())
+    return ShardedObject(RNG_KEY, [state], shape, offset,
                          replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True))
 
 
