@@ -74,9 +74,10 @@ class AdviseSession(ChildSession):
         """True once the deadline has passed."""
         return self.deadline is not None and time.monotonic() >= self.deadline
 
-    def spec(self, request: ChildRequest, *, attempt: int = 0, gpu_turn: str | None = None) -> ChildSpec:
+    def spec(self, request: ChildRequest, *, attempt: int = 0, gpu_turn: str | None = None,
+             resumed: bool = False) -> ChildSpec:
         """ChildSession's spec, with the candidate's configuration and a name prefixed by its key."""
-        spec = ChildSession.spec(self, request, attempt=attempt, gpu_turn=gpu_turn)
+        spec = ChildSession.spec(self, request, attempt=attempt, gpu_turn=gpu_turn, resumed=resumed)
         key = request.key if isinstance(request, CandidateRequest) else ""
         if not key:
             return spec

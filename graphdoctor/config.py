@@ -65,6 +65,12 @@ class DiffConfig:
     eval_iters: int = 2
     """Forward-only iterations per evaluation (Megatron-LM's --eval-iters)."""
 
+    save_at: int = 0
+    """Save a Megatron distributed checkpoint after `save_at` training steps; 0: none."""
+
+    resume: bool = False
+    """End each run at that checkpoint and train on in a fresh process that loads it (needs save_at)."""
+
     recompute_granularity: str | None = None
     """TransformerConfig.recompute_granularity (full or selective); None: the run file's or Megatron's."""
 
@@ -305,13 +311,17 @@ def is_startup_variable(name: str) -> bool:
 
 
 def _check_schedule(config: DiffConfig) -> None:
-    """The run schedule's fields: evaluation and recompute (Megatron validates the recompute values
-    themselves when the TransformerConfig is built)."""
-    for name in ("eval_interval", "eval_iters"):
+    """The run schedule's fields: evaluation, checkpoint and resume, recompute (Megatron validates the
+    recompute values themselves when the TransformerConfig is built)."""
+    for name, low in (("eval_interval", 0), ("eval_iters", 1)):
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "eval_interval" else 1):
-            low = 0 if name == "eval_interval" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UsageError(f"{name}: got {value!r}, expected an integer >= {low}")
+    save_at = config.save_at
+    if isinstance(save_at, bool) or not isinstance(save_at, int) or not (save_at == 0 or 0 < save_at < config.steps):
+        raise UsageError(f"save_at: got {save_at!r}, expected 0 (none) or 1 to steps - 1 ({config.steps - 1})")
+    if config.resume and not save_at:
+        raise UsageError("resume: got true without save_at, expected --save-at S (the checkpoint to resume from)")
     if config.recompute_num_layers is not None and (
             isinstance(config.recompute_num_layers, bool) or not isinstance(config.recompute_num_layers, int)
             or config.recompute_num_layers < 1):

@@ -76,6 +76,12 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            "Evaluate after every K training steps and after the last (forward-only, eval mode, no "
            "grad); 0: no evaluation.", "K"),
     Option("eval-iters", "eval_iters", int, "Forward-only iterations per evaluation.", "E"),
+    Option("save-at", "save_at", int,
+           "Save a Megatron distributed checkpoint (model, optimizer, RNG states) after S training "
+           "steps; 0: none.", "S"),
+    Option("resume", "resume", bool,
+           "End each run at the --save-at checkpoint and train on in a fresh process that loads it "
+           "(graphs captured again); the steps after the resume are compared like every other.", ""),
     Option("recompute-granularity", "recompute_granularity", str,
            "TransformerConfig.recompute_granularity: full or selective.", "G", default_text="unset"),
     Option("recompute-method", "recompute_method", str,

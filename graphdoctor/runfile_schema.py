@@ -29,7 +29,7 @@ POSITIVE_INT_FIELDS = frozenset({
     "num_microbatches", "vocab_size", "steps", "eval_iters", "nproc_per_node", "ddp_bucket_size",
 })
 """Fields that count something: an integer >= 1 (None allowed where TransformerConfig defaults to None)."""
-NON_NEGATIVE_INT_FIELDS = frozenset({"num_moe_experts", "cuda_graph_warmup_steps", "seed", "recompute_num_layers", "eval_interval",
+NON_NEGATIVE_INT_FIELDS = frozenset({"num_moe_experts", "cuda_graph_warmup_steps", "seed", "recompute_num_layers", "eval_interval", "save_at",
                                      "cpu_offloading_num_layers"})
 VARIABLE_RUN_FIELDS = frozenset({"seq_length", "micro_batch_size"})
 """`run:` fields `check` also takes as several values (a list, or `variable`; rule GD403)."""

@@ -169,6 +169,10 @@ class StepRecord:
     micro-batches as Megatron-LM's trainer does ([sum, count]: sum / count; one element: the mean);
     then every value Megatron's trackers logged that step, as `tracker/<name>` (summed over layers)."""
 
+    resumed: bool = False
+    """Run by the process that resumed from the run's checkpoint (--resume): `phase` counts from that
+    process's first step (it warms up and captures again, as Megatron does after a restart)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -182,6 +186,7 @@ class StepRecord:
             "params": self.params.to_dict() if self.params else None,
             "quiet": self.quiet,
             "reported": dict(self.reported),
+            "resumed": self.resumed,
         }
 
     def to_event(self) -> dict[str, Any]:

@@ -95,6 +95,10 @@ class ChildRun:
         if self.spec.config.deterministic:
             deterministic_algorithms()
         setup = build_setup(self.spec)
+        if self.spec.resumed:
+            from graphdoctor.child.checkpoint import resume_run
+
+            resume_run(self.spec, setup, state, self.events.emit)
         self.names.update({id(m): strip_wrappers(n) for n, m in setup.model.named_modules()})
         observers = make_observers(self.spec, setup.model, self.names)
         taps = self._install_taps(setup)

@@ -15,10 +15,11 @@ from typing import Any, Protocol
 
 import torch
 
+from graphdoctor.child.checkpoint import save_run
 from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics, forward_step_name, step_batches
 from graphdoctor.child.quiet import GpuTurn
 from graphdoctor.child.reported import reduce_step
-from graphdoctor.child.schedule import eval_plan, run_eval, with_tracker_values
+from graphdoctor.child.schedule import EvalPoint, eval_plan, run_eval, with_tracker_values
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
 from graphdoctor.protocol.events import Capture, Eval, Event, Phase, Step, Tensors
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Role
@@ -280,12 +281,14 @@ def run_steps(
                  fingerprint_bytes=printer.extra_bytes if printer is not None else 0))
     profile_last = cfg.launches and spec.role is not Role.TAPPED and spec.stop_after is None
     last = cfg.steps + (1 if profile_last else 0) - 1 if spec.stop_after is None else spec.stop_after
-    te_capture_step = cfg.cuda_graph_warmup_steps if setup.te_helper is not None else None
+    first = cfg.save_at if spec.resumed else 0  # a resumed process warms up and captures again
+    te_capture_step = first + cfg.cuda_graph_warmup_steps if setup.te_helper is not None else None
     turn = GpuTurn(spec.gpu_turn) if spec.gpu_turn else None
     timed = timed_steps(spec)
     evals = {p.after_step: p for p in eval_plan(cfg.steps, cfg.eval_interval)}
-    for step in range(last + 1):
-        phase = phase_of(spec.impl, step, cfg.cuda_graph_warmup_steps)
+    save_after = cfg.save_at - 1 if spec.checkpoint_dir is not None and not spec.resumed else None
+    for step in range(first, last + 1):
+        phase = phase_of(spec.impl, step - first, cfg.cuda_graph_warmup_steps)
         if phase != state.phase:
             emit(Phase(phase=phase, step=step))
         state.step, state.phase = step, phase
@@ -300,18 +303,26 @@ def run_steps(
             record = runner.train_step(step, state.phase, data, profiled=profile_last and step == cfg.steps)
             for obs in reversed(observers):
                 obs.end_step(step, state.phase)
-        record = dataclasses.replace(record, quiet=quiet)
+        record = dataclasses.replace(record, quiet=quiet, resumed=spec.resumed)
         state.records.append(record)
         emit(Step(record=record))
         if record.phase == "capture" and te_capture_step is None:
             emit(Capture(step=step, seconds=record.step_time_ms / 1000.0))
         if step in evals and not record.profiled:
-            state.phase = "eval"
-            emit(Phase(phase="eval", step=step))
-            emit(Eval(record=run_eval(cfg, setup, evals[step], where=forward_step_name(cfg.forward_step),
-                                      taps=taps)))
+            _evaluate(spec, setup, state, emit, evals[step], taps)
+        if step == save_after:
+            save_run(spec, setup, state, emit)
     state.phase = "done"
     return runner.io.compare_s
+
+
+def _evaluate(spec: ChildSpec, setup: Setup, state: LoopState, emit: Callable[[Event], None], point: EvalPoint,
+              taps: Any) -> None:
+    """The evaluation after a step (before the checkpoint there, in Megatron-LM's order)."""
+    state.phase = "eval"
+    emit(Phase(phase="eval", step=point.after_step))
+    emit(Eval(record=run_eval(spec.config, setup, point, where=forward_step_name(spec.config.forward_step),
+                              taps=taps)))
 
 
 __all__ = ["LoopState", "StepObserver", "StepRunner", "phase_of", "run_steps", "strip_wrappers", "timed_steps"]

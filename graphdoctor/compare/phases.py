@@ -1,5 +1,6 @@
-"""The run schedule's phases compared: evaluation losses per evaluation, and logged values (reported
-and tracker values) that stay frozen across replays while eager's change. Pure Python on RunRecords.
+"""The run schedule's phases compared: evaluation losses per evaluation, logged values (reported and
+tracker values) that stay frozen across replays while eager's change, and the phase of a difference
+after a checkpoint resume. Pure Python on RunRecords.
 """
 
 from __future__ import annotations
@@ -129,23 +130,54 @@ def _timeline(run: RunRecord) -> list[str]:
     evals_after: dict[int, list[EvalRecord]] = {}
     for e in run.evals:
         evals_after.setdefault(e.after_step, []).append(e)
+    saved_after = {c.iteration - 1 for c in run.checkpoints if c.action == "save"}
     out: list[str] = []
+    resumed = False
     for s in run.steps:
+        if s.resumed and not resumed:
+            out.append("resume")
+            resumed = True
         out.append(s.phase)
         out.extend("eval" for _ in evals_after.get(s.step, ()))
+        if s.step in saved_after and not s.resumed:
+            out.append("checkpoint")
     return out
 
 
+def resumed_steps(run: RunRecord) -> tuple[StepRecord, ...]:
+    """The steps the resumed process of a --resume run trained (none without one)."""
+    return tuple(s for s in run.steps if s.resumed)
+
+
 def phases_summary(run: RunRecord) -> dict[str, Any]:
-    """Counts per phase for the report: training steps by phase, evaluations, and the training steps
-    right after an evaluation (each compared like every other step)."""
+    """Counts per phase for the report: training steps by phase, evaluations, the training steps
+    right after an evaluation (each compared like every other step), the checkpoint save and load
+    (step and seconds) and the steps of the resumed process by phase."""
     counts: dict[str, int] = {}
     for s in run.steps:
         counts[s.phase] = counts.get(s.phase, 0) + 1
     after_eval = {e.after_step + 1 for e in run.evals}
+    after_resume: dict[str, int] = {}
+    for s in resumed_steps(run):
+        after_resume[s.phase] = after_resume.get(s.phase, 0) + 1
     return {"steps": counts, "evals": len(run.evals),
-            "steps_after_eval": sum(1 for s in run.steps if s.step in after_eval)}
+            "steps_after_eval": sum(1 for s in run.steps if s.step in after_eval),
+            "checkpoints": [(c.action, c.iteration, c.seconds) for c in run.checkpoints],
+            "steps_after_resume": after_resume}
+
+
+def resume_note(run: RunRecord, step: int, what: str) -> str | None:
+    """The note naming phase resume when a run's first difference (`what` at `step`; an evaluation's
+    after that step) lies in its resumed process; None when it does not."""
+    resumed = resumed_steps(run)
+    if not resumed or step < resumed[0].step:
+        return None
+    start = resumed[0].step
+    here = next((s.phase for s in resumed if s.step == step), None)
+    where = f"after step {step}" if what == "eval" else f"at step {step} ({here} in the new process)"
+    return (f"phase resume: the first difference ({what}) is {where}, {step - start + 1} step(s) into the process "
+            f"resumed from the checkpoint saved after step {start - 1}; every step before the checkpoint matches")
 
 
 __all__ = ["EVAL_DIVERGENCE_RULE", "FROZEN_VALUE_RULE", "EvalDivergence", "FrozenValue", "find_eval_divergence",
-           "find_frozen_values", "phase_list", "phases_summary"]
+           "find_frozen_values", "phase_list", "phases_summary", "resume_note", "resumed_steps"]

@@ -226,6 +226,7 @@ class ImplResult:
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
             "control": self.control.to_dict() if self.control else None,
             "notes": list(self.notes),
+            "phases": _phases(self.runs),
             "memory": self.memory.to_dict() if self.memory else None,
             "launches": self.launches.to_dict() if self.launches else None,
             "forensics": self.forensics.to_dict() if self.forensics else None,
@@ -249,6 +250,13 @@ class ImplResult:
                    launches=opt("launches", LaunchComparison.from_dict),
                    runs=tuple(RunRecord.from_dict(r) for r in data.get("runs", ())),
                    forensics=opt("forensics", Forensics.from_dict))
+
+
+def _phases(runs: tuple[RunRecord, ...]) -> list[str]:
+    """The phases of the implementation's run in order (compare.phases.phase_list), for the JSON."""
+    from graphdoctor.compare.phases import phase_list
+
+    return list(phase_list(runs[0])) if runs else []
 
 
 def _loss_differs(a: float, b: float, rtol: float, atol: float) -> bool:
@@ -405,6 +413,8 @@ def judge(
     divergence = find_divergence(reference, graphed, rtol=rtol, atol=atol)
     phase_notes = schedule_notes(reference, graphed, rtol=rtol, atol=atol, steps_match=divergence is None)
     divergence = divergence or eval_divergence(reference, graphed, rtol=rtol, atol=atol)
+    if divergence is not None:
+        phase_notes += resume_notes(graphed, divergence)
     if divergence is None:
         return ImplResult(verdict=Verdict.MATCH, timing=timing, **common)  # type: ignore[arg-type]
     if graphed.dropout == 0.0:
@@ -442,6 +452,14 @@ def schedule_notes(reference: RunRecord, graphed: RunRecord, *, rtol: float, ato
     if found is not None:
         notes.append(found.note(steps_match))
     return tuple(notes)
+
+
+def resume_notes(graphed: RunRecord, divergence: Divergence) -> tuple[str, ...]:
+    """The phase-resume note when the first difference lies in the resumed process (--resume)."""
+    from graphdoctor.compare.phases import resume_note
+
+    note = resume_note(graphed, divergence.step, divergence.what)
+    return () if note is None else (note,)
 
 
 def reference_failed(impl: str) -> ImplResult:

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +21,10 @@ from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.hangs import teardown_exits, timeout_outcome
 from graphdoctor.parent.launch import launch_env, multi_gpu_placement, run_launched, under_user_torchrun
 from graphdoctor.parent.progress import ProgressBoard
+from graphdoctor.parent.resume import checkpoint_dir, clear_checkpoint, first_process, resumed_process, saves, stitched
 from graphdoctor.parent.runner import ProcessResult, child_env, python_command, run_isolated, with_port_retries
 from graphdoctor.protocol.events import (
+    Checkpoint,
     End,
     Error,
     Eval,
@@ -69,6 +72,7 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
         peak_allocated_bytes=end.peak_allocated_bytes if end else None,
         end_reserved_bytes=end.end_reserved_bytes if end else None,
         end_allocated_bytes=end.end_allocated_bytes if end else None, teardown=teardown,
+        checkpoints=tuple(log.of(Checkpoint)),
     )
 
 
@@ -197,13 +201,15 @@ class ChildSession:
         for i in range(max(self.plan.jobs, 1)):
             self._slots.put(devices[i % len(devices)])
 
-    def spec(self, request: ChildRequest, *, attempt: int = 0, gpu_turn: str | None = None) -> ChildSpec:
-        """The spec of the next child (each gets its own rendezvous port and file names)."""
+    def spec(self, request: ChildRequest, *, attempt: int = 0, gpu_turn: str | None = None,
+             resumed: bool = False) -> ChildSpec:
+        """The spec of the next child (each gets its own rendezvous port and file names; `resumed`:
+        the second process of a --resume run, graphdoctor.parent.resume)."""
         config = self.config
         if request.role is Role.TAPPED or request.targeted:
             config = config.replace(memory=False, launches=False)
         name = run_name(request.impl, request.dropout, request.role, attempt=attempt, hunt=request.hunt,
-                        taps=request.taps, io_steps=request.io_steps)
+                        taps=request.taps, io_steps=request.io_steps, resumed=resumed)
         with self._lock:
             index = self.num_children
             self.num_children += 1
@@ -219,7 +225,7 @@ class ChildSession:
                          keep_snapshots=self.config.snapshot_dir is not None, taps=request.taps,
                          import_dir=self.import_dir, io_steps=request.io_steps,
                          stop_after=request.stop_after, gpu_turn=gpu_turn,
-                         fingerprints=request.fingerprints)
+                         fingerprints=request.fingerprints, resumed=resumed)
 
     def run(self, impl: str, dropout: float, role: Role, ref_dir: Path, *, hunt: bool = False,
             taps: bool = False) -> RunRecord:
@@ -237,8 +243,7 @@ class ChildSession:
             elif device is not None and len(self.plan.gpus) > 1:
                 env["CUDA_VISIBLE_DEVICES"] = device
 
-            def attempt(number: int) -> RunRecord:
-                spec = self.spec(request, attempt=number, gpu_turn=turn)
+            def process(spec: ChildSpec) -> RunRecord:
                 if self.board is not None:
                     self.board.child_started(spec.name, request.impl, request.describe(), progress_events(spec),
                                              total_steps(spec))
@@ -247,6 +252,13 @@ class ChildSession:
                     self.board.child_finished(spec.name, record.status, record.wall_s)
                 return record
 
+            def attempt(number: int) -> RunRecord:
+                spec = self.spec(request, attempt=number, gpu_turn=turn)
+                if not saves(spec.config, request.role, request.stop_after):
+                    return process(spec)
+                return self._with_checkpoint(spec, process, lambda: self.spec(request, attempt=number,
+                                                                              gpu_turn=turn, resumed=True))
+
             # Under torchrun every rank derives the same port; a retry on one rank alone would split them.
             record, failed = with_port_retries(attempt, port_taken, 0 if under_user_torchrun() is not None else 2)
         finally:
@@ -254,6 +266,20 @@ class ChildSession:
         with self._lock:
             self.child_wall_s += record.wall_s + sum(r.wall_s for r in failed)
         return record
+
+    def _with_checkpoint(self, spec: ChildSpec, process: Callable[[ChildSpec], RunRecord],
+                         resumed_spec: Callable[[], ChildSpec]) -> RunRecord:
+        """A run that saves its checkpoint (--save-at); with --resume, its first process ends there and
+        a second one loads it and trains on: one record of both. The checkpoint is removed after."""
+        directory = checkpoint_dir(self.workdir, spec.name)
+        clear_checkpoint(directory)
+        try:
+            first = process(first_process(spec, directory))
+            if not spec.config.resume or first.status != "ok":
+                return first
+            return stitched(first, process(resumed_process(resumed_spec(), directory)))
+        finally:
+            clear_checkpoint(directory)
 
     def note(self, text: str) -> None:
         """One line of the parent's own on the progress board."""

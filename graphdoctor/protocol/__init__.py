@@ -3,7 +3,7 @@
 - graphdoctor.protocol.spec: ChildSpec (diff and count children), ProbeJob (probe workers), Role,
   Placement, run_name(), and the eager/`none` implementation names.
 - graphdoctor.protocol.events: the typed events (started, step, capture, memory, launches, taps,
-  hazard, error, end) with the one encoder and decoder.
+  hazard, error, end, phase, teardown, checkpoint) with the one encoder and decoder.
 - graphdoctor.protocol.record: RunRecord, the events of one run folded into one typed record.
 
 docs/protocol.md describes the events and the files a run leaves in `--workdir`.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from graphdoctor.protocol.events import (
     Capture,
+    Checkpoint,
     End,
     Error,
     Eval,
@@ -47,6 +48,7 @@ from graphdoctor.protocol.spec import (
 __all__ = [
     "EAGER",
     "Capture",
+    "Checkpoint",
     "ChildSpec",
     "End",
     "Error",

@@ -183,6 +183,20 @@ class Phase:
 
 
 @dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The run's Megatron distributed checkpoint was saved (after `iteration` training steps) or
+    loaded by the resumed process (--save-at, --resume)."""
+
+    kind: ClassVar[str] = "checkpoint"
+    action: str
+    """`save` or `load`."""
+    iteration: int
+    """Training steps done when it was saved (the resumed process starts at this 0-based step)."""
+    seconds: float
+    """Wall time of the save or the load."""
+
+
+@dataclass(frozen=True, slots=True)
 class Teardown:
     """The child's exit after its end event (process-group destruction under the watchdog)."""
 
@@ -196,10 +210,11 @@ class Teardown:
     """The watchdog fired: its stacks were dumped and the process was ended."""
 
 
-Event = Started | Tensors | Step | Eval | Capture | Memory | Launches | Taps | Hazard | Error | End | Phase | Teardown
+Event = (Started | Tensors | Step | Eval | Capture | Memory | Launches | Taps | Hazard | Error | End | Phase
+         | Teardown | Checkpoint)
 EVENT_TYPES: dict[str, type[Any]] = {
     cls.kind: cls for cls in (Started, Tensors, Step, Eval, Capture, Memory, Launches, Taps, Hazard, Error, End,
-                              Phase, Teardown)
+                              Phase, Teardown, Checkpoint)
 }
 
 
@@ -309,6 +324,7 @@ def read_events(path: str | Path) -> EventLog:
 __all__ = [
     "EVENT_TYPES",
     "Capture",
+    "Checkpoint",
     "End",
     "Error",
     "Eval",

@@ -12,7 +12,7 @@ from typing import Any
 from graphdoctor.compare.forensics import TapTable
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
-from graphdoctor.protocol.events import Hazard, RunEnv
+from graphdoctor.protocol.events import Checkpoint, Hazard, RunEnv
 from graphdoctor.protocol.spec import impl_name
 from graphdoctor.types import Diagnosis, EvalRecord, RankExit, StepRecord
 
@@ -91,6 +91,8 @@ class RunRecord:
 
     teardown: tuple[RankExit, ...] = ()
     """How each rank exited after its results (a hung teardown is a finding, not a failure)."""
+    checkpoints: tuple[Checkpoint, ...] = ()
+    """The run's checkpoint save and, with --resume, its load by the resumed process (in order)."""
     ranks: tuple[RunRecord, ...] = ()
     """A multi-GPU run's records of every rank, in rank order (empty for one process). This record is
     then their fold (graphdoctor.parent.ranks): rank 0's figures, the deciding rank's status, every
@@ -118,6 +120,8 @@ class RunRecord:
             "forensics": self.forensics.to_dict() if self.forensics else None,
             "hazards": [{"rule": h.rule, "module": h.module, "message": h.message} for h in self.hazards],
             "teardown": [t.to_dict() for t in self.teardown],
+            "checkpoints": [{"action": c.action, "iteration": c.iteration, "seconds": c.seconds}
+                            for c in self.checkpoints],
             **{key: getattr(self, key) for key in END_MEMORY_FIELDS},
             "ranks": [r.to_dict() for r in self.ranks],
         }
@@ -147,6 +151,8 @@ class RunRecord:
             end_reserved_bytes=data.get("end_reserved_bytes", env.get("end_reserved_bytes")),
             end_allocated_bytes=data.get("end_allocated_bytes", env.get("end_allocated_bytes")),
             teardown=tuple(RankExit.from_dict(t) for t in data.get("teardown", ())),
+            checkpoints=tuple(Checkpoint(action=str(c["action"]), iteration=int(c["iteration"]),
+                                         seconds=float(c["seconds"])) for c in data.get("checkpoints", ())),
             ranks=tuple(cls.from_dict(r) for r in data.get("ranks", ())),
         )
 

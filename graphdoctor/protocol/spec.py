@@ -153,11 +153,12 @@ def gpu_turn_path(gpu: int | str) -> str:
 
 
 def run_name(impl: str, dropout: float, role: Role, *, attempt: int = 0, hunt: bool = False,
-             taps: bool = False, io_steps: tuple[int, ...] = ()) -> str:
+             taps: bool = False, io_steps: tuple[int, ...] = (), resumed: bool = False) -> str:
     """The one name of a child run: its files in the work directory are `<kind>-<name>.<ext>`.
 
     Every distinct run of one diff gets a distinct name (a culprit hunt is not the graphed run it
-    repeats; a retry after a taken port is another attempt).
+    repeats; a retry after a taken port is another attempt; the resumed process of a --resume run is
+    `<name>-resumed`).
     """
     name = f"{impl}-{role.value}-d{dropout:g}"
     if hunt:
@@ -168,6 +169,8 @@ def run_name(impl: str, dropout: float, role: Role, *, attempt: int = 0, hunt: b
         name += "-steps" + "_".join(map(str, io_steps))
     if attempt:
         name += f"-attempt{attempt}"
+    if resumed:
+        name += "-resumed"
     return name
 
 
@@ -227,6 +230,14 @@ class ChildSpec:
     gpu_turn: str | None = None
     """Lock file of the GPU this child shares with other children (graphdoctor.child.quiet); None
     when it runs alone, and never for a multi-process child."""
+
+    checkpoint_dir: str | None = None
+    """Where the run's Megatron distributed checkpoint goes after config.save_at training steps (or,
+    when `resumed`, where it is loaded from); None: no checkpoint."""
+
+    resumed: bool = False
+    """This process loads the checkpoint before its first step and trains steps config.save_at on
+    (--resume: the second process of the run)."""
 
     @property
     def graphed(self) -> bool:

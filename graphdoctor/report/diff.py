@@ -100,7 +100,7 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
         "impl", "verdict", "first divergence", "max abs", "max rel", "eager ms", "graphed ms",
         "speedup"], tablefmt="simple")
     lines += ["", table, ""]
-    if report.reference.evals or report.config.eval_interval:
+    if report.reference.evals or report.config.eval_interval or report.config.save_at:
         lines += [*phase_lines(report), ""]
     launches = launch_table(report)
     if launches:

@@ -1,11 +1,12 @@
-"""The run schedule in the reports: the phases each run went through and every evaluation's loss,
-eager beside each graphed implementation (terminal lines and the HTML page's eval section).
+"""The run schedule in the reports: the phases each run went through (checkpoint and resume included)
+and every evaluation's loss, eager beside each graphed implementation (terminal lines and the HTML
+page's eval section).
 """
 
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from graphdoctor.compare.phases import phases_summary
 from graphdoctor.report.html_page import table
@@ -20,8 +21,8 @@ def _fmt(value: float | None) -> str:
 
 
 def phase_lines(report: DiffReport) -> list[str]:
-    """`phases` line per run (steps per phase, evaluations, first replays after one), then one line per
-    evaluation with eager's loss and each implementation's (`=` where bitwise equal)."""
+    """`phases` line per run (steps per phase, evaluations, first replays after one, the checkpoint and
+    the resume), then one line per evaluation with eager's loss and each implementation's (`=` where bitwise equal)."""
     runs = [("eager", report.reference)] + [(r.impl, r.runs[0]) for r in report.results if r.runs]
     lines = []
     for name, run in runs:
@@ -29,7 +30,7 @@ def phase_lines(report: DiffReport) -> list[str]:
         steps = ", ".join(f"{phase} {count}" for phase, count in summary["steps"].items())
         evals = f"; eval {summary['evals']} ({summary['steps_after_eval']} training steps right after one)" \
             if summary["evals"] else ""
-        lines.append(f"  phases {name}: {steps}{evals}")
+        lines.append(f"  phases {name}: {steps}{evals}{_checkpoint_text(summary)}")
     for ref in report.reference.evals:
         cells = []
         for name, run in runs[1:]:
@@ -40,6 +41,19 @@ def phase_lines(report: DiffReport) -> list[str]:
         lines.append(f"  {which} after step {ref.after_step}: eager {_fmt(ref.loss)}"
                      + "".join(f" | {c}" for c in cells))
     return lines
+
+
+def _checkpoint_text(summary: dict[str, Any]) -> str:
+    """`; checkpoint after step 3 (0.41 s); resume at step 4 (load 0.30 s; capture 1, replay 2 in the new
+    process)` from phases_summary, or "" without a checkpoint."""
+    parts = []
+    for action, iteration, seconds in summary["checkpoints"]:
+        if action == "save":
+            parts.append(f"checkpoint after step {iteration - 1} ({seconds:.2f} s)")
+        else:
+            steps = ", ".join(f"{phase} {count}" for phase, count in summary["steps_after_resume"].items())
+            parts.append(f"resume at step {iteration} (load {seconds:.2f} s; {steps or 'no steps'} in the new process)")
+    return "".join(f"; {part}" for part in parts)
 
 
 def eval_section(view: ReportView) -> str:

@@ -1,9 +1,12 @@
 """The run schedule end to end on a real GPU: evaluation between steps and a final one, gradient
-accumulation over micro-batches, and the planted schedule fixtures (a mode-dependent module under
-graphs that evaluation reuses, micro-batch gradient aliasing, a logged value frozen at capture, a
-parameter only a recompute uses), each found with its phase and where."""
+accumulation over micro-batches, a checkpoint save and a resume in a fresh process, and the planted
+schedule fixtures (a mode-dependent module under graphs that evaluation reuses, micro-batch gradient
+aliasing, a logged value frozen at capture, a parameter only a recompute uses), each found with its
+phase and where."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +38,40 @@ def test_clean_schedule_matches_eager_with_every_phase_listed() -> None:
         assert all(s.phase == "replay" for s in run.steps if s.step in (3, 6))
     text = render_text(report)
     assert "eval" in text and "phases" in text
+    assert report.exit_code() == 0
+
+
+@pytest.mark.without_te
+def test_clean_schedule_with_checkpoint_resume_matches_eager_with_every_phase_listed(tmp_path: Path) -> None:
+    # The acceptance command: --eval-interval 3 --eval-iters 2 --save-at 4 --resume --num-microbatches 4,
+    # 8 steps (the default): the first process trains steps 0-3 and saves; the resumed one loads and trains
+    # 4-7 (local captures again at 4; full_iteration warms up at 4-5, captures at 6, replays at 7).
+    config = DiffConfig(impls=("local", "full_iteration"), dropout=0.0, save_at=4, resume=True,
+                        **SCHEDULE, **{**SMALL, "steps": 8})
+    report = diff(config, workdir=tmp_path)
+    assert [r.verdict for r in report.results] == [Verdict.MATCH, Verdict.MATCH], report.results
+    reference = report.reference
+    assert [(e.index, e.after_step, e.final) for e in reference.evals] == [(0, 2, False), (1, 5, False), (2, 7, True)]
+    expected = {"eager": ["eager"] * 4, "local": ["capture", "replay", "replay", "replay"],
+                "full_iteration": ["warmup", "warmup", "capture", "replay"]}
+    runs = [reference] + [r.runs[0] for r in report.results]
+    for run in runs:
+        assert [(c.action, c.iteration) for c in run.checkpoints] == [("save", 4), ("load", 4)], run.checkpoints
+        compared = [s for s in run.steps if not s.profiled]
+        assert [s.step for s in compared] == list(range(8))
+        assert [s.step for s in compared if s.resumed] == [4, 5, 6, 7]
+        assert [s.phase for s in compared if s.resumed] == expected[run.impl], run.impl
+        assert {"checkpoint", "resume", "eval"} <= set(phase_list(run)), phase_list(run)
+        assert [e.loss for e in run.evals] == [e.loss for e in reference.evals]
+        assert [s.loss for s in compared] == [s.loss for s in reference.steps if not s.profiled]
+    text = render_text(report)
+    assert "checkpoint after step 3" in text and "resume at step 4" in text and "eval" in text
+    for result in report.results:
+        assert "resume" in result.to_dict()["phases"]
+    # both processes of every run left their files; the checkpoints were removed; nothing left running
+    assert (tmp_path / "events-local-graphed-d0-resumed.jsonl").is_file()
+    assert (tmp_path / "log-eager-reference-d0-resumed.txt").is_file()
+    assert not list(tmp_path.glob("checkpoint-*"))
     assert report.exit_code() == 0
 
 
