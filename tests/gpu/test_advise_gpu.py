@@ -8,18 +8,16 @@ four children at a time). Set GD_REPORT_DIR to keep each JSON document and termi
 from __future__ import annotations
 
 import importlib.util
-import os
-from pathlib import Path
 
 import pytest
+from kept import keep
 
-from graphdoctor.advise import AdviseReport, advise
+from graphdoctor.advise import advise
 from graphdoctor.advise_candidates import Candidate
 from graphdoctor.advise_rank import RAN, REJECTED
 from graphdoctor.availability import te_available
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import diff
-from graphdoctor.report.advise import render_text, write_json
 from graphdoctor.types import Verdict
 
 pytestmark = pytest.mark.gpu
@@ -32,18 +30,11 @@ _TE_OK, _TE_WHY = te_available()
 needs_te = pytest.mark.skipif(not _TE_OK, reason=f"Transformer Engine is needed: {_TE_WHY}")
 
 
-def _keep(report: AdviseReport, name: str) -> str:
-    text = render_text(report)
-    folder = os.environ.get("GD_REPORT_DIR")
-    if folder:
-        write_json(report, Path(folder) / f"advise_{name}.json")
-        (Path(folder) / f"advise_{name}.txt").write_text(text + "\n", encoding="utf-8")
-    return text
 
 
 def test_advise_dense_local_spec_fp32() -> None:
     report = advise(DiffConfig(impls=("local", "full_iteration"), **SMALL), time_budget_s=240)
-    text = _keep(report, "dense_fp32")
+    text = keep(report, "advise_dense_fp32")
     assert report.reference is not None and report.reference.status == "ok"
     labels = [r.candidate.label for r in report.candidates]
     assert labels == ["full_iteration whole step", "local whole layer", "local attn", "local mlp"]
@@ -65,7 +56,7 @@ def test_advise_dense_local_spec_fp32() -> None:
 def test_advise_te_spec_bf16_bisects_to_attention() -> None:
     report = advise(DiffConfig(impls=("transformer_engine",), dtype="bf16", layer_spec="te", **SMALL),
                     time_budget_s=240)
-    text = _keep(report, "te_bf16")
+    text = keep(report, "advise_te_bf16")
     by_scope = {r.candidate.scope: r for r in report.candidates}
     assert by_scope["mlp"].verdict == Verdict.MATCH, text
     assert by_scope["attn"].verdict == Verdict.NUMERIC_DIVERGENCE, text
@@ -82,7 +73,7 @@ def test_advise_moe_lists_rejected_scopes_with_rules() -> None:
     megatron-core 0.19.2: the token dispatcher copies to the host) and are ranked."""
     report = advise(DiffConfig(impls=("local", "full_iteration", "transformer_engine"), dtype="bf16",
                                transformer=dict(MOE), **SMALL), time_budget_s=170)
-    text = _keep(report, "moe")
+    text = keep(report, "advise_moe")
     rejected = {r.candidate.label: [x.rule for x in r.rejections] for r in report.candidates if r.status == REJECTED}
     assert "GD204" in rejected["local mlp"], text
     assert "GD205" in rejected["local moe"], text

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import pytest
+from kept import diff
 
 from fixtures.planted.markers import marked_line
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import diff
 from graphdoctor.rules import rule_fix
 from graphdoctor.types import Verdict
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kept import diff
 
 from fixtures.planted.markers import marked_line
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import diff
 from graphdoctor.types import Verdict
 
 pytestmark = pytest.mark.gpu

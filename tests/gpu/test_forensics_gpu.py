@@ -5,15 +5,12 @@ Set GD_REPORT_DIR to keep each diff's JSON report (the closing note and docs/for
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from kept import keep
 
 from fixtures.planted.markers import marked_line
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import DiffReport, diff
-from graphdoctor.report.diff import write_json
+from graphdoctor.diff import diff
 from graphdoctor.types import Verdict
 
 pytestmark = pytest.mark.gpu
@@ -23,16 +20,12 @@ SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_len
          "memory": False, "launches": False}
 
 
-def _keep(report: DiffReport, name: str) -> None:
-    folder = os.environ.get("GD_REPORT_DIR")
-    if folder:
-        write_json(report, Path(folder) / f"{name}.json")
 
 
 def test_host_drawn_mask_is_frozen_rng_at_its_module() -> None:
     report = diff(DiffConfig(impls=("local",), dropout=0.0,
                              layer_spec="fixtures.planted.host_mask_dropout:layer_spec", **SMALL))
-    _keep(report, "frozen_host_mask")
+    keep(report, "frozen_host_mask")
     local = report.results[0]
     assert local.verdict == Verdict.FROZEN_RNG, local
     diag = local.diagnosis
@@ -46,7 +39,7 @@ def test_host_drawn_mask_is_frozen_rng_at_its_module() -> None:
 def test_reassigned_scale_is_numeric_divergence_localized_to_its_layer() -> None:
     report = diff(DiffConfig(impls=("local",), dropout=0.0,
                              layer_spec="fixtures.planted.reassigned_scale:layer_spec", **SMALL))
-    _keep(report, "numeric_reassigned_scale")
+    keep(report, "numeric_reassigned_scale")
     local = report.results[0]
     assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
     diag = local.diagnosis
@@ -59,7 +52,7 @@ def test_reassigned_scale_is_numeric_divergence_localized_to_its_layer() -> None
 def test_clean_dropout_is_rng_divergence_only_and_aligned_rng_matches_bitwise() -> None:
     base = DiffConfig(impls=("local",), dropout=0.1, localize=True, **SMALL)
     shifted = diff(base)
-    _keep(shifted, "clean_dropout_local")
+    keep(shifted, "clean_dropout_local")
     local = shifted.results[0]
     assert local.verdict == Verdict.RNG_DIVERGENCE, local
     assert local.forensics is not None
@@ -68,7 +61,7 @@ def test_clean_dropout_is_rng_divergence_only_and_aligned_rng_matches_bitwise() 
     assert local.forensics.first_draw_mismatch is not None
     assert any("GD401" in note for note in local.notes), local.notes
     aligned = diff(base.replace(align_rng=True))
-    _keep(aligned, "clean_dropout_local_aligned")
+    keep(aligned, "clean_dropout_local_aligned")
     result = aligned.results[0]
     assert result.verdict == Verdict.MATCH, result
     assert result.divergence is None

@@ -8,16 +8,13 @@ Set GD_REPORT_DIR to keep each diff's JSON report for the closing note.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from kept import keep
 
 from fixtures.planted.forward_forms import FORMS
 from fixtures.planted.markers import marked_line
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport, diff
-from graphdoctor.report.diff import write_json
 from graphdoctor.types import Verdict
 
 pytestmark = pytest.mark.gpu
@@ -27,10 +24,6 @@ SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_len
          "memory": False, "launches": False}
 
 
-def _keep(report: DiffReport, name: str) -> None:
-    folder = os.environ.get("GD_REPORT_DIR")
-    if folder:
-        write_json(report, Path(folder) / f"{name}.json")
 
 
 def _check_reported(report: DiffReport, keys: tuple[str, ...]) -> None:
@@ -43,7 +36,7 @@ def _check_reported(report: DiffReport, keys: tuple[str, ...]) -> None:
 def test_every_accepted_form_matches_under_full_iteration(form: str) -> None:
     report = diff(DiffConfig(impls=("full_iteration",), dropout=0.0,
                              forward_step=f"fixtures.planted.forward_forms:{form}", **SMALL))
-    _keep(report, f"forward_form_{form}_full_iteration")
+    keep(report, f"forward_form_{form}_full_iteration")
     (full,) = report.results
     assert full.verdict == Verdict.MATCH, full
     _check_reported(report, FORMS[form])
@@ -55,7 +48,7 @@ def test_every_accepted_form_matches_under_full_iteration(form: str) -> None:
 def test_every_accepted_form_matches_under_local(form: str) -> None:
     report = diff(DiffConfig(impls=("local",), dropout=0.0,
                              forward_step=f"fixtures.planted.forward_forms:{form}", **SMALL))
-    _keep(report, f"forward_form_{form}_local")
+    keep(report, f"forward_form_{form}_local")
     (local,) = report.results
     # local graphs end before the loss function: even the .item() one runs eagerly there.
     assert local.verdict == Verdict.MATCH, local
@@ -65,7 +58,7 @@ def test_every_accepted_form_matches_under_local(form: str) -> None:
 def test_item_in_a_two_tuple_loss_func_fails_the_full_iteration_capture_at_its_line() -> None:
     report = diff(DiffConfig(impls=("full_iteration",), dropout=0.0,
                              forward_step="fixtures.planted.forward_forms:item_in_loss_func", **SMALL))
-    _keep(report, "forward_form_item_full_iteration")
+    keep(report, "forward_form_item_full_iteration")
     assert report.reference.status == "ok", report.reference.diagnosis
     (full,) = report.results
     assert full.verdict == Verdict.CAPTURE_FAILED, full
@@ -78,6 +71,6 @@ def test_item_in_a_two_tuple_loss_func_fails_the_full_iteration_capture_at_its_l
 def test_megatron_lm_model_provider_signature_matches_under_full_iteration() -> None:
     report = diff(DiffConfig(impls=("full_iteration",), dropout=0.0,
                              model_provider="fixtures.planted.model_providers:megatron_lm_style", **SMALL))
-    _keep(report, "model_provider_megatron_lm_full_iteration")
+    keep(report, "model_provider_megatron_lm_full_iteration")
     (full,) = report.results
     assert full.verdict == Verdict.MATCH, full

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kept import diff
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import diff
 from graphdoctor.memory.sites import NO_USER_FRAME
 
 pytestmark = pytest.mark.gpu

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kept import diff
 
 from fixtures.planted.markers import marked_line
 from graphdoctor.compare.phases import phase_list
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import diff
 from graphdoctor.report.diff import render_text
 from graphdoctor.types import Verdict
 

@@ -5,15 +5,12 @@ Set GD_REPORT_DIR to keep each diff's JSON report for the closing note.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from kept import keep
 
 from graphdoctor.availability import te_available
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import DiffReport, diff
-from graphdoctor.report.diff import write_json
+from graphdoctor.diff import diff
 from graphdoctor.types import Verdict
 
 _TE_OK, _TE_WHY = te_available()
@@ -26,10 +23,6 @@ TE_SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_
 RAN = (Verdict.MATCH, Verdict.NUMERIC_DIVERGENCE, Verdict.RNG_DIVERGENCE)
 
 
-def _keep(report: DiffReport, name: str) -> None:
-    folder = os.environ.get("GD_REPORT_DIR")
-    if folder:
-        write_json(report, Path(folder) / f"{name}.json")
 
 
 @pytest.mark.parametrize("modules", [(), ("attn",), ("attn", "mlp"), ("mlp",)],
@@ -37,7 +30,7 @@ def _keep(report: DiffReport, name: str) -> None:
 def test_te_graphs_with_te_spec_bf16_no_dropout(modules: tuple[str, ...]) -> None:
     report = diff(DiffConfig(impls=("transformer_engine",), dropout=0.0,
                              cuda_graph_modules=modules, **TE_SMALL))
-    _keep(report, "te_scope_" + ("_".join(modules) or "layer"))
+    keep(report, "te_scope_" + ("_".join(modules) or "layer"))
     result = report.results[0]
     assert result.verdict in RAN, result
     graphed = result.runs[0]
@@ -49,7 +42,7 @@ def test_te_graphs_with_te_spec_bf16_no_dropout(modules: tuple[str, ...]) -> Non
 def test_te_launch_table_census_and_memory() -> None:
     cfg = {**TE_SMALL, "memory": True, "launches": True}
     report = diff(DiffConfig(impls=("transformer_engine",), dropout=0.0, **cfg))
-    _keep(report, "te_launches_memory")
+    keep(report, "te_launches_memory")
     result = report.results[0]
     assert result.launches is not None and result.launches.graphed is not None
     assert result.launches.graphed.num_graph_launches > 0
@@ -60,7 +53,7 @@ def test_te_launch_table_census_and_memory() -> None:
 def test_te_dropout_against_local_on_the_same_model() -> None:
     report = diff(DiffConfig(impls=("transformer_engine", "local"), dropout=0.1, localize=True,
                              **TE_SMALL))
-    _keep(report, "te_vs_local_dropout")
+    keep(report, "te_vs_local_dropout")
     by_impl = {r.impl: r for r in report.results}
     for impl in ("transformer_engine", "local"):
         assert by_impl[impl].verdict in RAN, by_impl[impl]
@@ -72,7 +65,7 @@ def test_none_attention_mask_with_local_spec_is_caught() -> None:
     cfg = {**TE_SMALL, "layer_spec": "local"}
     report = diff(DiffConfig(impls=("transformer_engine",), dropout=0.0,
                              forward_step="fixtures.planted.no_mask_forward:forward_step", **cfg))
-    _keep(report, "te_none_mask_local_spec")
+    keep(report, "te_none_mask_local_spec")
     result = report.results[0]
     assert result.verdict == Verdict.NUMERIC_DIVERGENCE, result
     diag = result.diagnosis
@@ -88,7 +81,7 @@ def test_local_graphs_differ_from_eager_at_dropout_0_with_te_installed() -> None
     reports it as a numeric divergence that the graphed run causes, not as noise or a match."""
     report = diff(DiffConfig(impls=("local",), dropout=0.0, num_layers=2, hidden_size=128, num_attention_heads=4,
                              seq_length=64, vocab_size=512, steps=6, cuda_graph_warmup_steps=2, timeout_s=300.0))
-    _keep(report, "local_dropout0_te_installed")
+    keep(report, "local_dropout0_te_installed")
     (local,) = report.results
     assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
     assert local.divergence is not None and local.divergence.step >= 1, local.divergence
