@@ -71,9 +71,14 @@ class DiffReport:
         return self.reference.env
 
     def exit_code(self) -> int:
-        """0: all passed (rng-divergence unless strict_rng); 2: the reference hit a usage error; else 1."""
+        """0: all passed (rng-divergence unless strict_rng) and every process exited within its bound;
+        2: the reference hit a usage error; else 1 (a teardown-hang is a finding even when the results
+        match)."""
         if self.reference.status == "error" and getattr(self.reference.diagnosis, "error_type", "") == "UsageError":
             return 2
+        if any(e.hung for run in (self.reference, *(r for res in self.results for r in res.runs))
+               for e in run.teardown):
+            return 1
         for result in self.results:
             if result.verdict == Verdict.UNAVAILABLE:
                 continue

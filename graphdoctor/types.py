@@ -272,18 +272,26 @@ class RankExit:
     stack: RankStack | None = None
     """Its stack when it hung."""
 
+    graphs_released: int = 0
+    """CUDA graphs Megatron-Core held at exit, deleted before destroy_process_group."""
+
+    graphs_alive: int = 0
+    """torch.cuda.CUDAGraph objects still alive at destroy_process_group (kept by other code)."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {"rank": self.rank, "teardown_s": self.teardown_s, "since_last_step_s": self.since_last_step_s,
-                "hung": self.hung, "stack": self.stack.to_dict() if self.stack else None}
+                "hung": self.hung, "stack": self.stack.to_dict() if self.stack else None,
+                "graphs_released": self.graphs_released, "graphs_alive": self.graphs_alive}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankExit:
-        """Inverse of to_dict."""
+        """Inverse of to_dict (reports without the graph counts read 0)."""
         stack = data.get("stack")
         return cls(rank=int(data["rank"]), teardown_s=float(data["teardown_s"]),
                    since_last_step_s=float(data["since_last_step_s"]), hung=bool(data.get("hung")),
-                   stack=RankStack.from_dict(stack) if stack else None)
+                   stack=RankStack.from_dict(stack) if stack else None,
+                   graphs_released=int(data.get("graphs_released", 0)), graphs_alive=int(data.get("graphs_alive", 0)))
 
 
 TEARDOWN_FIX = ("reset or delete the CUDA graphs (and their memory pools) before "
@@ -299,8 +307,11 @@ def teardown_note(exits: Sequence[RankExit]) -> str | None:
         return None
     who = ", ".join(f"rank {e.rank}" + (f" (in {e.stack.waiting_in or e.stack.frames[0]})"
                                         if e.stack and e.stack.frames else "") for e in hung)
+    alive = max(e.graphs_alive for e in hung)
+    kept = (f"; {alive} CUDA graph{'s' if alive != 1 else ''} still alive at destroy_process_group after "
+            "Megatron's own graphs were deleted (kept by code outside Megatron-Core)" if alive else "")
     return (f"teardown-hang: {who} did not exit within the bound after writing its results "
-            f"(destroy_process_group); the results stand; fix: {TEARDOWN_FIX}")
+            f"(destroy_process_group){kept}; the results stand; fix: {TEARDOWN_FIX}")
 
 
 

@@ -6,6 +6,7 @@ Imported only inside children.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from graphdoctor.config import DiffConfig
@@ -107,6 +108,47 @@ def data_parallel_salt() -> int:
     return 7919 * (1 + parallel_state.get_data_parallel_rank())
 
 
+def release_graphs(te_helper: Any = None) -> tuple[int, int]:
+    """Delete the CUDA graphs Megatron-Core holds before the process groups go, as Megatron's own tests
+    and Megatron-Bridge's trainer do (graphs that captured NCCL work keep its communicators alive, and
+    destroy_process_group then waits for ever: pytorch#115388, Megatron-Bridge#2955): the local
+    runners (cuda_graphs.delete_cuda_graphs), full_iteration's FullCudaGraphWrapper.cuda_graph, and the
+    Transformer Engine graphs of `te_helper`. Returns (graphs released, torch.cuda.CUDAGraph objects
+    still alive afterwards: graphs someone else keeps). Once per child, at exit."""
+    import gc
+
+    import torch
+
+    from graphdoctor.launches.kept import megatron_graphs
+
+    released = len(megatron_graphs())
+    steps = []
+    if te_helper is not None and getattr(te_helper, "graphs_created", lambda: False)():
+        steps.append(te_helper.delete_cuda_graphs)
+    local = sys.modules.get("megatron.core.transformer.cuda_graphs")
+    if local is not None:
+        steps.append(local.delete_cuda_graphs)
+    wrapper = getattr(sys.modules.get("megatron.core.full_cuda_graph"), "FullCudaGraphWrapper", None)
+    graphs = getattr(wrapper, "cuda_graph", None)
+    if isinstance(graphs, dict):
+        steps.append(lambda: _reset_all(graphs))
+    for step in steps:
+        try:
+            step()
+        except Exception:  # noqa: BLE001, S112 - a failed release leaves graphs alive, which is counted
+            continue
+    gc.collect()
+    alive = sum(1 for obj in gc.get_objects() if isinstance(obj, torch.cuda.CUDAGraph))
+    return released, alive
+
+
+def _reset_all(graphs: dict[str, Any]) -> None:
+    for key, graph in list(graphs.items()):
+        if graph is not None:
+            graph.reset()
+            graphs[key] = None
+
+
 def teardown_distributed() -> None:
     """Destroy the default process group, when one is initialized. Runs after the results (the end or
     error event) are written, under the teardown watchdog (graphdoctor.child.stacks.exit_within),
@@ -119,4 +161,4 @@ def teardown_distributed() -> None:
 
 
 __all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "one_gpu", "parallel_fields", "rank_spec",
-           "stage_flags", "sync_hooks", "teardown_distributed"]
+           "release_graphs", "stage_flags", "sync_hooks", "teardown_distributed"]

@@ -83,6 +83,8 @@ class ChildRun:
     """The CulpritHunt of a culprit-hunt run (graphdoctor.child.culprit)."""
     steps_done_at: float = 0.0
     """perf_counter() when the last step finished (teardown times count from it)."""
+    setup: Any = None
+    """The MegatronSetup once built (teardown releases its graphs)."""
 
     def train(self, state: Any) -> None:
         """Everything from the model build to the end event."""
@@ -94,7 +96,7 @@ class ChildRun:
         started = time.perf_counter()
         if self.spec.config.deterministic:
             deterministic_algorithms()
-        setup = build_setup(self.spec)
+        setup = self.setup = build_setup(self.spec)
         if self.spec.resumed:
             from graphdoctor.child.checkpoint import resume_run
 
@@ -148,17 +150,19 @@ class ChildRun:
 
 
     def teardown(self) -> None:
-        """After the end event: destroy the process group under the watchdog (a hung destruction is
-        dumped, reported and ended; the results already written stand)."""
-        from graphdoctor.child.distributed import teardown_distributed
+        """After the end event: release Megatron's graphs, then destroy the process group under the
+        watchdog (a hung destruction is dumped, reported and ended; the results already written stand)."""
+        from graphdoctor.child.distributed import release_graphs, teardown_distributed
         from graphdoctor.child.stacks import TEARDOWN_BOUND_S, exit_within
 
         self.events.emit(Phase(phase="teardown", step=-1))
         rank = int(os.environ.get("RANK", self.spec.placement.rank))
+        released, alive = release_graphs(getattr(self.setup, "te_helper", None))
 
         def done(seconds: float, hung: bool) -> None:
             self.events.emit(Teardown(rank=rank, seconds=seconds, hung=hung,
-                                      since_last_step_s=time.perf_counter() - self.steps_done_at))
+                                      since_last_step_s=time.perf_counter() - self.steps_done_at,
+                                      graphs_released=released, graphs_alive=alive))
 
         exit_within(TEARDOWN_BOUND_S, teardown_distributed, done)
 

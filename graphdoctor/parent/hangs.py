@@ -180,7 +180,8 @@ def teardown_exits(logs: Mapping[int, EventLog], stacks: Sequence[tuple[str, str
         if event is not None:
             stack = rank_stack(f"rank{rank}", text, log) if event.hung and text else None
             exits.append(RankExit(rank=rank, teardown_s=event.seconds,
-                                  since_last_step_s=event.since_last_step_s, hung=event.hung, stack=stack))
+                                  since_last_step_s=event.since_last_step_s, hung=event.hung, stack=stack,
+                                  graphs_released=event.graphs_released, graphs_alive=event.graphs_alive))
         elif backstop_mark in text:
             exits.append(RankExit(rank=rank, teardown_s=-1.0, since_last_step_s=-1.0, hung=True,
                                   stack=rank_stack(f"rank{rank}", text, log)))

@@ -208,6 +208,10 @@ class Teardown:
     """Seconds from the end of the last step to the exit."""
     hung: bool = False
     """The watchdog fired: its stacks were dumped and the process was ended."""
+    graphs_released: int = 0
+    """CUDA graphs Megatron-Core held at exit, deleted before destroy_process_group."""
+    graphs_alive: int = 0
+    """torch.cuda.CUDAGraph objects still alive at destroy_process_group (kept by other code)."""
 
 
 Event = (Started | Tensors | Step | Eval | Capture | Memory | Launches | Taps | Hazard | Error | End | Phase

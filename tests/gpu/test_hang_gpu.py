@@ -44,3 +44,52 @@ def test_rank0_only_all_reduce_in_the_graph_is_a_hang_with_both_ranks_stacks(tmp
     assert specs
     left = [line for line in ps.splitlines() if any(spec in line for spec in specs)]
     assert not left, left
+
+
+def test_graph_kept_past_training_is_a_teardown_hang_with_both_ranks_stacks(tmp_path: Path) -> None:
+    """fixtures/planted/teardown_live_graph.py: the run matches eager, but a graph kept outside Megatron
+    holds NCCL at destroy_process_group: teardown-hang on the graphed run's ranks with their stacks,
+    graphs_alive >= 1, exit 1, inside the teardown bound, nothing left; the eager reference and a clean
+    TP=2 exit are covered by test_multi_gpu.py (its runs release Megatron's graphs and exit cleanly)."""
+    workdir, out = tmp_path / "work", tmp_path / "report.json"
+    argv = [sys.executable, "-m", "graphdoctor.cli", "diff", "--nproc-per-node", "2", "--impl", "local",
+            "--layer-spec", "fixtures.planted.teardown_live_graph:layer_spec", *SMALL, "--timeout", str(TIMEOUT_S),
+            "--json", str(out), "--workdir", str(workdir), "-q"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=4 * (TIMEOUT_S + 30), check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert not any(e["hung"] for e in doc["reference"]["teardown"]), doc["reference"]["teardown"]
+    (impl,) = doc["impls"]
+    assert impl["verdict"] == "match", impl["verdict"]
+    exits = impl["runs"][0]["teardown"]
+    hung = [e for e in exits if e["hung"]]
+    assert hung, exits
+    assert all(e["graphs_alive"] >= 1 for e in exits), exits
+    assert all(e["stack"] and e["stack"]["frames"] for e in hung if e["teardown_s"] >= 0), hung
+    assert all(e["teardown_s"] <= 30 for e in hung), hung
+    assert "teardown-hang: rank" in proc.stdout and "still alive at destroy_process_group" in proc.stdout
+    ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True, check=True).stdout
+    specs = [str(p) for p in workdir.glob("spec-*.json")]
+    assert specs
+    assert not [line for line in ps.splitlines() if any(spec in line for spec in specs)]
+
+
+def test_tensor_parallel_with_evaluation_exits_cleanly(tmp_path: Path) -> None:
+    """Issue 20 on two GPUs: TP = 2, evaluation every 2 steps and a final one, local and full_iteration:
+    both match, every rank released Megatron's graphs and exited within the bound, exit 0 (Megatron-Bridge#2955:
+    hangs after the final validation with TP > 1 and graphs)."""
+    workdir, out = tmp_path / "work", tmp_path / "report.json"
+    argv = [sys.executable, "-m", "graphdoctor.cli", "diff", "--nproc-per-node", "2", "--tensor-model-parallel-size",
+            "2", "--impl", "local,full_iteration", *SMALL, "--eval-interval", "2", "--eval-iters", "1",
+            "--timeout", str(TIMEOUT_S), "--json", str(out), "--workdir", str(workdir), "-q"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=4 * (TIMEOUT_S + 30), check=False)
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-2000:])
+    for impl in doc["impls"]:
+        assert impl["verdict"] == "match", impl["verdict"]
+        graphed = impl["runs"][0]
+        assert len(graphed["evals"]) >= 3, graphed["evals"]  # after steps 1, 3, 5 and the final one
+        exits = graphed["teardown"]
+        assert len(exits) == 2 and not any(e["hung"] for e in exits), exits
+        assert all(e["graphs_released"] >= 1 and e["graphs_alive"] == 0 for e in exits), exits
+    assert not any(e["hung"] for e in doc["reference"]["teardown"])

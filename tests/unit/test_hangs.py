@@ -142,7 +142,8 @@ def test_a_file_with_two_dumps_is_read_as_its_last() -> None:
 
 
 def test_phase_and_teardown_events_round_trip() -> None:
-    for event in (Phase(phase="replay", step=2), Teardown(rank=1, seconds=20.0, since_last_step_s=21.5, hung=True)):
+    for event in (Phase(phase="replay", step=2), Teardown(rank=1, seconds=20.0, since_last_step_s=21.5, hung=True),
+                  Teardown(rank=0, seconds=0.3, since_last_step_s=0.4, graphs_released=8, graphs_alive=1)):
         assert decode(encode(event)) == event
 
 
@@ -176,19 +177,25 @@ def test_report_shows_each_ranks_first_frames_and_the_json_keeps_the_stacks(
     assert all(0 < len(s["frames"]) <= MAX_STACK_FRAMES for s in stacks)
 
 
-def test_a_hung_teardown_is_a_finding_not_a_failure() -> None:
+def test_a_hung_teardown_is_a_finding_that_keeps_the_verdict_and_exits_1() -> None:
     data = json.loads((DATA / "h200_default_dropout0.1.json").read_text(encoding="utf-8"))
     graphed = RunRecord.from_dict(data["impls"][1]["runs"][0])
     stack = RankStack(label="rank1", frames=("torch/distributed/distributed_c10d.py:2300 in destroy_process_group",),
                       phase="teardown", last_step=7, waiting_in="destroy_process_group (torch/...)")
     hung = dataclasses.replace(graphed, teardown=(RankExit(rank=0, teardown_s=0.1, since_last_step_s=0.2),
                                                   RankExit(rank=1, teardown_s=20.0, since_last_step_s=20.3,
-                                                           hung=True, stack=stack)))
+                                                           hung=True, stack=stack, graphs_released=8,
+                                                           graphs_alive=1)))
     report = _report(hung)
-    assert report.results[0].verdict is _report(graphed).results[0].verdict
+    clean = _report(graphed)
+    assert report.results[0].verdict is clean.results[0].verdict
+    assert clean.exit_code() == 0 and report.exit_code() == 1
     text = render_text(report)
     assert "full_iteration: teardown-hang: rank 1 (in destroy_process_group" in text
     assert "rank 0" not in text.split("teardown-hang:")[1].split(";")[0]
+    assert "1 CUDA graph still alive at destroy_process_group" in text
+    back = RunRecord.from_dict(json.loads(json.dumps(hung.to_dict())))
+    assert back.teardown == hung.teardown and back.teardown[1].graphs_alive == 1
 
 
 def test_stacks_files_of_a_run_are_not_confused_with_a_longer_named_run(tmp_path: Path) -> None:
