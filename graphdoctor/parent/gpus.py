@@ -72,11 +72,37 @@ def visible_gpus() -> list[Gpu]:
 
 
 def num_parameters(config: DiffConfig) -> int:
-    """Parameters of the built-in GPT model (embeddings, layers, final norm; output layer tied)."""
-    h, layers = config.hidden_size, config.num_layers
-    ffn = int(config.transformer.get("ffn_hidden_size") or 4 * h)
-    per_layer = 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h
-    return config.vocab_size * h + config.seq_length * h + layers * per_layer + 2 * h
+    """Parameters of the built-in GPT model as Megatron-Core 0.19.2 builds it from the run's
+    TransformerConfig fields: attention with grouped query heads, the dense MLP (gated or not) or, with
+    `num_moe_experts`, the router, every expert (`moe_ffn_hidden_size`) and the shared experts; biases
+    unless `add_bias_linear` is off (MoE runs turn it off); LayerNorm or RMSNorm; learned positions and the
+    output layer (GPTModel's default leaves it untied). Tensor/pipeline parallel splits are not taken out: the whole
+    model (a per-rank plan divides it)."""
+    t = config.transformer
+    h, layers, heads = config.hidden_size, config.num_layers, config.num_attention_heads
+    kv = int(t.get("kv_channels") or h // heads)
+    groups = int(t.get("num_query_groups") or heads)
+    experts = int(t.get("num_moe_experts") or 0)
+    bias = bool(t.get("add_bias_linear", not experts))
+    gated = 2 if t.get("gated_linear_unit") or t.get("swiglu") else 1
+    norm = h if t.get("normalization") == "RMSNorm" else 2 * h
+    ffn = int(t.get("ffn_hidden_size") or 4 * h)
+
+    def linear(fan_in: int, fan_out: int) -> int:
+        return fan_in * fan_out + (fan_out if bias else 0)
+
+    def mlp(width: int) -> int:
+        return linear(h, gated * width) + linear(width, h)
+
+    attention = linear(h, heads * kv + 2 * groups * kv) + linear(heads * kv, h) + norm
+    if experts:
+        moe_ffn = int(t.get("moe_ffn_hidden_size") or ffn)
+        shared = int(t.get("moe_shared_expert_intermediate_size") or 0)
+        feed_forward = h * experts + experts * mlp(moe_ffn) + (mlp(shared) if shared else 0) + norm
+    else:
+        feed_forward = mlp(ffn) + norm
+    positions = config.seq_length * h  # GPTModel's default learned_absolute embedding
+    return 2 * config.vocab_size * h + positions + layers * (attention + feed_forward) + norm
 
 
 def child_bytes(config: DiffConfig) -> int:
