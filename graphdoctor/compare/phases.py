@@ -4,6 +4,7 @@ and tracker values) that stay frozen across replays while eager's change. Pure P
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,9 @@ EVAL_DIVERGENCE_RULE = "GD514"
 
 FROZEN_VALUE_RULE = "GD513"
 """Catalogue rule of a logged value frozen at capture (checks/gd5xx_schedule.py)."""
+
+CAPTURE_VALUE_RULE = "GD515"
+"""Catalogue rule of a logged value that differs only at the capture iteration (checks/gd5xx_schedule.py)."""
 
 MIN_REPLAYS = 2
 """Replay steps needed before a constant value counts as frozen."""
@@ -116,6 +120,57 @@ def find_frozen_values(reference: RunRecord, graphed: RunRecord) -> tuple[Frozen
     return tuple(frozen)
 
 
+@dataclass(frozen=True, slots=True)
+class CaptureLoggedValue:
+    """A logged value that differs from eager's at a step of the graphed run's `capture` phase."""
+
+    key: str
+    step: int
+    eager: float
+    graphed: float
+
+    @property
+    def ratio(self) -> float | None:
+        """graphed / eager (None when eager is 0)."""
+        return self.graphed / self.eager if self.eager else None
+
+    def note(self) -> str:
+        """The ImplResult note naming the phase, the key, both values and the catalogue rule."""
+        ratio = f" (ratio {self.ratio:.3f})" if self.ratio is not None else ""
+        return (f"{CAPTURE_VALUE_RULE} logged-value-at-capture: phase capture: {self.key!r} at step {self.step}: "
+                f"eager {self.eager!r}, graphed {self.graphed!r}{ratio}; the loss and every gradient and "
+                "parameter match: the warmup and capture passes of that iteration added to the logged value "
+                "(Megatron's MoE aux-loss tracker), so the value logged there is not the step's")
+
+
+def find_capture_logged_values(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0.0,
+                               atol: float = 0.0) -> tuple[CaptureLoggedValue, ...]:
+    """Reported (and tracker) values that differ from eager's at the graphed run's capture steps,
+    for keys both runs reported there."""
+    eager_by_step = {s.step: dict(s.reported) for s in reference.steps}
+    found: list[CaptureLoggedValue] = []
+    for rec in graphed.steps:
+        eager = eager_by_step.get(rec.step)
+        if rec.phase != "capture" or eager is None:
+            continue
+        for key, value in rec.reported:
+            theirs = eager.get(key)
+            if theirs is not None and _differs(value, theirs, rtol, atol):
+                found.append(CaptureLoggedValue(key=key, step=rec.step, eager=theirs, graphed=value))
+    return tuple(found)
+
+
+def with_eager_capture_values(graphed: RunRecord, values: tuple[CaptureLoggedValue, ...]) -> RunRecord:
+    """`graphed` with each of `values` replaced by eager's: what it would be if the capture passes had
+    not added to the logged values (the verdict is judged on everything else)."""
+    patch: dict[int, dict[str, float]] = {}
+    for v in values:
+        patch.setdefault(v.step, {})[v.key] = v.eager
+    steps = tuple(dataclasses.replace(s, reported=tuple((k, patch[s.step].get(k, x)) for k, x in s.reported))
+                  if s.step in patch else s for s in graphed.steps)
+    return dataclasses.replace(graphed, steps=steps)
+
+
 def phase_list(run: RunRecord) -> tuple[str, ...]:
     """The phases a run went through, in order of first appearance (e.g. capture, replay, eval)."""
     seen: list[str] = []
@@ -147,5 +202,6 @@ def phases_summary(run: RunRecord) -> dict[str, Any]:
             "steps_after_eval": sum(1 for s in run.steps if s.step in after_eval)}
 
 
-__all__ = ["EVAL_DIVERGENCE_RULE", "FROZEN_VALUE_RULE", "EvalDivergence", "FrozenValue", "find_eval_divergence",
-           "find_frozen_values", "phase_list", "phases_summary"]
+__all__ = ["CAPTURE_VALUE_RULE", "EVAL_DIVERGENCE_RULE", "FROZEN_VALUE_RULE", "CaptureLoggedValue", "EvalDivergence",
+           "FrozenValue", "find_capture_logged_values", "find_eval_divergence", "find_frozen_values", "phase_list",
+           "phases_summary", "with_eager_capture_values"]

@@ -403,10 +403,13 @@ def judge(
                           **common)  # type: ignore[arg-type]
     timing = steady_timing(reference, graphed, warmup_steps)
     divergence = find_divergence(reference, graphed, rtol=rtol, atol=atol)
-    phase_notes = schedule_notes(reference, graphed, rtol=rtol, atol=atol, steps_match=divergence is None)
+    capture_notes, divergence = capture_only_values(reference, graphed, divergence, rtol=rtol, atol=atol)
+    phase_notes = capture_notes + schedule_notes(reference, graphed, rtol=rtol, atol=atol,
+                                                 steps_match=divergence is None)
     divergence = divergence or eval_divergence(reference, graphed, rtol=rtol, atol=atol)
     if divergence is None:
-        return ImplResult(verdict=Verdict.MATCH, timing=timing, **common)  # type: ignore[arg-type]
+        return ImplResult(verdict=Verdict.MATCH, timing=timing, notes=phase_notes,
+                          **common)  # type: ignore[arg-type]
     if graphed.dropout == 0.0:
         return ImplResult(verdict=Verdict.NUMERIC_DIVERGENCE, divergence=divergence,
                           timing=timing, notes=phase_notes, **common)  # type: ignore[arg-type]
@@ -429,6 +432,22 @@ def eval_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float, at
     diff = abs(found.graphed - found.eager)
     return Divergence(step=found.after_step, what="eval", tensor=None, max_abs=diff,
                       max_rel=diff / abs(found.eager) if found.eager else diff, loss_max_abs=0.0, key=found.key)
+
+
+def capture_only_values(reference: RunRecord, graphed: RunRecord, divergence: Divergence | None, *, rtol: float,
+                        atol: float) -> tuple[tuple[str, ...], Divergence | None]:
+    """(GD515 notes, divergence): when the only differences are reported values at capture steps (loss,
+    gradients, parameters, every other step's values equal), a note per value and no divergence;
+    otherwise no note and `divergence` unchanged."""
+    from graphdoctor.compare.phases import find_capture_logged_values, with_eager_capture_values
+
+    if divergence is None or divergence.what != "reported":
+        return (), divergence
+    values = find_capture_logged_values(reference, graphed, rtol=rtol, atol=atol)
+    if not values or find_divergence(reference, with_eager_capture_values(graphed, values),
+                                     rtol=rtol, atol=atol) is not None:
+        return (), divergence
+    return tuple(v.note() for v in values), None
 
 
 def schedule_notes(reference: RunRecord, graphed: RunRecord, *, rtol: float, atol: float,
