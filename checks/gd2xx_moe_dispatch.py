@@ -2,7 +2,8 @@
 allgather and dropless alltoall dispatchers make, which Megatron's TransformerConfig does not reject.
 
 Sources (megatron-core 0.19.2): moe/token_dispatcher.py:317, :449-466, :612-615, :695, :913-950;
-moe/moe_utils.py:1185; NVIDIA/Megatron-LM#1598 (the maintainers' answer: capture attention only).
+moe/moe_utils.py:1185; NVIDIA/Megatron-LM#1598 (the maintainers' answer: capture attention only, which
+under `local` still graphs the whole GPT layer: transformer/transformer_layer.py:541-567, GD219).
 """
 
 from __future__ import annotations
@@ -47,10 +48,15 @@ class GraphedRun:
 
     @property
     def dispatch_captured(self) -> bool:
-        """The token dispatch runs inside the graph: full_iteration, a whole layer, or `moe`."""
+        """The token dispatch runs inside the graph: full_iteration, a whole layer, `moe` under
+        transformer_engine, or `attn` under local (megatron-core 0.19.2's TransformerLayer, which the GPT
+        specs build for MoE too, graphs its whole forward when the modules contain `attn`:
+        transformer_layer.py:556-560, module.py:365-367; GD219)."""
         if self.impl == "full_iteration":
             return True
-        return self.impl in ("local", "transformer_engine") and (not self.modules or "moe" in self.modules)
+        if self.impl == "local":
+            return not self.modules or "attn" in self.modules
+        return self.impl == "transformer_engine" and (not self.modules or "moe" in self.modules)
 
 
 def _run_list(value: object) -> list[str]:
@@ -117,7 +123,8 @@ def dispatch_host_copy(ctx: CheckContext) -> tuple[str, str] | None:
 class TokenDispatchHostCopyInGraph(Rule):
     """## What it does
     Flags an MoE model whose token dispatch is captured (`full_iteration`, a whole-layer `local` or
-    `transformer_engine` graph, or the `moe` scope) while its dispatcher copies token counts to the
+    `transformer_engine` graph, `local` with `attn`, which graphs the whole GPT layer in megatron-core
+    0.19.2 (GD219), or the `transformer_engine` `moe` scope) while its dispatcher copies token counts to the
     host: the allgather dispatcher always (`token_dispatcher.py:317`, `.cpu()` then `.item()`), the
     alltoall dispatcher unless it drops and pads (`token_dispatcher.py:695` ->
     `moe_utils.py:1185`, a non-blocking copy into pageable memory, then `d2h_event.synchronize()` at
@@ -134,7 +141,11 @@ class TokenDispatchHostCopyInGraph(Rule):
     the alltoall dispatcher fails earlier, on `cuda_sync_point must be after cuda_dtoh_point.`
     (`token_dispatcher.py:612-615`), because whole-layer graphs move its host copies later
     (`:460-465`). NVIDIA/Megatron-LM#1598: the answer is to capture attention only; no Megatron
-    release up to 0.19.2 makes dropless dispatch capturable.
+    release up to 0.19.2 makes dropless dispatch capturable. Under `local`, `attn` is not such a
+    scope for GPT models: `get_gpt_layer_local_spec` and the TE spec build `TransformerLayer` for MoE
+    too (`gpt_layer_specs.py:467-470`), whose `create_mcore_cudagraph_manager`
+    (`transformer_layer.py:541-567`) makes one whole-layer graph when the modules contain `attn`; on
+    the H200 `local` + `attn` fails at `token_dispatcher.py:317` like the whole layer.
 
     ## Example
     ```yaml
@@ -145,12 +156,13 @@ class TokenDispatchHostCopyInGraph(Rule):
     ## Use instead
     ```yaml
     transformer: {num_moe_experts: 4, moe_router_topk: 2, add_bias_linear: false}
-    run: {impls: [local], cuda_graph_modules: [attn]}
+    run: {impls: [transformer_engine], cuda_graph_modules: [attn, moe_router, moe_preprocess]}
     ```
 
     ## Fix
-    Stop the graph before token dispatch: `local` with `cuda_graph_modules: [attn]`, or
-    `transformer_engine` with `[attn, moe_router, moe_preprocess]`. Or drop and pad with the alltoall
+    Stop the graph before token dispatch: `transformer_engine` with `[attn]` or
+    `[attn, moe_router, moe_preprocess]` (`local` has no such scope for GPT layers: `attn` graphs
+    the whole layer, `moe_router` / `moe_preprocess` graph nothing, GD219). Or drop and pad with the alltoall
     dispatcher (`moe_token_dispatcher_type: alltoall`, `moe_expert_capacity_factor: 1.0`,
     `moe_pad_expert_input_to_capacity: true`), which changes the model (tokens over capacity are
     dropped).
@@ -166,8 +178,9 @@ class TokenDispatchHostCopyInGraph(Rule):
     fix = FixAvailability.SOMETIMES
     template = ("capture will fail: {impl} graph{scope} captures the {dispatcher} MoE token dispatch, which copies token counts "
                 "to the host at {location} ({what})")
-    fix_template = ("Graph only up to token dispatch (local: cuda_graph_modules [attn]; transformer_engine: "
-                    "[attn, moe_router, moe_preprocess]), or use the alltoall dispatcher with "
+    fix_template = ("Graph only up to token dispatch with transformer_engine ([attn] or "
+                    "[attn, moe_router, moe_preprocess]; local graphs whole GPT layers, so local [attn] does "
+                    "not stop before dispatch), or use the alltoall dispatcher with "
                     "moe_expert_capacity_factor and moe_pad_expert_input_to_capacity")
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
@@ -184,6 +197,8 @@ class TokenDispatchHostCopyInGraph(Rule):
                 continue
             scope = "" if run.impl == "full_iteration" else \
                 (f" of {list(run.modules)}" if run.modules else " of the whole layer")
+            if run.impl == "local" and run.modules:
+                scope += " (the whole GPT layer under local)"
             yield Hit((*run.fields, *moe_fields),
                       {"impl": run.impl, "scope": scope, "dispatcher": ctx.value("moe_token_dispatcher_type"),
                        "location": location, "what": what})

@@ -1,4 +1,4 @@
-"""GD513-GD514 runtime rules of the run schedule: what only a run that evaluates and logs shows.
+"""GD513-GD515 runtime rules of the run schedule: what only a run that evaluates and logs shows.
 Metadata only: `graphdoctor diff` compares every phase (graphdoctor.compare.phases) and names these
 rules in the implementation's notes with the phase (train, eval).
 """
@@ -88,4 +88,49 @@ class EvalAfterTrainDivergence(RuntimeRule):
     fix_template = "Keep separate graphs for training and evaluation, or evaluate eagerly"
 
 
-__all__ = ["EvalAfterTrainDivergence", "FrozenLoggedValue"]
+class LoggedValueAtCapture(RuntimeRule):
+    """## What it does
+    Reports a logged value (a reported or Megatron tracker value such as the MoE `z_loss` or
+    `load_balancing_loss`) that differs from eager's only at the graphed run's capture iteration,
+    while the loss, every gradient and every parameter match there and every replay step's logged
+    values match. `graphdoctor diff` then gives `match` with this note instead of a divergence.
+
+    ## Why is this bad?
+    It is not a training error: the iteration that captures runs the captured code several times.
+    megatron-core 0.19.2's `local` graphs run warmup forward passes and then the capture pass
+    (`cuda_graphs.py:1137` `create_fwd_graph`: the "warmup again" loop at `:1258`, then capture), and every pass adds
+    the router's aux and z-loss to the MoE aux-loss tracker (`moe_utils.py:1027` `save_to_aux_losses_tracker`).
+    The value logged at that iteration is a sum over those passes (2.9x eager's on the H200 record,
+    `fixtures/data/moe/`), so Megatron-LM logs inflated aux and z-losses at the capture iteration
+    (cf. Megatron-LM#1494) while the step itself computes what eager computes.
+
+    ## Example
+    ```yaml
+    transformer: {num_moe_experts: 4, moe_router_topk: 2, moe_aux_loss_coeff: 0.01,
+                  moe_z_loss_coeff: 0.001, cuda_graph_impl: local}   # [GD515] at the capture step
+    ```
+
+    ## Use instead
+    ```python
+    # after the capture iteration (Megatron's create_cudagraphs), before logging the next one
+    clear_aux_losses_tracker()          # megatron.core.transformer.moe.moe_utils:1061
+    ```
+
+    ## Fix
+    Ignore the aux losses logged at the capture iteration, or clear the tracker after capture.
+
+    ## Known problems
+    Severity info: the row stays `match` and diff's exit code 0. A value that differs at a replay or
+    eager step is still a divergence (and a value frozen over replays is GD513).
+    """
+
+    code = "GD515"
+    name = "logged-value-at-capture"
+    detected_by = "`graphdoctor diff` (every reported and tracker value compared per step and phase)"
+    severity = Severity.INFO
+    fix = FixAvailability.SOMETIMES
+    template = "logged value differs only at the capture iteration: {detail} at {where}"
+    fix_template = "Ignore the aux losses logged at the capture iteration, or clear the tracker after capture"
+
+
+__all__ = ["EvalAfterTrainDivergence", "FrozenLoggedValue", "LoggedValueAtCapture"]

@@ -1,7 +1,7 @@
 """Bisection of a numeric divergence to the smallest graphed part that still differs (pure logic).
 
 Given a candidate that differs from eager, the planner first runs its scopes one at a time (a whole
-layer splits into attention and MLP, or attention and MoE), then halves the graphed layers (binary
+layer splits into attention and MLP, or attention and MoE; not under `local`, GD219), then halves the graphed layers (binary
 search over `graph_layers`) until one layer is left, or neither half differs alone, or the budget
 ends. It asks a `judge(candidate) -> True | False | None` (differs / matches / unknown: failed, not
 run, or refused) and never runs anything itself, so a recorded set of verdicts replays the sequence.
@@ -70,7 +70,11 @@ class Bisection:
 
 
 def scope_parts(candidate: Candidate, *, moe: bool) -> list[tuple[str, ...]]:
-    """The candidate's scopes one at a time (moe_preprocess stays with moe_router, which it needs)."""
+    """The candidate's scopes one at a time (moe_preprocess stays with moe_router, which it needs).
+    A `local` candidate is one part: megatron-core 0.19.2's GPT layers graph the whole layer for `attn`
+    / `mlp` and nothing for the MoE scopes (GD219), so its divergence is bisected over layers only."""
+    if candidate.impl == "local":
+        return [candidate.modules]
     if not candidate.modules:
         return list(WHOLE_MOE_LAYER_PARTS if moe else WHOLE_LAYER_PARTS)
     parts: list[tuple[str, ...]] = []

@@ -4,7 +4,8 @@ A candidate is one (implementation, cuda_graph_modules, graph_layers) triple. Th
 the model (dense, or MoE when `transformer:` has num_moe_experts > 1). Each is screened by Megatron's
 own validation (TransformerConfig.__post_init__, built on the CPU through the children's set-up path),
 by the static rule catalogue (graphdoctor.rules.check, the path `graphdoctor check` takes, so rules
-added to the catalogue apply here too) and, for `transformer_engine`, by whether Transformer Engine
+added to the catalogue apply here too; errors reject, and so does GD219: under `local` the GPT layer's
+`attn` / `mlp` scopes are the whole-layer graph and `moe_router` / `moe` graph nothing) and, for `transformer_engine`, by whether Transformer Engine
 imports here (graphdoctor.availability.why_unavailable).
 """
 
@@ -42,6 +43,10 @@ already unavailable because Transformer Engine does not import."""
 
 MEGATRON_RULE = "megatron"
 """Rule name of a rejection by Megatron's own TransformerConfig validation."""
+
+NOT_RUN_RULES = frozenset({"GD219"})
+"""Warning-level rules whose candidates are not run, like rejected ones: GD219, a `local` scope that
+graphs the whole GPT layer (the `local whole layer` candidate already runs that graph) or nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +179,10 @@ def catalogue_mapping(candidate: Candidate, config: DiffConfig) -> dict[str, Any
                        cuda_graph_warmup_steps=config.cuda_graph_warmup_steps)
     if config.dtype in ("bf16", "fp16"):
         transformer[config.dtype] = True
-    return {"transformer": transformer, "env": dict(config.env),
-            "run": {"seq_length": config.seq_length, "micro_batch_size": config.micro_batch_size}}
+    run: dict[str, Any] = {"seq_length": config.seq_length, "micro_batch_size": config.micro_batch_size}
+    run.update({k: v for k, v in (("layer_spec", config.layer_spec), ("model_provider", config.model_provider))
+                if v is not None})
+    return {"transformer": transformer, "env": dict(config.env), "run": run}
 
 
 def screen(candidate: Candidate, config: DiffConfig, *, facts: EnvironmentFacts,
@@ -200,7 +207,7 @@ def screen(candidate: Candidate, config: DiffConfig, *, facts: EnvironmentFacts,
             continue
         if unavailable is not None and TE_FACTS.intersection(get_rule(finding.code).machine_facts):
             continue  # a rule about the installed Transformer Engine says what `unavailable` says
-        if finding.severity is Severity.ERROR:
+        if finding.severity is Severity.ERROR or finding.code in NOT_RUN_RULES:
             rejections.append(Rejection(finding.code, finding.message, finding.fix or ""))
         elif finding.severity is Severity.WARNING:
             notes.append(f"{finding.code} {finding.message}")
@@ -211,5 +218,5 @@ def screen(candidate: Candidate, config: DiffConfig, *, facts: EnvironmentFacts,
                      warnings=tuple(notes))
 
 
-__all__ = ["DENSE_SCOPES", "IMPL_ORDER", "MEGATRON_RULE", "MOE_SCOPES", "Candidate", "Rejection", "Screening",
+__all__ = ["DENSE_SCOPES", "IMPL_ORDER", "MEGATRON_RULE", "MOE_SCOPES", "NOT_RUN_RULES", "Candidate", "Rejection", "Screening",
            "candidates_for", "catalogue_mapping", "is_moe", "megatron_rejection", "screen"]

@@ -1,8 +1,8 @@
 #!/bin/bash
 
 # A Mixtral-style MoE pretraining script in the form of Megatron-LM's examples/mixtral scripts, shrunk to
-# one GPU: 4 experts, top-2 routing with aux loss, alltoall dispatcher, local CUDA graphs over attention
-# only (the scope that stops before token dispatch). graphdoctor reads it into a diff run:
+# one GPU: 4 experts, top-2 routing with aux loss, dropless alltoall, local CUDA graphs with modules attn
+# (megatron-core 0.19.2 graphs the whole GPT layer for that, token dispatch included: GD219, GD217). Diff:
 #   graphdoctor diff --megatron-args @examples/megatron/pretrain_moe_small.sh --num-layers 2
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1

@@ -5,9 +5,11 @@ after a checkpoint resume. Pure Python on RunRecords.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from graphdoctor.compare.divergence import Divergence, find_divergence
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.types import EvalRecord, StepRecord
 
@@ -16,6 +18,9 @@ EVAL_DIVERGENCE_RULE = "GD514"
 
 FROZEN_VALUE_RULE = "GD513"
 """Catalogue rule of a logged value frozen at capture (checks/gd5xx_schedule.py)."""
+
+CAPTURE_VALUE_RULE = "GD515"
+"""Catalogue rule of a logged value that differs only at the capture iteration (checks/gd5xx_schedule.py)."""
 
 MIN_REPLAYS = 2
 """Replay steps needed before a constant value counts as frozen."""
@@ -117,6 +122,57 @@ def find_frozen_values(reference: RunRecord, graphed: RunRecord) -> tuple[Frozen
     return tuple(frozen)
 
 
+@dataclass(frozen=True, slots=True)
+class CaptureLoggedValue:
+    """A logged value that differs from eager's at a step of the graphed run's `capture` phase."""
+
+    key: str
+    step: int
+    eager: float
+    graphed: float
+
+    @property
+    def ratio(self) -> float | None:
+        """graphed / eager (None when eager is 0)."""
+        return self.graphed / self.eager if self.eager else None
+
+    def note(self) -> str:
+        """The ImplResult note naming the phase, the key, both values and the catalogue rule."""
+        ratio = f" (ratio {self.ratio:.3f})" if self.ratio is not None else ""
+        return (f"{CAPTURE_VALUE_RULE} logged-value-at-capture: phase capture: {self.key!r} at step {self.step}: "
+                f"eager {self.eager!r}, graphed {self.graphed!r}{ratio}; the loss and every gradient and "
+                "parameter match: the warmup and capture passes of that iteration added to the logged value "
+                "(Megatron's MoE aux-loss tracker), so the value logged there is not the step's")
+
+
+def find_capture_logged_values(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0.0,
+                               atol: float = 0.0) -> tuple[CaptureLoggedValue, ...]:
+    """Reported (and tracker) values that differ from eager's at the graphed run's capture steps,
+    for keys both runs reported there."""
+    eager_by_step = {s.step: dict(s.reported) for s in reference.steps}
+    found: list[CaptureLoggedValue] = []
+    for rec in graphed.steps:
+        eager = eager_by_step.get(rec.step)
+        if rec.phase != "capture" or eager is None:
+            continue
+        for key, value in rec.reported:
+            theirs = eager.get(key)
+            if theirs is not None and _differs(value, theirs, rtol, atol):
+                found.append(CaptureLoggedValue(key=key, step=rec.step, eager=theirs, graphed=value))
+    return tuple(found)
+
+
+def with_eager_capture_values(graphed: RunRecord, values: tuple[CaptureLoggedValue, ...]) -> RunRecord:
+    """`graphed` with each of `values` replaced by eager's: what it would be if the capture passes had
+    not added to the logged values (the verdict is judged on everything else)."""
+    patch: dict[int, dict[str, float]] = {}
+    for v in values:
+        patch.setdefault(v.step, {})[v.key] = v.eager
+    steps = tuple(dataclasses.replace(s, reported=tuple((k, patch[s.step].get(k, x)) for k, x in s.reported))
+                  if s.step in patch else s for s in graphed.steps)
+    return dataclasses.replace(graphed, steps=steps)
+
+
 def phase_list(run: RunRecord) -> tuple[str, ...]:
     """The phases a run went through, in order of first appearance (e.g. capture, replay, eval)."""
     seen: list[str] = []
@@ -179,5 +235,53 @@ def resume_note(run: RunRecord, step: int, what: str) -> str | None:
             f"resumed from the checkpoint saved after step {start - 1}; every step before the checkpoint matches")
 
 
-__all__ = ["EVAL_DIVERGENCE_RULE", "FROZEN_VALUE_RULE", "EvalDivergence", "FrozenValue", "find_eval_divergence",
-           "find_frozen_values", "phase_list", "phases_summary", "resume_note", "resumed_steps"]
+def eval_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float, atol: float) -> Divergence | None:
+    """A Divergence of `what="eval"` at the first differing evaluation's step (training matched)."""
+
+    found = find_eval_divergence(reference, graphed, rtol=rtol, atol=atol)
+    if found is None:
+        return None
+    diff = abs(found.graphed - found.eager)
+    return Divergence(step=found.after_step, what="eval", tensor=None, max_abs=diff,
+                      max_rel=diff / abs(found.eager) if found.eager else diff, loss_max_abs=0.0, key=found.key)
+
+
+def capture_only_values(reference: RunRecord, graphed: RunRecord, divergence: Divergence | None, *, rtol: float,
+                        atol: float) -> tuple[tuple[str, ...], Divergence | None]:
+    """(GD515 notes, divergence): when the only differences are reported values at capture steps (loss,
+    gradients, parameters, every other step's values equal), a note per value and no divergence;
+    otherwise no note and `divergence` unchanged."""
+
+    if divergence is None or divergence.what != "reported":
+        return (), divergence
+    values = find_capture_logged_values(reference, graphed, rtol=rtol, atol=atol)
+    if not values or find_divergence(reference, with_eager_capture_values(graphed, values),
+                                     rtol=rtol, atol=atol) is not None:
+        return (), divergence
+    return tuple(v.note() for v in values), None
+
+
+def schedule_notes(reference: RunRecord, graphed: RunRecord, *, rtol: float, atol: float,
+                   steps_match: bool) -> tuple[str, ...]:
+    """Notes naming the run schedule's phase and rule: each frozen logged value (GD513) and the first
+    differing evaluation (GD514)."""
+
+    notes = [f.note() for f in find_frozen_values(reference, graphed)]
+    found = find_eval_divergence(reference, graphed, rtol=rtol, atol=atol)
+    if found is not None:
+        notes.append(found.note(steps_match))
+    return tuple(notes)
+
+
+def resume_notes(graphed: RunRecord, divergence: Divergence) -> tuple[str, ...]:
+    """The phase-resume note when the first difference lies in the resumed process (--resume)."""
+
+    note = resume_note(graphed, divergence.step, divergence.what)
+    return () if note is None else (note,)
+
+
+__all__ = ["CAPTURE_VALUE_RULE", "EVAL_DIVERGENCE_RULE", "FROZEN_VALUE_RULE", "CaptureLoggedValue",
+           "EvalDivergence", "FrozenValue", "capture_only_values", "eval_divergence",
+           "find_capture_logged_values", "find_eval_divergence", "find_frozen_values", "phase_list",
+           "phases_summary", "resume_note", "resume_notes", "resumed_steps", "schedule_notes",
+           "with_eager_capture_values"]

@@ -10,68 +10,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphdoctor.compare.divergence import Divergence, find_divergence
 from graphdoctor.compare.forensics import Forensics
-from graphdoctor.compare.prints import FAMILIES, family_diff
+from graphdoctor.compare.phases import capture_only_values, eval_divergence, phase_list, resume_notes, schedule_notes
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import impl_name
-from graphdoctor.types import Diagnosis, StepRecord, Verdict
-
-
-@dataclass(frozen=True, slots=True)
-class Divergence:
-    """Where a graphed run first leaves the reference, and by how much overall."""
-
-    step: int
-    """First step whose loss, main_grads or parameters differ."""
-
-    what: str
-    """loss | reported | grads | params: the first quantity of that step that differs (in that
-    order; `reported`: a value the loss function reported, named by `key`); `eval` when every
-    training step matches and the evaluation after `step` differs (its loss, or the value `key`)."""
-
-    tensor: str | None
-    """First differing tensor (parameter name) of that step, None for a loss-only difference."""
-
-    max_abs: float
-    """Largest absolute difference over every step and quantity."""
-
-    max_rel: float
-    """Largest relative difference over every step and quantity."""
-
-    loss_max_abs: float
-    """Largest absolute loss difference over every step."""
-
-    measured: bool = True
-    """The first differing tensors were compared element by element (max abs / max rel include
-    them); False when only their fingerprints are known to differ."""
-
-    key: str | None = None
-    """The key of the first reported value that differs at that step (None when none does); `what`
-    is `reported` when the loss is equal there."""
-
-    @property
-    def label(self) -> str:
-        """`loss`, `grads`, `params`, or `reported 'lm loss'`."""
-        if self.what == "eval":
-            return f"eval {self.key!r}" if self.key else "eval loss"
-        return f"reported {self.key!r}" if self.what == "reported" else self.what
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON view."""
-        return {"step": self.step, "what": self.what, "key": self.key, "tensor": self.tensor,
-                "max_abs": self.max_abs, "max_rel": self.max_rel,
-                "loss_max_abs": self.loss_max_abs, "measured": self.measured}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Divergence:
-        """Inverse of to_dict."""
-        key = data.get("key")
-        return cls(step=int(data["step"]), what=str(data["what"]), tensor=data.get("tensor"),
-                   max_abs=float(data["max_abs"]), max_rel=float(data["max_rel"]),
-                   loss_max_abs=float(data.get("loss_max_abs", 0.0)), measured=bool(data.get("measured", True)),
-                   key=None if key is None else str(key))
+from graphdoctor.types import Diagnosis, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,89 +200,7 @@ class ImplResult:
 
 def _phases(runs: tuple[RunRecord, ...]) -> list[str]:
     """The phases of the implementation's run in order (compare.phases.phase_list), for the JSON."""
-    from graphdoctor.compare.phases import phase_list
-
     return list(phase_list(runs[0])) if runs else []
-
-
-def _loss_differs(a: float, b: float, rtol: float, atol: float) -> bool:
-    if rtol == 0.0 and atol == 0.0:
-        return a != b and not (a != a and b != b)  # NaN == NaN for our purpose
-    return abs(a - b) > atol + rtol * abs(b)
-
-
-def _reported_differences(ref: StepRecord, rec: StepRecord, rtol: float,
-                          atol: float) -> tuple[list[str], float, float]:
-    """Keys whose reported values differ at one step, in the reference's order (a key only one side
-    reported differs), with the largest absolute and relative difference of the values."""
-    theirs = dict(rec.reported)
-    ours = dict(ref.reported)
-    differing: list[str] = []
-    max_abs = max_rel = 0.0
-    for key, value in ref.reported:
-        if key not in theirs:
-            differing.append(key)
-            continue
-        delta = abs(theirs[key] - value)
-        if delta == delta:  # NaN on either side contributes no magnitude
-            max_abs = max(max_abs, delta)
-            if value:
-                max_rel = max(max_rel, delta / abs(value))
-        if _loss_differs(theirs[key], value, rtol, atol):
-            differing.append(key)
-    differing += [key for key in theirs if key not in ours]
-    return differing, max_abs, max_rel
-
-
-def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0.0,
-                    atol: float = 0.0) -> Divergence | None:
-    """First step where `graphed` leaves `reference`, with maxima over what was measured; None when
-    they agree.
-
-    Losses and reported values compare by value (bitwise, or within rtol/atol). main_grads and
-    parameters compare by the steps' bitwise fingerprints, or element by element where the graphed
-    run measured them (a targeted re-run); only measured comparisons contribute max abs / max rel.
-    """
-    ref_steps = {s.step: s for s in reference.steps}
-    names = graphed.tensor_names or reference.tensor_names
-    first: tuple[int, str, str | None, str | None] | None = None
-    max_abs = max_rel = loss_max = 0.0
-    measured = True
-    for rec in graphed.steps:
-        ref = ref_steps.get(rec.step)
-        if ref is None:
-            continue
-        loss_abs = abs(rec.loss - ref.loss)
-        loss_max = max(loss_max, loss_abs)
-        max_abs = max(max_abs, loss_abs)
-        if ref.loss:
-            max_rel = max(max_rel, loss_abs / abs(ref.loss))
-        candidates: list[tuple[str, str | None]] = []
-        if _loss_differs(rec.loss, ref.loss, rtol, atol):
-            candidates.append(("loss", None))
-        keys, reported_abs, reported_rel = _reported_differences(ref, rec, rtol, atol)
-        max_abs, max_rel = max(max_abs, reported_abs), max(max_rel, reported_rel)
-        if keys:
-            candidates.append(("reported", None))
-        unmeasured = False
-        for what in FAMILIES:
-            diff = family_diff(names, ref, rec, what)
-            if diff is None:
-                continue
-            if diff.measured:
-                max_abs = max(max_abs, diff.max_abs)
-                max_rel = max(max_rel, diff.max_rel)
-            if not diff.equal:
-                candidates.append((what, diff.first_tensor))
-                unmeasured = unmeasured or not diff.measured
-        if candidates and first is None:
-            tensor = next((t for _, t in candidates if t is not None), None)
-            first = (rec.step, candidates[0][0], tensor, keys[0] if keys else None)
-            measured = not unmeasured
-    if first is None:
-        return None
-    return Divergence(step=first[0], what=first[1], tensor=first[2], max_abs=max_abs,
-                      max_rel=max_rel, loss_max_abs=loss_max, measured=measured, key=first[3])
 
 
 SETTLE_STEPS = 2
@@ -411,12 +275,15 @@ def judge(
                           **common)  # type: ignore[arg-type]
     timing = steady_timing(reference, graphed, warmup_steps)
     divergence = find_divergence(reference, graphed, rtol=rtol, atol=atol)
-    phase_notes = schedule_notes(reference, graphed, rtol=rtol, atol=atol, steps_match=divergence is None)
+    capture_notes, divergence = capture_only_values(reference, graphed, divergence, rtol=rtol, atol=atol)
+    phase_notes = capture_notes + schedule_notes(reference, graphed, rtol=rtol, atol=atol,
+                                                 steps_match=divergence is None)
     divergence = divergence or eval_divergence(reference, graphed, rtol=rtol, atol=atol)
     if divergence is not None:
         phase_notes += resume_notes(graphed, divergence)
     if divergence is None:
-        return ImplResult(verdict=Verdict.MATCH, timing=timing, **common)  # type: ignore[arg-type]
+        return ImplResult(verdict=Verdict.MATCH, timing=timing, notes=phase_notes,
+                          **common)  # type: ignore[arg-type]
     if graphed.dropout == 0.0:
         return ImplResult(verdict=Verdict.NUMERIC_DIVERGENCE, divergence=divergence,
                           timing=timing, notes=phase_notes, **common)  # type: ignore[arg-type]
@@ -427,39 +294,6 @@ def judge(
 
 REFERENCE_FAILED_NOTE = "not run: the eager reference failed"
 """The note of every implementation's row when the eager reference failed."""
-
-
-def eval_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float, atol: float) -> Divergence | None:
-    """A Divergence of `what="eval"` at the first differing evaluation's step (training matched)."""
-    from graphdoctor.compare.phases import find_eval_divergence
-
-    found = find_eval_divergence(reference, graphed, rtol=rtol, atol=atol)
-    if found is None:
-        return None
-    diff = abs(found.graphed - found.eager)
-    return Divergence(step=found.after_step, what="eval", tensor=None, max_abs=diff,
-                      max_rel=diff / abs(found.eager) if found.eager else diff, loss_max_abs=0.0, key=found.key)
-
-
-def schedule_notes(reference: RunRecord, graphed: RunRecord, *, rtol: float, atol: float,
-                   steps_match: bool) -> tuple[str, ...]:
-    """Notes naming the run schedule's phase and rule: each frozen logged value (GD513) and the first
-    differing evaluation (GD514)."""
-    from graphdoctor.compare.phases import find_eval_divergence, find_frozen_values
-
-    notes = [f.note() for f in find_frozen_values(reference, graphed)]
-    found = find_eval_divergence(reference, graphed, rtol=rtol, atol=atol)
-    if found is not None:
-        notes.append(found.note(steps_match))
-    return tuple(notes)
-
-
-def resume_notes(graphed: RunRecord, divergence: Divergence) -> tuple[str, ...]:
-    """The phase-resume note when the first difference lies in the resumed process (--resume)."""
-    from graphdoctor.compare.phases import resume_note
-
-    note = resume_note(graphed, divergence.step, divergence.what)
-    return () if note is None else (note,)
 
 
 def reference_failed(impl: str) -> ImplResult:

@@ -1,6 +1,7 @@
 """Static catalogue findings beside diff's runtime verdicts (parent side): the MoE rules of `graphdoctor
-check` (GD201-GD217) on one implementation's configuration, as notes on its row, and the MoE capture
-failure that GD217 explains, diagnosed with its rule, fix and the Megatron file:line."""
+check` (GD201-GD217) and GD219 (what a `local` scope graphs in GPT layers) on one implementation's
+configuration, as notes on its row, and the MoE capture failure that GD217 explains, diagnosed with its
+rule, fix and the Megatron file:line."""
 
 from __future__ import annotations
 
@@ -62,6 +63,25 @@ def schedule_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     return list(report.findings)
 
 
+LOCAL_SCOPE_RULE = "GD219"
+"""`local` with a non-empty cuda_graph_modules on GPT layers: the whole layer, or nothing, is graphed."""
+
+
+def local_scope_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
+    """GD219 on a `local` row with a non-empty cuda_graph_modules (Megatron's GPT layers only: the rule
+    reads the run's layer_spec and model_provider)."""
+    if impl != "local" or not config.cuda_graph_modules:
+        return []
+    transformer = {k: v for k, v in config.transformer.items() if k != "cuda_graph_impl"}
+    run = {"impls": [impl], "cuda_graph_modules": list(config.cuda_graph_modules),
+           "layer_spec": config.layer_spec, "model_provider": config.model_provider}
+    try:
+        report = check({"transformer": transformer, "run": run}, select=[LOCAL_SCOPE_RULE])
+    except UsageError:
+        return []
+    return list(report.findings)
+
+
 ENV_RULES: tuple[str, ...] = ("GD301", "GD302", "GD307")
 """The environment rules checked on a multi-GPU child's ranks' environment."""
 ENV_RULE_VARIABLES: tuple[str, ...] = ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_GRAPH_REGISTER", "CUDA_DEVICE_MAX_CONNECTIONS",
@@ -90,8 +110,8 @@ def with_static_findings(result: ImplResult, config: DiffConfig) -> ImplResult:
     GD217's rule and fix, and the innermost Megatron MoE frame of its traceback (else the rule's
     file:line) as its location; any other capture failure without a location that died in Megatron's
     MoE code gets that frame as its location."""
-    findings = (moe_static_findings(config, result.impl) + schedule_static_findings(config, result.impl)
-                + env_static_findings(config, result.impl))
+    findings = (moe_static_findings(config, result.impl) + local_scope_static_findings(config, result.impl)
+                + schedule_static_findings(config, result.impl) + env_static_findings(config, result.impl))
     if findings:
         notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in findings)
         result = dataclasses.replace(result, notes=(*result.notes, *notes))
@@ -114,5 +134,5 @@ def _in_moe_code(location: str | None, tail: list[str]) -> bool:
     return any(MEGATRON_MOE_FRAME.search(text or "") for text in (location, *tail))
 
 
-__all__ = ["ENV_RULES", "env_static_findings", "moe_static_findings", "schedule_static_findings",
-           "with_static_findings"]
+__all__ = ["ENV_RULES", "LOCAL_SCOPE_RULE", "env_static_findings", "local_scope_static_findings",
+           "moe_static_findings", "schedule_static_findings", "with_static_findings"]

@@ -18,19 +18,19 @@ EXPECTED_CODES = [
     "GD101", "GD102", "GD103", "GD104", "GD105", "GD106", "GD107", "GD108", "GD109", "GD110", "GD111",
     "GD112", "GD113", "GD114", "GD115", "GD116", "GD117",
     "GD201", "GD202", "GD203", "GD204", "GD205", "GD206", "GD207", "GD208", "GD209", "GD210", "GD211",
-    "GD212", "GD213", "GD214", "GD215", "GD216", "GD217", "GD218", "GD220",
+    "GD212", "GD213", "GD214", "GD215", "GD216", "GD217", "GD218", "GD219", "GD220",
     "GD221", "GD222", "GD223", "GD224", "GD225", "GD226",
     "GD231", "GD232", "GD233", "GD234", "GD235", "GD236", "GD237", "GD238", "GD239",
     "GD301", "GD302", "GD303", "GD304", "GD305", "GD306", "GD307",
     "GD401", "GD402", "GD403", "GD404", "GD405",
     "GD501", "GD502", "GD503", "GD504", "GD505", "GD506", "GD507", "GD508", "GD509", "GD510",
-    "GD511", "GD513", "GD514",
+    "GD511", "GD513", "GD514", "GD515",
 ]
 RUNTIME_NAMES = [
     "host-sync-in-capture", "data-dependent-shape", "legacy-default-stream-work", "pageable-h2d-copy",
     "unregistered-generator", "host-drawn-random-mask", "cpu-tensor-in-capture", "forward-hook-in-capture",
     "attribute-tensor-reassigned", "capture-invalidated-cascade", "te-graph-none-attention-mask",
-    "frozen-logged-value", "eval-after-train-divergence",
+    "frozen-logged-value", "eval-after-train-divergence", "logged-value-at-capture",
 ]
 NOT_IMPERATIVE = ("you ", "the ", "this ", "it ", "consider", "should", "must")
 
@@ -43,7 +43,7 @@ def test_code_list_is_frozen() -> None:
 
 def test_runtime_rules_in_order() -> None:
     runtime = [r for r in RULES if r.runtime]
-    assert [r.code for r in runtime] == [f"GD5{n:02d}" for n in range(1, 12)] + ["GD513", "GD514"]
+    assert [r.code for r in runtime] == [f"GD5{n:02d}" for n in range(1, 12)] + ["GD513", "GD514", "GD515"]
     assert [r.name for r in runtime] == RUNTIME_NAMES
 
 

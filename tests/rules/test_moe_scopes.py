@@ -1,7 +1,9 @@
 """Every MoE configuration x graph scope of docs/moe.md, judged on the CPU twice: by megatron-core
 0.19.2's own TransformerConfig (built through the one set-up path) and by `graphdoctor check` on the
 fixture run file with the scope added. Megatron refuses only dropless MoE under the `moe` scope (GD205);
-the capture failures of the token dispatcher's host copies are GD217's."""
+the capture failures of the token dispatcher's host copies are GD217's. Under `local`, `attn` graphs the
+whole GPT layer (token dispatch included) and `moe_router` graphs nothing in megatron-core 0.19.2 (GD219;
+on the H200 `local` + `attn` of dropless MoE failed capture at token_dispatcher.py:317)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ ALLTOALL = "megatron/core/transformer/moe/token_dispatcher.py:695"
 SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "local whole layer": ("local", ()),
     "local attn": ("local", ("attn",)),
+    "local moe_router": ("local", ("moe_router",)),
     "te attn,moe_router,moe_preprocess": ("transformer_engine", ("attn", "moe_router", "moe_preprocess")),
     "te moe": ("transformer_engine", ("moe",)),
     "full_iteration": ("full_iteration", ()),
@@ -29,17 +32,20 @@ SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
 # (configuration, scope) -> (Megatron accepts, codes check reports, Megatron file:line named)
 EXPECTED: dict[tuple[str, str], tuple[bool, set[str], str | None]] = {
     ("dropless_allgather", "local whole layer"): (True, {"GD217"}, ALLGATHER),
-    ("dropless_allgather", "local attn"): (True, set(), None),
+    ("dropless_allgather", "local attn"): (True, {"GD217", "GD219"}, ALLGATHER),
+    ("dropless_allgather", "local moe_router"): (True, {"GD219"}, None),
     ("dropless_allgather", "te attn,moe_router,moe_preprocess"): (True, set(), None),
     ("dropless_allgather", "te moe"): (False, {"GD205", "GD217"}, ALLGATHER),
     ("dropless_allgather", "full_iteration"): (True, {"GD217"}, ALLGATHER),
     ("dropless_alltoall", "local whole layer"): (True, {"GD217"}, ALLTOALL),
-    ("dropless_alltoall", "local attn"): (True, set(), None),
+    ("dropless_alltoall", "local attn"): (True, {"GD217", "GD219"}, ALLTOALL),
+    ("dropless_alltoall", "local moe_router"): (True, {"GD219"}, None),
     ("dropless_alltoall", "te attn,moe_router,moe_preprocess"): (True, set(), None),
     ("dropless_alltoall", "te moe"): (False, {"GD205", "GD217"}, ALLTOALL),
     ("dropless_alltoall", "full_iteration"): (True, {"GD217"}, ALLTOALL),
     ("drop_pad", "local whole layer"): (True, set(), None),
-    ("drop_pad", "local attn"): (True, set(), None),
+    ("drop_pad", "local attn"): (True, {"GD219"}, None),
+    ("drop_pad", "local moe_router"): (True, {"GD219"}, None),
     ("drop_pad", "te attn,moe_router,moe_preprocess"): (True, set(), None),
     ("drop_pad", "te moe"): (True, set(), None),
     ("drop_pad", "full_iteration"): (True, set(), None),
@@ -106,3 +112,20 @@ def test_run_file_without_impls_is_judged_for_diffs_default_impls() -> None:
         "capture will fail: full_iteration", "capture will fail: local", "capture will fail: transformer_engine"]
     assert not [f for f in check(RUNFILES / "moe_drop_pad.yaml", facts=FACTS).findings
                 if f.severity in ("error", "warning")]
+
+
+def test_local_scopes_name_what_megatron_graphs_and_gd217_does_not_recommend_local_attn() -> None:
+    mapping = _run_file("dropless_allgather", "local attn")
+    findings = {f.code: f for f in check(mapping, facts=FACTS).findings}
+    assert "(the whole GPT layer under local)" in findings["GD217"].message
+    assert "local [attn]" not in (findings["GD217"].fix or "").replace("local [attn] does not", "")
+    assert "graphs the whole layer" in findings["GD219"].message
+    assert "transformer_layer.py:556-567" in findings["GD219"].message
+    nothing = {f.code: f for f in check(_run_file("drop_pad", "local moe_router"), facts=FACTS).findings}
+    assert "graphs nothing" in nothing["GD219"].message and "transformer_engine" in (nothing["GD219"].fix or "")
+
+
+def test_gd219_is_not_judged_for_a_custom_layer_spec() -> None:
+    mapping = _run_file("drop_pad", "local attn")
+    mapping["run"] = {**mapping["run"], "layer_spec": "my_pkg.specs:moe_layer_spec"}
+    assert "GD219" not in {f.code for f in check(mapping, facts=FACTS).findings}

@@ -50,16 +50,27 @@ def test_te_whole_layer_narrows_to_attention_then_to_layer_0() -> None:
 
 def test_second_half_is_asked_when_the_first_matches() -> None:
     judge = Recorded({("attn",): True, ("mlp",): False}, {("attn",): {5}})
-    found = bisect(Candidate("local"), 8, judge)
-    assert judge.asked[2:] == ["local attn (layers 0,1,2,3)", "local attn (layers 4,5,6,7)",
-                               "local attn (layers 4,5)", "local attn (layer 4)", "local attn (layer 5)"]
-    assert found.narrowed == Candidate("local", ("attn",), (5,))
+    found = bisect(Candidate(TE), 8, judge)
+    assert judge.asked[2:] == [f"{TE} attn (layers 0,1,2,3)", f"{TE} attn (layers 4,5,6,7)",
+                               f"{TE} attn (layers 4,5)", f"{TE} attn (layer 4)", f"{TE} attn (layer 5)"]
+    assert found.narrowed == Candidate(TE, ("attn",), (5,))
 
 
 def test_divergence_that_needs_both_halves_stops_there() -> None:
     judge = Recorded({("attn",): True, ("mlp",): False}, {("attn",): set()})
+    found = bisect(Candidate(TE), 4, judge)
+    assert found.stopped == "needs both halves" and found.narrowed == Candidate(TE, ("attn",))
+
+
+def test_local_is_bisected_over_layers_only() -> None:
+    """megatron-core 0.19.2: local `attn` / `mlp` are the whole GPT layer, the MoE scopes graph nothing
+    (GD219), so no scope of a local candidate is asked."""
+    judge = Recorded({}, {(): {3}})
     found = bisect(Candidate("local"), 4, judge)
-    assert found.stopped == "needs both halves" and found.narrowed == Candidate("local", ("attn",))
+    assert judge.asked == ["local whole layer (layers 0,1)", "local whole layer (layers 2,3)",
+                           "local whole layer (layer 2)", "local whole layer (layer 3)"]
+    assert found.narrowed == Candidate("local", (), (3,)) and found.stopped == "one layer"
+    assert scope_parts(Candidate("local"), moe=True) == [()]
 
 
 def test_scopes_that_differ_only_together_keep_the_combination() -> None:

@@ -71,7 +71,18 @@ def test_dense_candidates_pass_megatron_and_the_catalogue() -> None:
         if candidate.impl == "transformer_engine":
             continue  # unavailable without TE (and in fp32); checked below
         screening = screen(candidate, config, facts=UNKNOWN)
+        if candidate.impl == "local" and candidate.modules:
+            # megatron-core 0.19.2: local attn / mlp graph the whole GPT layer, the `local whole layer` run
+            assert [r.rule for r in screening.rejections] == ["GD219"], (candidate.label, screening)
+            assert "graphs the whole layer" in screening.rejections[0].message
+            continue
         assert screening.runnable, (candidate.label, screening)
+
+
+def test_local_scopes_of_a_custom_layer_spec_are_run() -> None:
+    """GD219 judges Megatron's GPT layers only: a custom spec may build MoETransformerLayer."""
+    config = DiffConfig(dropout=0.0, layer_spec="fixtures.planted.schedule_eval_mode_mlp:layer_spec")
+    assert screen(Candidate("local", ("attn",)), config, facts=UNKNOWN).runnable
 
 
 def test_moe_rejections_name_the_rule_and_megatron(moe_config: DiffConfig) -> None:
@@ -81,10 +92,14 @@ def test_moe_rejections_name_the_rule_and_megatron(moe_config: DiffConfig) -> No
     assert "mlp cuda graph is only supported for dense layers" in mlp[-1].message
     moe = by_label["transformer_engine moe"].rejections
     assert [r.rule for r in moe] == ["GD205", MEGATRON_RULE] and moe[0].fix
-    assert [r.rule for r in by_label["local moe"].rejections] == ["GD205", MEGATRON_RULE]
+    assert [r.rule for r in by_label["local moe"].rejections] == ["GD205", "GD219", MEGATRON_RULE]
     for label in ("transformer_engine attn", "transformer_engine moe_router+moe_preprocess",
-                  "transformer_engine attn+moe_router+moe_preprocess", "local attn"):
+                  "transformer_engine attn+moe_router+moe_preprocess"):
         assert by_label[label].rejections == (), (label, by_label[label].rejections)
+    # megatron-core 0.19.2 GPT layers under local: attn is the whole layer, moe_router graphs nothing
+    assert [r.rule for r in by_label["local attn"].rejections] == ["GD219"]
+    assert [r.rule for r in by_label["local moe_router"].rejections] == ["GD219"]
+    assert "graphs nothing" in by_label["local moe_router"].rejections[0].message
 
 
 def test_te_candidates_are_unavailable_without_te_with_the_reason() -> None:

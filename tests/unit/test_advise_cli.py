@@ -70,7 +70,8 @@ def test_html_and_json_may_not_be_the_same_file(tmp_path: Path) -> None:
 
 def test_plan_screens_an_moe_run_file_without_a_gpu() -> None:
     """`--plan` on the committed dropless allgather run file: Megatron and the catalogue reject `mlp`
-    (every layer is MoE: GD204) and `moe` (dropless: GD205); GD217 warns where token dispatch is graphed;
+    (every layer is MoE: GD204) and `moe` (dropless: GD205); `attn` and `moe_router` are not run (GD219: under
+local the whole GPT layer, or nothing); GD217 warns where token dispatch is graphed;
     TE candidates are unavailable on this machine (no Transformer Engine); nothing needs a GPU."""
     code, output = invoke("advise", "--plan", "--impl", "local,full_iteration",
                           "--config", "fixtures/runfiles/moe_dropless_allgather.yaml")
@@ -78,9 +79,11 @@ def test_plan_screens_an_moe_run_file_without_a_gpu() -> None:
     rows = {line.split("  ")[0].strip(): line for line in output.splitlines()[2:] if "  " in line}
     assert "rejected" in rows["local mlp"] and "GD204" in rows["local mlp"] and "megatron" in rows["local mlp"]
     assert "rejected" in rows["local moe"] and "GD205" in rows["local moe"]
-    assert "run" in rows["local attn"] and "GD217" not in rows["local attn"]
+    # megatron-core 0.19.2: local attn is the whole-layer graph, local moe_router graphs nothing (GD219)
+    assert "rejected" in rows["local attn"] and "GD219 local ['attn'] graphs the whole layer" in rows["local attn"]
+    assert "rejected" in rows["local moe_router"] and "GD219" in rows["local moe_router"]
     assert "GD217" in rows["local whole layer"] and "GD217" in rows["full_iteration whole step"]
-    assert output.rstrip().endswith("4 of 6 candidates would run (plus eager once); nothing ran")
+    assert output.rstrip().endswith("2 of 6 candidates would run (plus eager once); nothing ran")
 
 
 def test_plan_exit_1_when_no_candidate_would_run() -> None:

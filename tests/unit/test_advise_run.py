@@ -50,8 +50,16 @@ class Recorded(AdviseSession):
         return recorded
 
 
-def screenings(session: Recorded, candidates: list[Candidate]) -> list[Screening]:
-    return [screen(c, session.config, facts=UNKNOWN) for c in candidates]
+def screenings(session: Recorded, candidates: list[Candidate], *, stand_ins: tuple[Candidate, ...] = ()
+               ) -> list[Screening]:
+    """Each candidate screened as advise screens it; a stand-in is passed unscreened: `local attn`, which
+    advise itself does not run (GD219: the same graph as the whole layer), names a second runnable
+    candidate whose recorded runs are the whole layer's (only TE scopes differ, and TE is not here)."""
+    return [Screening(candidate=c) if c in stand_ins else screen(c, session.config, facts=UNKNOWN)
+            for c in candidates]
+
+
+LOCAL_ATTN = Candidate("local", ("attn",))
 
 
 def test_eager_and_control_reference_once_then_ranked(tmp_path: Path) -> None:
@@ -59,7 +67,8 @@ def test_eager_and_control_reference_once_then_ranked(tmp_path: Path) -> None:
     # local attn has no run of its own in the report: the recorded whole-layer runs stand in for it,
     # so that two candidates need the dropout-free control pair
     cands = [Candidate("full_iteration"), Candidate("local"), Candidate("local", ("attn",)), Candidate("local", ("moe",))]
-    report = AdviseRun(session, screenings(session, cands), max_candidates=8, facts=UNKNOWN, env={}).run()
+    report = AdviseRun(session, screenings(session, cands, stand_ins=(LOCAL_ATTN,)), max_candidates=8, facts=UNKNOWN,
+                       env={}).run()
     assert session.started == ["eager-reference-d0.1", "eager-reference-d0",
                                "full_iteration-full_iteration-graphed-d0.1", "local-layer-local-graphed-d0.1",
                                "local-attn-local-graphed-d0.1", "local-layer-local-graphed-d0",
@@ -90,7 +99,7 @@ def test_time_budget_gone_writes_partial_results_naming_what_did_not_run(tmp_pat
 def test_max_candidates_runs_the_first_and_lists_the_rest(tmp_path: Path) -> None:
     session = Recorded("h200_small_dropout0_fingerprints_schema2.json", tmp_path)
     cands = [Candidate("full_iteration"), Candidate("local"), Candidate("local", ("attn",))]
-    screened = screenings(session, cands)
+    screened = screenings(session, cands, stand_ins=(LOCAL_ATTN,))
     to_run, others = screened_results(screened, 2)
     assert [s.candidate for s in to_run] == cands[:2] and [r.status for r in others] == [NOT_RUN]
     report = AdviseRun(session, screened, max_candidates=2, facts=UNKNOWN, env={}).run()
@@ -114,10 +123,11 @@ def test_a_numeric_divergence_is_bisected_with_recorded_runs(tmp_path: Path) -> 
     assert local.verdict == Verdict.NUMERIC_DIVERGENCE
     (bisection,) = report.bisections
     assert bisection.start == Candidate("local") and bisection.stopped == "unknown verdict"
-    assert [s.candidate.label for s in bisection.steps] == ["local attn"]
-    assert [r.candidate.label for r in report.results if r.bisection] == ["local attn"]
-    assert session.started.count("local-attn-local-graphed-d0") == 1
-    assert "asked: local attn unknown (capture-failed); stopped: unknown verdict" in render_text(report)
+    # local is bisected over layers only (GD219: its attn / mlp scopes are the whole layer)
+    assert [s.candidate.label for s in bisection.steps] == ["local whole layer (layer 0)"]
+    assert [r.candidate.label for r in report.results if r.bisection] == ["local whole layer (layer 0)"]
+    assert session.started.count("local-layer-L0-local-graphed-d0") == 1
+    assert "asked: local whole layer (layer 0) unknown (capture-failed); stopped: unknown verdict" in render_text(report)
     assert session.started.count("eager-reference-d0.1") == 1
 
 
@@ -126,7 +136,7 @@ def test_candidates_judged_two_at_a_time_give_the_same_report(tmp_path: Path) ->
     pair = Recorded("h200_default_dropout0.1_schema2.json", tmp_path / "b")
     pair.plan = JobPlan(2, (), False, "2 children at a time")
     cands = [Candidate("full_iteration"), Candidate("local"), Candidate("local", ("attn",))]
-    reports = [AdviseRun(s, screenings(s, cands), max_candidates=8, facts=UNKNOWN, env={}).run() for s in (series, pair)]
+    reports = [AdviseRun(s, screenings(s, cands, stand_ins=(LOCAL_ATTN,)), max_candidates=8, facts=UNKNOWN, env={}).run() for s in (series, pair)]
     assert sorted(series.started) == sorted(pair.started) and pair.started.count("eager-reference-d0") == 1
     assert [r.to_dict() for r in reports[0].results] == [r.to_dict() for r in reports[1].results]
 
@@ -158,7 +168,8 @@ def test_the_eager_noise_run_is_made_once_for_every_numeric_divergence(tmp_path:
     session = Recorded("h200_small_clean_dropout_local_fingerprints_schema2.json", tmp_path)
     session.records = {"local-graphed-d0.1": session.records["local-graphed-d0.1-taps"]}
     cands = [Candidate("local"), Candidate("local", ("attn",))]  # the same recorded run stands in for both
-    report = AdviseRun(session, screenings(session, cands), max_candidates=2, facts=UNKNOWN, env={}).run()
+    report = AdviseRun(session, screenings(session, cands, stand_ins=(LOCAL_ATTN,)), max_candidates=2,
+                       facts=UNKNOWN, env={}).run()
     assert [r.verdict for r in report.candidates] == [Verdict.NUMERIC_DIVERGENCE] * 2
     assert session.started.count("eager-graphed-d0") == 1  # against the control reference (dropout on)
     notes = [next(n for n in r.result.notes if "eager" in n and "reproducible" in n)

@@ -60,7 +60,7 @@ def test_pyproject_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     settings = load_project_settings()
     assert settings.selection == Selection(select=("GD1", "GD4"), ignore=("GD402",))
     assert found(BAD) == ["GD101", "GD401"]
-    assert found(BAD, "--select", "GD2") == ["GD201", "GD208"]  # the command line's select replaces the file's
+    assert found(BAD, "--select", "GD2") == ["GD201", "GD208", "GD219"]  # the command line's select replaces the file's
     code, out, _ = invoke("check", BAD)
     assert code == 1 and out.splitlines()[0].startswith(f"{BAD}:3:3: GD101 ")
     target = REPO / "fixtures" / "data" / "targets" / "cpu_no_te.json"
@@ -84,7 +84,7 @@ def test_inline_suppression_in_yaml_and_launch_files(tmp_path: Path, monkeypatch
     codes = found(str(run))
     assert "GD101" not in codes and "GD201" not in codes and "GD208" not in codes and "GD401" in codes
     _, out, _ = invoke("check", str(run), "--output-format", "json")
-    assert "3 finding(s) suppressed by inline comments" in json.loads(out)["notes"]
+    assert "4 finding(s) suppressed by inline comments" in json.loads(out)["notes"]  # GD101, GD201, GD208, GD219
     launch = tmp_path / "launch.txt"
     launch.write_text("pretrain_gpt.py \\\n  --cuda-graph-impl full_iteration \\  # graphdoctor: ignore[GD115]\n",
                       encoding="utf-8")
