@@ -1,6 +1,6 @@
-"""GD513-GD515 runtime rules of the run schedule: what only a run that evaluates and logs shows.
+"""GD513-GD516 runtime rules of the run schedule: what only a run that evaluates, logs and exits shows.
 Metadata only: `graphdoctor diff` compares every phase (graphdoctor.compare.phases) and names these
-rules in the implementation's notes with the phase (train, eval).
+rules in the implementation's notes with the phase (train, eval, capture, exit).
 """
 
 from __future__ import annotations
@@ -133,4 +133,53 @@ class LoggedValueAtCapture(RuntimeRule):
     fix_template = "Ignore the aux losses logged at the capture iteration, or clear the tracker after capture"
 
 
-__all__ = ["EvalAfterTrainDivergence", "FrozenLoggedValue", "LoggedValueAtCapture"]
+class TeardownHang(RuntimeRule):
+    """## What it does
+    Reports a process of a run that wrote its results but did not exit within the teardown bound (20 s):
+    `torch.distributed.destroy_process_group()` waited. `graphdoctor diff` releases the graphs Megatron-Core
+    holds first (`cuda_graphs.py:681` `delete_cuda_graphs`, full_iteration's `FullCudaGraphWrapper.cuda_graph`,
+    `TECudaGraphHelper.delete_cuda_graphs` at `cuda_graphs.py:2769`), counts the `torch.cuda.CUDAGraph`
+    objects still alive, and dumps every rank's stack when the bound passes.
+
+    ## Why is this bad?
+    A CUDA graph that captured NCCL work keeps its communicator's resources alive; destroying the process
+    group then waits for ever (pytorch#115388). The training job finishes and never exits, holding its
+    GPUs (Megatron-Bridge#2955: hangs after the final validation with TP > 1 and graphs; Megatron-LM#2130
+    and Megatron-Bridge#1185: full-iteration jobs that hang at the end of training). On two H200s, TP = 2
+    runs of megatron-core 0.19.2 with `local` and `full_iteration` graphs still alive hung in
+    `destroy_process_group` on both ranks.
+
+    ## Example
+    ```python
+    train(model)                               # graphs captured with TP all-reduces inside
+    torch.distributed.destroy_process_group()  # [GD516] waits for the communicator the graphs hold
+    ```
+
+    ## Use instead
+    ```python
+    train(model)
+    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+    delete_cuda_graphs()                       # and reset any graph your own code keeps
+    gc.collect()
+    torch.distributed.destroy_process_group()
+    ```
+
+    ## Fix
+    Reset or delete the CUDA graphs (and their memory pools) before destroy_process_group.
+
+    ## Known problems
+    The run's verdict stands (its results were written before the exit), but the exit code is 1: the job
+    would not have ended. A graph kept by code outside Megatron-Core is counted (`graphs_alive`) but not
+    named.
+    """
+
+    code = "GD516"
+    name = "teardown-hang"
+    detected_by = "`graphdoctor diff` (every rank's exit bounded by a watchdog after its results are written)"
+    severity = Severity.ERROR
+    fix = FixAvailability.ALWAYS
+    template = "process did not exit after its results: {detail} at {where}"
+    fix_template = "Reset or delete the CUDA graphs (and their memory pools) before destroy_process_group"
+
+
+__all__ = ["EvalAfterTrainDivergence", "FrozenLoggedValue", "LoggedValueAtCapture", "TeardownHang"]

@@ -8,7 +8,6 @@ Nothing here imports torch; every record round-trips through plain JSON (`to_dic
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -294,27 +293,6 @@ class RankExit:
                    graphs_released=int(data.get("graphs_released", 0)), graphs_alive=int(data.get("graphs_alive", 0)))
 
 
-TEARDOWN_FIX = ("reset or delete the CUDA graphs (and their memory pools) before "
-                "torch.distributed.destroy_process_group(): graphs that captured NCCL work keep its "
-                "resources alive (pytorch#115388)")
-"""The fix a `teardown-hang` finding names."""
-
-
-def teardown_note(exits: Sequence[RankExit]) -> str | None:
-    """The `teardown-hang` finding of a run whose ranks hung at exit, or None."""
-    hung = [e for e in exits if e.hung]
-    if not hung:
-        return None
-    who = ", ".join(f"rank {e.rank}" + (f" (in {e.stack.waiting_in or e.stack.frames[0]})"
-                                        if e.stack and e.stack.frames else "") for e in hung)
-    alive = max(e.graphs_alive for e in hung)
-    kept = (f"; {alive} CUDA graph{'s' if alive != 1 else ''} still alive at destroy_process_group after "
-            "Megatron's own graphs were deleted (kept by code outside Megatron-Core)" if alive else "")
-    return (f"teardown-hang: {who} did not exit within the bound after writing its results "
-            f"(destroy_process_group){kept}; the results stand; fix: {TEARDOWN_FIX}")
-
-
-
 @dataclass(frozen=True, slots=True)
 class EvalRecord:
     """What one evaluation of one child run recorded (Megatron's forward-only schedule, eval mode)."""
@@ -418,5 +396,5 @@ class Diagnosis:
         return cls(**data)
 
 
-__all__ = ["MAX_STACK_FRAMES", "TEARDOWN_FIX", "Diagnosis", "RankExit", "RankStack", "StepPrints", "StepRecord", "TensorDiff",
-           "Verdict", "teardown_note"]
+__all__ = ["MAX_STACK_FRAMES", "Diagnosis", "RankExit", "RankStack", "StepPrints", "StepRecord", "TensorDiff",
+           "Verdict"]

@@ -6,12 +6,14 @@ after a checkpoint resume. Pure Python on RunRecords.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from graphdoctor.compare.divergence import Divergence, find_divergence
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.types import EvalRecord, StepRecord
+from graphdoctor.rules import rule_fix
+from graphdoctor.types import EvalRecord, RankExit, StepRecord
 
 EVAL_DIVERGENCE_RULE = "GD514"
 """Catalogue rule of an evaluation that differs from eager (checks/gd5xx_schedule.py)."""
@@ -280,8 +282,26 @@ def resume_notes(graphed: RunRecord, divergence: Divergence) -> tuple[str, ...]:
     return () if note is None else (note,)
 
 
-__all__ = ["CAPTURE_VALUE_RULE", "EVAL_DIVERGENCE_RULE", "FROZEN_VALUE_RULE", "CaptureLoggedValue",
+TEARDOWN_RULE = "GD516"
+"""Catalogue rule of a process that did not exit after writing its results (checks/gd5xx_schedule.py)."""
+
+
+def teardown_note(exits: Sequence[RankExit]) -> str | None:
+    """The `teardown-hang` finding of a run whose ranks hung at exit, or None."""
+    hung = [e for e in exits if e.hung]
+    if not hung:
+        return None
+    who = ", ".join(f"rank {e.rank}" + (f" (in {e.stack.waiting_in or e.stack.frames[0]})"
+                                        if e.stack and e.stack.frames else "") for e in hung)
+    alive = max(e.graphs_alive for e in hung)
+    kept = (f"; {alive} CUDA graph{'s' if alive != 1 else ''} still alive at destroy_process_group after "
+            "Megatron's own graphs were deleted (kept by code outside Megatron-Core)" if alive else "")
+    return (f"{TEARDOWN_RULE} teardown-hang: phase exit: {who} did not exit within the bound after writing its "
+            f"results (destroy_process_group){kept}; the results stand; fix: {rule_fix(TEARDOWN_RULE)}")
+
+
+__all__ = ["CAPTURE_VALUE_RULE", "EVAL_DIVERGENCE_RULE", "FROZEN_VALUE_RULE", "TEARDOWN_RULE", "CaptureLoggedValue",
            "EvalDivergence", "FrozenValue", "capture_only_values", "eval_divergence",
            "find_capture_logged_values", "find_eval_divergence", "find_frozen_values", "phase_list",
-           "phases_summary", "resume_note", "resume_notes", "resumed_steps", "schedule_notes",
+           "phases_summary", "resume_note", "resume_notes", "resumed_steps", "schedule_notes", "teardown_note",
            "with_eager_capture_values"]

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from graphdoctor.compare.phases import teardown_note
 from graphdoctor.inputs import write_output
 from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
 from graphdoctor.report.envelope import envelope
 from graphdoctor.report.forensics import forensics_table
 from graphdoctor.report.schedule import phase_lines
 from graphdoctor.strict_json import json_safe
-from graphdoctor.types import teardown_note
 
 if TYPE_CHECKING:
     from graphdoctor.compare.verdict import ImplResult, Timing

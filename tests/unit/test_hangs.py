@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from graphdoctor.child.stacks import launcher_command
+from graphdoctor.compare.phases import teardown_note
 from graphdoctor.compare.verdict import judge, verdict_for_failure
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport
@@ -21,7 +22,8 @@ from graphdoctor.parent.runner import ProcessResult, read_stacks, run_isolated
 from graphdoctor.protocol import ChildSpec, Placement, Role, RunRecord, read_events, run_name
 from graphdoctor.protocol.events import Phase, Teardown, decode, encode
 from graphdoctor.report.diff import render_text, write_json
-from graphdoctor.types import MAX_STACK_FRAMES, TEARDOWN_FIX, Diagnosis, RankExit, RankStack, Verdict, teardown_note
+from graphdoctor.rules import get_rule, rule_fix
+from graphdoctor.types import MAX_STACK_FRAMES, Diagnosis, RankExit, RankStack, Verdict
 
 RANKS = Path(__file__).resolve().parents[2] / "fixtures" / "hangs" / "ranks.py"
 
@@ -126,8 +128,8 @@ def test_teardown_watchdog_ends_a_blocked_exit_and_the_results_stand(tmp_path: P
     if mode == "teardown":
         assert 1.0 <= exit_.teardown_s < 5 and exit_.since_last_step_s >= exit_.teardown_s
     note = teardown_note(record.teardown)
-    assert note is not None and note.startswith("teardown-hang: rank 0") and TEARDOWN_FIX in note
-    assert "pytorch#115388" in note
+    assert note is not None and note.startswith("GD516 teardown-hang: phase exit: rank 0") and rule_fix("GD516") in note
+    assert "pytorch#115388" in get_rule("GD516").doc()
     _nothing_left(prefix)
     assert RunRecord.from_dict(json.loads(json.dumps(record.to_dict()))).teardown == record.teardown
 
@@ -191,7 +193,7 @@ def test_a_hung_teardown_is_a_finding_that_keeps_the_verdict_and_exits_1() -> No
     assert report.results[0].verdict is clean.results[0].verdict
     assert clean.exit_code() == 0 and report.exit_code() == 1
     text = render_text(report)
-    assert "full_iteration: teardown-hang: rank 1 (in destroy_process_group" in text
+    assert "full_iteration: GD516 teardown-hang: phase exit: rank 1 (in destroy_process_group" in text
     assert "rank 0" not in text.split("teardown-hang:")[1].split(";")[0]
     assert "1 CUDA graph still alive at destroy_process_group" in text
     back = RunRecord.from_dict(json.loads(json.dumps(hung.to_dict())))
