@@ -27,7 +27,7 @@ from graphdoctor.errors import MissingDependencyError
 from graphdoctor.parent.children import ChildRequest, ChildSession
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
-from graphdoctor.parent.static import with_static_findings
+from graphdoctor.parent.static import moe_static_findings, with_static_findings
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
@@ -352,6 +352,8 @@ class DiffRun:
         if diag is None or (diag.location is not None and diag.rule != "GD501" and diag.cuda_error
                             != "cudaErrorStreamCaptureInvalidated"):
             return result
+        if any(f.code == "GD217" for f in moe_static_findings(self.config, impl)):
+            return result  # the token dispatcher's host copy: with_static_findings names it (no re-run)
         hunt = self.session.run_request(self.request(impl, self.config.dropout, Role.GRAPHED, hunt=True))
         found = hunt.diagnosis
         if hunt.status != "error" or found is None or found.location is None:

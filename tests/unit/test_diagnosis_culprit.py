@@ -24,7 +24,8 @@ from graphdoctor.protocol.events import Error, decode, encode
 from graphdoctor.rules import get_rule, rule_fix
 
 THIS_FILE = os.path.relpath(os.path.realpath(__file__), os.path.realpath(os.getcwd()))
-H200_ITEM_MLP = Path(__file__).resolve().parents[2] / "fixtures/data/diff/h200_item_mlp_schema2.json"
+REPO = Path(__file__).resolve().parents[2]
+H200_ITEM_MLP = REPO / "fixtures/data/diff/h200_item_mlp_schema2.json"
 
 
 def marked_line(code: str) -> str:
@@ -208,3 +209,33 @@ def test_a_text_that_names_its_rule_needs_no_hunt(tmp_path: Path) -> None:
     row = DiffRun(session).hunt_culprit(_failed_row(implicit), "local")  # type: ignore[arg-type]
     assert session.requests == []
     assert row.diagnosis is not None and row.diagnosis.rule == "GD503"
+
+
+def test_a_capture_failure_gd217_predicts_needs_no_hunt(tmp_path: Path) -> None:
+    """The H200's dropless allgather MoE under local attn (fixtures/data/moe/): the parent's diagnosis of the
+    recorded error, before the static findings name Megatron's frame, would be hunted; GD217 already
+    explains it (token dispatch's host copy), so no culprit-hunt child runs."""
+    from graphdoctor.compare.verdict import ImplResult
+    from graphdoctor.config import diff_config_from, load_run_file
+    from graphdoctor.diff import DiffRun
+    from graphdoctor.parent.static import with_static_findings
+    from graphdoctor.types import Verdict
+
+    doc = json.loads((REPO / "fixtures" / "data" / "moe" / "h200_dropless_allgather_local_attn.json").read_text("utf-8"))
+    recorded = doc["impls"][0]["diagnosis"]
+    frames = []
+    for entry in recorded["traceback_tail"]:
+        where, function = entry.rsplit(" in ", 1)
+        path, line = where.rsplit(":", 1)
+        frames.append((path, int(line), function))
+    diag = diagnose(recorded["error_type"], recorded["message"], frames, step=0, phase="capture")
+    row = ImplResult(impl="local", verdict=Verdict.CAPTURE_FAILED, diagnosis=diag)
+    session = HuntSession(tmp_path, None)
+    session.config = diff_config_from(load_run_file(REPO / "fixtures" / "runfiles" / "moe_dropless_allgather.yaml"),
+                                      impls="local", cuda_graph_modules="attn", dropout=0.0)
+    hunted = DiffRun(session).hunt_culprit(row, "local")  # type: ignore[arg-type]
+    assert session.requests == []
+    final = with_static_findings(hunted, session.config)
+    assert final.diagnosis is not None and final.diagnosis.rule == "GD217"
+    assert final.diagnosis.location == "megatron/core/transformer/moe/token_dispatcher.py:317"
+    assert not [n for n in final.notes if "culprit hunt" in n]
