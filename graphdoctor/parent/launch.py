@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.runner import ProcessResult, child_env, run_isolated
 from graphdoctor.protocol.events import End, read_events
 from graphdoctor.protocol.record import RunRecord
@@ -78,7 +79,6 @@ def rank_result(ended: ProcessResult, has_end: bool) -> ProcessResult:
 
 def fold_launch(spec: ChildSpec, ended: ProcessResult) -> RunRecord:
     """Read every rank's events and fold them (parent.ranks.fold_ranks)."""
-    from graphdoctor.parent.children import record_from_events
     from graphdoctor.parent.hangs import teardown_exits, timeout_outcome
     from graphdoctor.parent.ranks import fold_ranks
 

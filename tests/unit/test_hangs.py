@@ -16,7 +16,7 @@ from graphdoctor.compare.phases import teardown_note
 from graphdoctor.compare.verdict import judge, verdict_for_failure
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport
-from graphdoctor.parent.children import record_from_events
+from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.hangs import parse_dump, timeout_outcome
 from graphdoctor.parent.runner import ProcessResult, read_stacks, run_isolated
 from graphdoctor.protocol import ChildSpec, Placement, Role, RunRecord, read_events, run_name

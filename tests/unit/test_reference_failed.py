@@ -16,7 +16,8 @@ from graphdoctor.child.reported import ACCEPTED_FORMS, read_loss_return
 from graphdoctor.compare.verdict import REFERENCE_FAILED_NOTE
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffRun, load_report
-from graphdoctor.parent.children import ChildRequest, record_from_events
+from graphdoctor.parent.children import ChildRequest
+from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.runner import ProcessResult
 from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Placement, Role, RunRecord, read_events, run_name

@@ -21,7 +21,7 @@ from graphdoctor.compare.verdict import judge
 from graphdoctor.config import DiffConfig, diff_config_from, load_run_file
 from graphdoctor.diff import load_report
 from graphdoctor.errors import UsageError
-from graphdoctor.parent.children import record_from_events
+from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.resume import (
     RESUMED_PREFIX,
     checkpoint_dir,

@@ -16,7 +16,8 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.launches.counts import LaunchCount
 from graphdoctor.memory.sections import MemorySection, MemoryStats
-from graphdoctor.parent.children import record_from_events, run_child, user_import_dir
+from graphdoctor.parent.children import run_child, user_import_dir
+from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.runner import ProcessResult, child_env, python_command, run_isolated, with_port_retries
 from graphdoctor.protocol import (
     EAGER,
