@@ -196,9 +196,12 @@ def run(spec_path: str) -> int:
 
     with open(spec_path, encoding="utf-8") as fh:
         spec = rank_spec(ChildSpec.from_json(fh.read()))
+    from graphdoctor.child.stacks import die_with_parent, register
+
     if spec.placement.launcher:
         die_with_launcher()
-    from graphdoctor.child.stacks import register
+    else:
+        die_with_parent()
 
     register(default_rank=spec.placement.rank)
     if spec.import_dir:
