@@ -1,14 +1,16 @@
 """Placement rules of a multi-GPU diff: processes per child, tensor- and pipeline-parallel sizes, and
 what the model and the schedule must allow for them. Pure; DiffConfig validates with it on creation,
 so a bad placement is refused (exit 2) before any GPU work. The GPU count is checked where the GPUs
-are counted (graphdoctor.parent.gpus.plan_jobs).
+are counted (graphdoctor.parent.gpus.plan_jobs); sequence parallel's need of Apex or Transformer
+Engine by diff() before any GPU work (check_sequence_parallel_norm).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
-from graphdoctor.errors import UsageError
+from graphdoctor.errors import MissingDependencyError, UsageError
 
 if TYPE_CHECKING:
     from graphdoctor.config import DiffConfig
@@ -70,4 +72,29 @@ def check_gpu_count(nproc_per_node: int, num_visible: int) -> None:
                          f"{num_visible} visible")
 
 
-__all__ = ["check_gpu_count", "check_placement", "data_parallel_size"]
+LOCAL_LAYER_SPECS: tuple[str | None, ...] = (None, "local")
+"""layer_spec values that select megatron-core's local GPT spec (get_gpt_layer_local_spec)."""
+
+
+def apex_importable() -> bool:
+    """Whether `import apex` would find a module (without importing it)."""
+    return importlib.util.find_spec("apex") is not None
+
+
+def check_sequence_parallel_norm(config: DiffConfig, apex_found: bool) -> None:
+    """Refuse sequence parallel with the local layer spec when Apex is missing: megatron-core 0.19.2's local
+    GPT spec then uses WrappedTorchNorm (gpt_layer_specs.py:62-76), which asserts `sequence parallel not
+    supported by torch LayerNorm` when the first layer is built (torch_norm.py:50).
+
+    Raises:
+        MissingDependencyError: sequence_parallel, the local spec and `apex_found` False.
+    """
+    if config.sequence_parallel and config.layer_spec in LOCAL_LAYER_SPECS and not apex_found:
+        raise MissingDependencyError(
+            "sequence_parallel with the local layer spec needs Apex: without it megatron-core's local GPT spec "
+            "uses torch LayerNorm, which refuses sequence parallel; use --layer-spec te (Transformer Engine) "
+            "or install Apex")
+
+
+__all__ = ["LOCAL_LAYER_SPECS", "apex_importable", "check_gpu_count", "check_placement", "check_sequence_parallel_norm",
+           "data_parallel_size"]

@@ -20,7 +20,7 @@ from graphdoctor.cli import main
 from graphdoctor.compare.bitprint import BitFingerprinter, host_lanes
 from graphdoctor.compare.verdict import judge
 from graphdoctor.config import DiffConfig, diff_config_from
-from graphdoctor.errors import UsageError
+from graphdoctor.errors import MissingDependencyError, UsageError
 from graphdoctor.parent.children import ChildSession
 from graphdoctor.parent.gpus import Gpu, plan_jobs
 from graphdoctor.parent.launch import (
@@ -33,6 +33,7 @@ from graphdoctor.parent.launch import (
 )
 from graphdoctor.parent.ranks import RANK_STATUS_ORDER, split_rank
 from graphdoctor.parent.runner import ProcessResult
+from graphdoctor.placement import apex_importable, check_sequence_parallel_norm
 from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Role, RunRecord, run_name
 from graphdoctor.protocol.events import End, RunEnv, Started, Step, Tensors
 from graphdoctor.protocol.spec import rank_path
@@ -306,3 +307,24 @@ def test_report_text_json_and_page_of_a_two_rank_diff(tmp_path: Path) -> None:
     assert [r.env.rank for r in row.runs[0].ranks if r.env] == [0, 1]
     assert loaded.config.nproc_per_node == 2 and loaded.reference.ranks[1].peak_allocated_bytes == 2 << 20
     assert "rank1:" in render_payload(report.to_dict())
+
+
+@pytest.mark.skipif(apex_importable(), reason="Apex imports here: the local spec then supports sequence parallel")
+def test_sequence_parallel_with_the_local_spec_and_no_apex_exits_2_before_any_gpu_work() -> None:
+    result = CliRunner().invoke(main, ["diff", "--nproc-per-node", "2", "--tensor-model-parallel-size", "2",
+                                       "--sequence-parallel", "-q"])
+    assert result.exit_code == 2
+    line, = result.stderr.strip().splitlines()
+    assert "sequence_parallel with the local layer spec needs Apex" in line
+    assert "--layer-spec te" in line and "install Apex" in line
+
+
+def test_sequence_parallel_is_refused_only_for_the_local_spec_without_apex() -> None:
+    sp = DiffConfig(nproc_per_node=2, tensor_model_parallel_size=2, sequence_parallel=True)
+    with pytest.raises(MissingDependencyError, match="needs Apex"):
+        check_sequence_parallel_norm(sp, apex_found=False)
+    with pytest.raises(MissingDependencyError, match="needs Apex"):
+        check_sequence_parallel_norm(sp.replace(layer_spec="local"), apex_found=False)
+    check_sequence_parallel_norm(sp, apex_found=True)  # FusedLayerNorm supports it
+    check_sequence_parallel_norm(sp.replace(layer_spec="te"), apex_found=False)  # TE's norms do
+    check_sequence_parallel_norm(sp.replace(sequence_parallel=False), apex_found=False)
