@@ -33,7 +33,7 @@ def check_placement(config: DiffConfig) -> None:
 
     Raises:
         UsageError: T x P not dividing nproc_per_node, heads or query groups not divisible by T,
-            layers not divisible by P, fewer microbatches than P, sequence_parallel without T > 1,
+            layers not divisible by P, sequence_parallel without T > 1,
             a bucket size below 1.
     """
     nproc = _positive("nproc_per_node", config.nproc_per_node)
@@ -51,9 +51,8 @@ def check_placement(config: DiffConfig) -> None:
     if config.num_layers % pp:
         raise UsageError(f"placement: num_layers {config.num_layers} is not divisible by "
                          f"pipeline_model_parallel_size {pp}")
-    if pp > 1 and config.num_microbatches < pp:
-        raise UsageError(f"placement: num_microbatches {config.num_microbatches} is fewer than "
-                         f"pipeline_model_parallel_size {pp}; Megatron's pipeline schedule needs >= {pp}")
+    # Fewer microbatches than stages is allowed: Megatron's non-interleaved schedule (the only one here, no
+    # virtual pipeline) takes min(P - rank - 1, num_microbatches) warm-up microbatches (schedules.py:2244).
     if config.sequence_parallel and tp == 1:
         raise UsageError("placement: sequence_parallel needs tensor_model_parallel_size > 1, got 1")
     bucket = config.ddp_bucket_size
