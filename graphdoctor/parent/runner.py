@@ -183,13 +183,21 @@ def _start(argv: list[str], log: IO[bytes], env: Mapping[str, str], capture_stdo
 def stop_running() -> None:
     """Kill every running child's processes (SIGTERM to all of them at once, SIGKILL after KILL_GRACE_S)
     and let no new child start: the parent is stopping (graphdoctor.parent.stopping)."""
-    with _running_lock:
-        _stopping.set()
-        running = list(_running.values())
+    # No lock here: this runs in the signal handler, maybe while the main thread holds _running_lock in
+    # _start; list() of the values is one step under the GIL. A child started but not yet registered
+    # when the signal came is not reached here; it gets SIGTERM from the kernel as this process exits
+    # (graphdoctor.child.stacks.die_with_parent).
+    _stopping.set()
+    running = list(_running.values())
     for proc, token in running:
         signal_all(proc.pid, token, signal.SIGTERM)
     for proc, token in running:
         kill_all(proc, token, KILL_GRACE_S)
+
+
+def allow_starts() -> None:
+    """Children may start again (after a stop handled in-process: graphdoctor.parent.stopping)."""
+    _stopping.clear()
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -256,5 +264,5 @@ def with_port_retries[T](run: Callable[[int], T], port_taken: Callable[[T], bool
     return result, failed
 
 
-__all__ = ["DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "child_env", "kill_group", "python_command", "read_stacks", "request_stacks", "run_isolated",
+__all__ = ["DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "allow_starts", "child_env", "kill_group", "python_command", "read_stacks", "request_stacks", "run_isolated",
            "stack_files", "stop_running", "with_port_retries"]

@@ -50,16 +50,21 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 def stop_children_on_signals() -> Iterator[None]:
     """Within: SIGTERM and SIGHUP kill every running child (parent.runner.stop_running) and raise
     Stopped in the main thread. Outside the main thread (signal handlers cannot be set there) nothing
-    is installed."""
+    is installed, nor for a signal that is ignored (nohup)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS}
+    # A signal the caller ignores stays ignored (`nohup graphdoctor diff ...` must survive its SIGHUP).
+    previous = {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS
+                if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        from graphdoctor.parent.runner import allow_starts
+
+        allow_starts()  # a command stopped in-process (CliRunner, a test) leaves later commands free to run
 
 
 __all__ = ["STOP_SIGNALS", "Stopped", "stop_children_on_signals"]

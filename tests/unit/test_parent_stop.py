@@ -171,3 +171,20 @@ def test_the_cli_turns_a_stop_into_one_line_and_128_plus_the_signal(capsys: pyte
     assert group.main(["stop"], standalone_mode=False) == 143
     assert capsys.readouterr().err == "graphdoctor: stopped by SIGTERM: every child process was ended\n"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
+    from graphdoctor.parent.runner import run_isolated
+
+    # and the next command in this process may start children again
+    assert run_isolated([sys.executable, "-c", "pass"], timeout_s=30).returncode == 0
+
+
+def test_an_ignored_sighup_stays_ignored_under_nohup() -> None:
+    from graphdoctor.parent.stopping import stop_children_on_signals
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_children_on_signals():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
