@@ -328,3 +328,14 @@ def test_sequence_parallel_is_refused_only_for_the_local_spec_without_apex() -> 
     check_sequence_parallel_norm(sp, apex_found=True)  # FusedLayerNorm supports it
     check_sequence_parallel_norm(sp.replace(layer_spec="te"), apex_found=False)  # TE's norms do
     check_sequence_parallel_norm(sp.replace(sequence_parallel=False), apex_found=False)
+
+
+def test_check_flags_sequence_parallel_with_the_local_spec_where_the_target_has_no_apex(tmp_path: Path) -> None:
+    run = tmp_path / "run.yaml"
+    run.write_text("transformer:\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\nrun:\n"
+                   "  layer_spec: local\n", encoding="utf-8")
+    flagged = CliRunner().invoke(main, ["check", str(run), "--target", "apex=false", "--format", "json"])
+    assert flagged.exit_code == 1, flagged.output
+    assert '"GD308"' in flagged.output
+    clean = CliRunner().invoke(main, ["check", str(run), "--target", "apex=true", "--format", "json"])
+    assert '"GD308"' not in clean.output
