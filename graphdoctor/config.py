@@ -184,7 +184,7 @@ class DiffConfig:
     """Megatron tensor-parallel size T (initialize_model_parallel)."""
 
     pipeline_model_parallel_size: int = 1
-    """Megatron pipeline-parallel size P; needs num_microbatches >= P."""
+    """Megatron pipeline-parallel size P (non-interleaved 1F1B schedule; any num_microbatches)."""
 
     sequence_parallel: bool = False
     """TransformerConfig.sequence_parallel (needs tensor_model_parallel_size > 1)."""

@@ -146,8 +146,12 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
 
     Raises:
         NoGPUError: no CUDA GPU is visible.
-        MissingDependencyError: the TE layer spec without an importable Transformer Engine.
+        MissingDependencyError: the TE layer spec without an importable Transformer Engine; sequence
+            parallel with the local layer spec without Apex.
     """
+    from graphdoctor.placement import apex_importable, check_sequence_parallel_norm
+
+    check_sequence_parallel_norm(config, apex_importable())  # a config fact: refused even without a GPU
     require_gpu()
     if config.layer_spec in TE_LAYER_SPECS:
         ok, why = te_available()

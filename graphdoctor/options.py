@@ -145,7 +145,7 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            "Megatron tensor-parallel size; must divide the heads and, with the pipeline size, nproc-per-node.",
            "T"),
     Option("pipeline-model-parallel-size", "pipeline_model_parallel_size", int,
-           "Megatron pipeline-parallel size; must divide the layers; num-microbatches >= it.", "P"),
+           "Megatron pipeline-parallel size; must divide the layers.", "P"),
     Option("sequence-parallel", "sequence_parallel", bool,
            "Megatron sequence parallelism (tensor-parallel size > 1).", ""),
     Option("overlap-grad-reduce", "overlap_grad_reduce", bool,

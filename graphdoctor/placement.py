@@ -1,14 +1,16 @@
 """Placement rules of a multi-GPU diff: processes per child, tensor- and pipeline-parallel sizes, and
 what the model and the schedule must allow for them. Pure; DiffConfig validates with it on creation,
 so a bad placement is refused (exit 2) before any GPU work. The GPU count is checked where the GPUs
-are counted (graphdoctor.parent.gpus.plan_jobs).
+are counted (graphdoctor.parent.gpus.plan_jobs); sequence parallel's need of Apex or Transformer
+Engine by diff() before any GPU work (check_sequence_parallel_norm).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
-from graphdoctor.errors import UsageError
+from graphdoctor.errors import MissingDependencyError, UsageError
 
 if TYPE_CHECKING:
     from graphdoctor.config import DiffConfig
@@ -31,7 +33,7 @@ def check_placement(config: DiffConfig) -> None:
 
     Raises:
         UsageError: T x P not dividing nproc_per_node, heads or query groups not divisible by T,
-            layers not divisible by P, fewer microbatches than P, sequence_parallel without T > 1,
+            layers not divisible by P, sequence_parallel without T > 1,
             a bucket size below 1.
     """
     nproc = _positive("nproc_per_node", config.nproc_per_node)
@@ -49,9 +51,8 @@ def check_placement(config: DiffConfig) -> None:
     if config.num_layers % pp:
         raise UsageError(f"placement: num_layers {config.num_layers} is not divisible by "
                          f"pipeline_model_parallel_size {pp}")
-    if pp > 1 and config.num_microbatches < pp:
-        raise UsageError(f"placement: num_microbatches {config.num_microbatches} is fewer than "
-                         f"pipeline_model_parallel_size {pp}; Megatron's pipeline schedule needs >= {pp}")
+    # Fewer microbatches than stages is allowed: Megatron's non-interleaved schedule (the only one here, no
+    # virtual pipeline) takes min(P - rank - 1, num_microbatches) warm-up microbatches (schedules.py:2244).
     if config.sequence_parallel and tp == 1:
         raise UsageError("placement: sequence_parallel needs tensor_model_parallel_size > 1, got 1")
     bucket = config.ddp_bucket_size
@@ -70,4 +71,29 @@ def check_gpu_count(nproc_per_node: int, num_visible: int) -> None:
                          f"{num_visible} visible")
 
 
-__all__ = ["check_gpu_count", "check_placement", "data_parallel_size"]
+LOCAL_LAYER_SPECS: tuple[str | None, ...] = (None, "local")
+"""layer_spec values that select megatron-core's local GPT spec (get_gpt_layer_local_spec)."""
+
+
+def apex_importable() -> bool:
+    """Whether `import apex` would find a module (without importing it)."""
+    return importlib.util.find_spec("apex") is not None
+
+
+def check_sequence_parallel_norm(config: DiffConfig, apex_found: bool) -> None:
+    """Refuse sequence parallel with the local layer spec when Apex is missing: megatron-core 0.19.2's local
+    GPT spec then uses WrappedTorchNorm (gpt_layer_specs.py:62-76), which asserts `sequence parallel not
+    supported by torch LayerNorm` when the first layer is built (torch_norm.py:50).
+
+    Raises:
+        MissingDependencyError: sequence_parallel, the local spec and `apex_found` False.
+    """
+    if config.sequence_parallel and config.layer_spec in LOCAL_LAYER_SPECS and not apex_found:
+        raise MissingDependencyError(
+            "sequence_parallel with the local layer spec needs Apex: without it megatron-core's local GPT spec "
+            "uses torch LayerNorm, which refuses sequence parallel; use --layer-spec te (Transformer Engine) "
+            "or install Apex")
+
+
+__all__ = ["LOCAL_LAYER_SPECS", "apex_importable", "check_gpu_count", "check_placement", "check_sequence_parallel_norm",
+           "data_parallel_size"]

@@ -29,6 +29,21 @@ def _frames(tb: TracebackType | None) -> tuple[tuple[str, int, str], ...]:
     return tuple((f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(tb))
 
 
+def _message(exc: BaseException) -> str:
+    """The exception's message; for one raised without any (a bare `assert`), the source line that raised
+    it, read from the innermost frame's file where it exists."""
+    text = str(exc)
+    if text.strip():
+        return text[:4000]
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return text
+    import linecache
+
+    line = linecache.getline(frames[-1].filename, frames[-1].lineno or 0).strip()
+    return f"{line} (the source line: raised without a message)" if line else text
+
+
 def _module_on_stack(tb: TracebackType | None, names: dict[int, str]) -> str | None:
     """Qualified name of the innermost nn.Module whose method is on the failing stack."""
     found = None
@@ -141,7 +156,7 @@ class ChildRun:
         tb = root.__traceback__
         culprit = self.hunt.found(str(root)) if self.hunt is not None else None
         self.events.emit(Error(
-            error_type=type(root).__name__, message=str(root)[:4000],
+            error_type=type(root).__name__, message=_message(root),
             final_error=None if root is exc else f"{type(exc).__name__}: {exc}"[:1000],
             frames=_frames(tb), module=_module_on_stack(tb, self.names), step=state.step,
             phase=state.phase, unavailable=isinstance(exc, MissingDependencyError),
@@ -204,9 +219,12 @@ def run(spec_path: str) -> int:
 
     with open(spec_path, encoding="utf-8") as fh:
         spec = rank_spec(ChildSpec.from_json(fh.read()))
+    from graphdoctor.child.stacks import die_with_parent, register
+
     if spec.placement.launcher:
         die_with_launcher()
-    from graphdoctor.child.stacks import register
+    else:
+        die_with_parent()
 
     register(default_rank=spec.placement.rank)
     if spec.import_dir:

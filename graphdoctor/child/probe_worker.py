@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python -m graphdoctor.child.probe_worker JOB.json OUT.json\n")
         return 2
     job_path, out_path = args
+    from graphdoctor.child.stacks import die_with_parent
+
+    die_with_parent()
     result: dict[str, Any]
     try:
         with open(job_path, encoding="utf-8") as fh:

@@ -37,6 +37,13 @@ not have run."""
 BACKSTOP_MARK = "Timeout ("
 """How faulthandler's own watchdog starts its dump."""
 
+PARENT_PID_ENV = "GRAPHDOCTOR_PARENT_PID"
+"""Environment variable holding the pid of the graphdoctor process that started this child
+(graphdoctor.parent.runner sets it); the child dies with that process (die_with_parent)."""
+
+PR_SET_PDEATHSIG = 1
+"""prctl option: the signal this process gets when the thread that started it ends."""
+
 _files: dict[str, IO[str]] = {}
 
 
@@ -120,11 +127,42 @@ def exit_within(bound_s: float, teardown: Callable[[], None], on_done: Callable[
             on_done(time.perf_counter() - start, False)
 
 
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> bool:
+    """Get `sig` from the kernel when the graphdoctor parent dies (Linux prctl PR_SET_PDEATHSIG), however
+    it dies (SIGKILL included, which leaves it no clean-up of its own). Exits at once (status 1) when the
+    parent is already gone: it may have died before the prctl took effect.
+
+    The kernel signals when the thread that started the process ends; graphdoctor's runner threads
+    wait for their child, so no thread ends before its child.
+
+    Returns:
+        True when set; False when PARENT_PID_ENV is not set (not started by graphdoctor) or not on Linux.
+    """
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    if not expected.isdigit() or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != int(expected):
+        os._exit(1)
+    return True
+
+
 def main() -> None:
-    """`python -m graphdoctor.child.stacks MODULE ARGS...`: run MODULE with the launcher's dump."""
+    """`python -m graphdoctor.child.stacks MODULE ARGS...`: run MODULE with the launcher's dump; the
+    launcher gets SIGTERM when the graphdoctor parent dies (torch.distributed.run then stops its ranks,
+    which die with it: graphdoctor.child.distributed.die_with_launcher)."""
     if len(sys.argv) < 2:
         print("usage: python -m graphdoctor.child.stacks MODULE [ARGS...]", file=sys.stderr)
         raise SystemExit(2)
+    die_with_parent()
+    os.environ.pop(PARENT_PID_ENV, None)  # the ranks' parent is the launcher, not graphdoctor
     module = sys.argv[1]
     register(LAUNCHER_LABEL)
     sys.argv = [module, *sys.argv[2:]]
@@ -140,5 +178,6 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["BACKSTOP_MARK", "BACKSTOP_S", "LAUNCHER_LABEL", "STACKS_ENV", "TEARDOWN_BOUND_S", "dump_now", "exit_within", "launcher_command",
+__all__ = ["BACKSTOP_MARK", "BACKSTOP_S", "LAUNCHER_LABEL", "PARENT_PID_ENV", "STACKS_ENV", "TEARDOWN_BOUND_S", "die_with_parent", "dump_now",
+           "exit_within", "launcher_command",
            "rank_label", "register", "stacks_path"]

@@ -57,9 +57,14 @@ class _Group(click.Group):
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         _DEBUG["on"] = False
+        from graphdoctor.parent.stopping import Stopped, stop_children_on_signals
+
         try:
-            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with stop_children_on_signals():
+                result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             code = result if isinstance(result, int) else EXIT_OK
+        except Stopped as exc:  # SIGTERM/SIGHUP: the children are killed already (parent.stopping)
+            code = _fail(f"stopped by {exc.signal_name}: every child process was ended", exc.exit_code)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_TOOL_ERROR)
         except click.exceptions.Abort:

@@ -46,7 +46,7 @@ def env_command(as_json: bool, gpu_arch: str | None) -> None:
     facts = payload["facts"]
     assert isinstance(facts, dict)
     for key in ("torch_version", "cuda_version", "nccl_version", "te_version", "te_has_torch_extension",
-                "torch_has_stale_capture_override", "torch_has_graph_safe_rng", "gpu_capability"):
+                "torch_has_stale_capture_override", "torch_has_graph_safe_rng", "apex_installed", "gpu_capability"):
         click.echo(f"{key}: {facts.get(key)}")
     for gpu in payload["gpus"]:  # type: ignore[attr-defined]
         click.echo(f"gpu {gpu['index']}: {gpu['name']} ({gpu['sm']})")

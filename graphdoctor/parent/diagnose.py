@@ -1,5 +1,5 @@
 """Turn an exception from a child run into a Diagnosis: CUDA error name, meaning, rule and fix (from
-the catalogue), user file:line.
+the catalogue), user file:line (or Megatron's file:line for an exception its own graph code raised).
 
 Pure Python over plain frame tuples, so it is tested on CPU with recorded messages from the H200.
 """
@@ -40,6 +40,31 @@ def user_location(frames: list[Frame]) -> str | None:
         if is_user_frame(filename):
             return f"{_short_path(filename)}:{line}"
     return None
+
+
+MEGATRON_MARKER = f"{os.sep}megatron{os.sep}core{os.sep}"
+"""Where a frame of megatron-core's own code is (the installed package, whatever its site directory)."""
+
+
+def megatron_frame(frames: list[Frame]) -> tuple[str, str] | None:
+    """(`megatron/core/...py:line`, function) of the innermost frame when it is megatron-core's own
+    code, else None."""
+    if not frames:
+        return None
+    filename, line, function = frames[-1]
+    norm = os.path.normpath(filename)
+    if MEGATRON_MARKER not in norm:
+        return None
+    return f"{norm[norm.rindex(MEGATRON_MARKER) + 1:]}:{line}", function
+
+
+def raised_in_megatron_graphs(known: KnownError | None, frames: list[Frame], phase: str | None) -> bool:
+    """A Python exception (an AssertionError, ...) that Megatron's own code raised while creating or
+    capturing graphs: not a CUDA error, the innermost frame in megatron/core, during capture. No
+    operation of the model broke the capture, so the culprit hunt (for sync errors) does not apply."""
+    if known is not None or megatron_frame(frames) is None:
+        return False
+    return phase == "capture" or is_capture_error("", "", frames)
 
 
 def _short_path(filename: str) -> str:
@@ -116,6 +141,13 @@ def diagnose(
         fix = known_fix(known) if known else None
     first_line = next((ln.strip() for ln in message.splitlines() if ln.strip()), error_type)
     tail = [f"{_short_path(f)}:{ln} in {fn}" for f, ln, fn in frames[-8:]]
+    location = user_location(frames)
+    inside = megatron_frame(frames)
+    if location is None and culprit_rule is None and inside and raised_in_megatron_graphs(known, frames, phase):
+        location = inside[0]
+        meaning = (f"{error_type} raised by Megatron's own CUDA-graph code ({inside[0]} in {inside[1]}) while "
+                   "creating or capturing the graphs: not a CUDA capture error, no operation of the model "
+                   "broke the capture")
     return Diagnosis(
         error_type=error_type,
         message=first_line[:400],
@@ -124,11 +156,12 @@ def diagnose(
         fix=fix,
         rule=rule,
         module=module,
-        location=user_location(frames),
+        location=location,
         step=step,
         phase=phase,
         traceback_tail=tail,
     )
 
 
-__all__ = ["culprit_meaning", "diagnose", "is_capture_error", "is_user_frame", "known_fix", "user_location"]
+__all__ = ["MEGATRON_MARKER", "culprit_meaning", "diagnose", "is_capture_error", "is_user_frame", "known_fix",
+           "megatron_frame", "raised_in_megatron_graphs", "user_location"]

@@ -17,12 +17,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-from graphdoctor.child.stacks import STACKS_ENV
+from graphdoctor.child.stacks import PARENT_PID_ENV, STACKS_ENV
 from graphdoctor.parent.processes import TOKEN_ENV, kill_all, left_running, new_token, signal_all
 
 DETERMINISTIC_ENV = {
@@ -48,6 +50,12 @@ MAX_STACKS_BYTES = 65536
 
 PORT_RETRIES = 2
 """Re-runs of a child whose rendezvous port was taken between picking and binding it."""
+
+_running: dict[int, tuple[subprocess.Popen[bytes], str]] = {}
+"""Every child started by run_isolated and not yet ended, by pid (with its token)."""
+_running_lock = threading.Lock()
+_stopping = threading.Event()
+"""Set by stop_running: the parent is stopping, no child may start."""
 
 @dataclass(frozen=True, slots=True)
 class ProcessResult:
@@ -122,16 +130,15 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
     timed_out = False
     left: tuple[str, ...] | None = None
     token = new_token()
-    env = {**(env if env is not None else os.environ), TOKEN_ENV: token}
+    # PARENT_PID_ENV: the child dies with this process (graphdoctor.child.stacks.die_with_parent).
+    env = {**(env if env is not None else os.environ), TOKEN_ENV: token, PARENT_PID_ENV: str(os.getpid())}
     if stacks_prefix is not None:
         env[STACKS_ENV] = str(stacks_prefix)
         for old in stack_files(stacks_prefix):
             old.unlink(missing_ok=True)
     try:
         with open(path, "wb") as log:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else log,
-                                    stderr=log if capture_stdout else subprocess.STDOUT,
-                                    env=dict(env) if env is not None else None, start_new_session=True)
+            proc = _start(argv, log, env, capture_stdout, token)
             try:
                 out, _ = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -141,6 +148,12 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
                 kill_all(proc, token, KILL_GRACE_S)
                 out, _ = proc.communicate()
                 left = left_running(proc.pid, token, GROUP_GONE_WAIT_S)
+            except BaseException:  # a stop signal (parent.stopping), Ctrl-C: every process of the child goes too
+                kill_all(proc, token, KILL_GRACE_S)
+                raise
+            finally:
+                with _running_lock:
+                    _running.pop(proc.pid, None)
         wall_s = time.perf_counter() - start
         tail = path.read_bytes()[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
     finally:
@@ -150,6 +163,41 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
     return ProcessResult(returncode=proc.returncode, timed_out=timed_out, wall_s=wall_s, log_tail=tail,
                          stdout=stdout, stacks=read_stacks(stacks_prefix) if stacks_prefix else (),
                          group_gone=None if left is None else not left, left_running=left or ())
+
+
+def _start(argv: list[str], log: IO[bytes], env: Mapping[str, str], capture_stdout: bool,
+           token: str) -> subprocess.Popen[bytes]:
+    """Start one child in a session of its own and register it for stop_running."""
+    from graphdoctor.parent.stopping import Stopped
+
+    with _running_lock:
+        if _stopping.is_set():
+            raise Stopped(signal.SIGTERM)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else log,
+                                stderr=log if capture_stdout else subprocess.STDOUT, env=dict(env),
+                                start_new_session=True)
+        _running[proc.pid] = (proc, token)
+    return proc
+
+
+def stop_running() -> None:
+    """Kill every running child's processes (SIGTERM to all of them at once, SIGKILL after KILL_GRACE_S)
+    and let no new child start: the parent is stopping (graphdoctor.parent.stopping)."""
+    # No lock here: this runs in the signal handler, maybe while the main thread holds _running_lock in
+    # _start; list() of the values is one step under the GIL. A child started but not yet registered
+    # when the signal came is not reached here; it gets SIGTERM from the kernel as this process exits
+    # (graphdoctor.child.stacks.die_with_parent).
+    _stopping.set()
+    running = list(_running.values())
+    for proc, token in running:
+        signal_all(proc.pid, token, signal.SIGTERM)
+    for proc, token in running:
+        kill_all(proc, token, KILL_GRACE_S)
+
+
+def allow_starts() -> None:
+    """Children may start again (after a stop handled in-process: graphdoctor.parent.stopping)."""
+    _stopping.clear()
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -216,5 +264,5 @@ def with_port_retries[T](run: Callable[[int], T], port_taken: Callable[[T], bool
     return result, failed
 
 
-__all__ = ["DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "child_env", "kill_group", "python_command", "read_stacks", "request_stacks", "run_isolated",
-           "stack_files", "with_port_retries"]
+__all__ = ["DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "allow_starts", "child_env", "kill_group", "python_command", "read_stacks", "request_stacks", "run_isolated",
+           "stack_files", "stop_running", "with_port_retries"]

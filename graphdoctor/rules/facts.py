@@ -23,7 +23,7 @@ _SHARED_SUFFIXES: tuple[str, ...] = (".so", ".dylib", ".dll")
 
 INSTALLATION_FACTS: tuple[str, ...] = (
     "te_version", "te_has_torch_extension", "torch_version", "torch_has_stale_capture_override",
-    "torch_has_graph_safe_rng",
+    "torch_has_graph_safe_rng", "apex_installed",
 )
 """Facts about the software installed on the training machine (what an unknown machine lacks)."""
 
@@ -33,6 +33,7 @@ OPTIMISTIC: dict[str, object] = {
     "torch_version": "unknown",
     "torch_has_stale_capture_override": True,
     "torch_has_graph_safe_rng": True,
+    "apex_installed": True,
 }
 """Values an unknown fact takes while rules run: none of them can make a rule report."""
 
@@ -40,6 +41,7 @@ PESSIMISTIC: tuple[dict[str, object], ...] = (
     {"te_version": None, "te_has_torch_extension": False},
     {"te_version": "0.0.1", "te_has_torch_extension": False},
     {"torch_has_stale_capture_override": False, "torch_has_graph_safe_rng": False},
+    {"apex_installed": False},
 )
 """Worst cases tried for unknown facts: a rule that reports only under one of them is "not checked"."""
 
@@ -63,6 +65,10 @@ class EnvironmentFacts:
 
     torch_has_graph_safe_rng: bool = True
     """CUDAGraph.register_generator_state and Generator.graphsafe_get_state exist."""
+
+    apex_installed: bool = True
+    """NVIDIA Apex is importable (found by importlib.util.find_spec('apex'), never imported): megatron-core's
+    local GPT spec uses Apex's FusedLayerNorm with it, torch LayerNorm (no sequence parallel) without."""
 
     gpu_capability: tuple[int, int] | None = None
     """(major, minor) compute capability of the training GPU; None when unknown."""
@@ -225,6 +231,7 @@ def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
         torch_version=torch.__version__,
         torch_has_stale_capture_override=hasattr(torch.autograd.graph, "set_override_stale_capture_stream"),
         torch_has_graph_safe_rng=graph_safe,
+        apex_installed=importlib.util.find_spec("apex") is not None,
         gpu_capability=capability,
         cuda_version=torch.version.cuda,
         nccl_version=nccl,

@@ -35,6 +35,7 @@ _ALIASES: dict[str, str] = {
     "te": "te_version", "transformer_engine": "te_version", "te_ext": "te_has_torch_extension",
     "torch": "torch_version", "cuda": "cuda_version", "nccl": "nccl_version",
     "sm": "gpu_arch", "arch": "gpu_arch", "gpu": "gpu_arch", "gpu_capability": "gpu_arch",
+    "apex": "apex_installed",
 }
 _ABSENT = ("", "none", "null", "absent", "missing", "no")
 
@@ -76,6 +77,7 @@ def facts_from_pairs(text: str) -> EnvironmentFacts:
         "te_has_torch_extension": lambda v: {"te_has_torch_extension": _bool("te_ext", v)},
         "torch_has_stale_capture_override": lambda v: {"torch_has_stale_capture_override": _bool("stale", v)},
         "torch_has_graph_safe_rng": lambda v: {"torch_has_graph_safe_rng": _bool("graph_safe_rng", v)},
+        "apex_installed": lambda v: {"apex_installed": _bool("apex", v)},
         "cuda_version": lambda v: {"cuda_version": None if v.lower() in _ABSENT else v},
         "nccl_version": lambda v: {"nccl_version": None if v.lower() in _ABSENT else v},
     }

@@ -139,9 +139,9 @@ def test_torchrun_line_places_ranks_and_ddp_settings() -> None:
 
 
 def test_launch_line_placement_refused_in_one_line() -> None:
-    with pytest.raises(UsageError, match="num_microbatches 1 is fewer than pipeline_model_parallel_size 2"):
+    with pytest.raises(UsageError, match="num_layers 3 is not divisible by pipeline_model_parallel_size 2"):
         diff_config_from(None, megatron_args="torchrun --nproc_per_node 2 x.py --pipeline-model-parallel-size 2 "
-                                             "--num-layers 4")
+                                             "--num-layers 3")
     # explicit values override the line: one GPU, no tensor parallelism
     shrunk = diff_config_from(None, megatron_args="torchrun --nproc_per_node 8 x.py --tensor-model-parallel-size 2",
                               nproc_per_node=1, tensor_model_parallel_size=1)

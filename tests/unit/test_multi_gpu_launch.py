@@ -20,7 +20,7 @@ from graphdoctor.cli import main
 from graphdoctor.compare.bitprint import BitFingerprinter, host_lanes
 from graphdoctor.compare.verdict import judge
 from graphdoctor.config import DiffConfig, diff_config_from
-from graphdoctor.errors import UsageError
+from graphdoctor.errors import MissingDependencyError, UsageError
 from graphdoctor.parent.children import ChildSession
 from graphdoctor.parent.gpus import Gpu, plan_jobs
 from graphdoctor.parent.launch import (
@@ -33,6 +33,7 @@ from graphdoctor.parent.launch import (
 )
 from graphdoctor.parent.ranks import RANK_STATUS_ORDER, split_rank
 from graphdoctor.parent.runner import ProcessResult
+from graphdoctor.placement import apex_importable, check_sequence_parallel_norm
 from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Role, RunRecord, run_name
 from graphdoctor.protocol.events import End, RunEnv, Started, Step, Tensors
 from graphdoctor.protocol.spec import rank_path
@@ -49,8 +50,6 @@ TP2 = {"nproc_per_node": 2, "tensor_model_parallel_size": 2}
                                                             "tensor_model_parallel_size 3"),
     ({**TP2, "transformer": {"num_query_groups": 1}}, "num_query_groups 1 is not divisible"),
     ({"nproc_per_node": 2, "pipeline_model_parallel_size": 2, "num_layers": 3}, "num_layers 3 is not divisible"),
-    ({"nproc_per_node": 2, "pipeline_model_parallel_size": 2}, "num_microbatches 1 is fewer than "
-                                                              "pipeline_model_parallel_size 2"),
     ({"nproc_per_node": 2, "sequence_parallel": True}, "sequence_parallel needs tensor_model_parallel_size > 1"),
     ({"nproc_per_node": 0}, "nproc_per_node: got 0, expected an integer >= 1"),
     ({"ddp_bucket_size": 0}, "ddp_bucket_size: got 0"),
@@ -81,6 +80,8 @@ def test_good_placements_and_run_file_keys(tmp_path: Path) -> None:
     assert DiffConfig.from_dict(config.to_dict()) == config
     assert placement_line(config).startswith("  2 processes per run: TP 1, PP 2, DP 1, overlap_grad_reduce, "
                                              "distributed optimizer, bucket 100000;")
+    # fewer microbatches than stages: Megatron's non-interleaved schedule warms up min(P - rank - 1, M)
+    assert DiffConfig(nproc_per_node=2, pipeline_model_parallel_size=2, num_microbatches=1).num_microbatches == 1
 
 
 def gpus(count: int) -> list[Gpu]:
@@ -306,3 +307,35 @@ def test_report_text_json_and_page_of_a_two_rank_diff(tmp_path: Path) -> None:
     assert [r.env.rank for r in row.runs[0].ranks if r.env] == [0, 1]
     assert loaded.config.nproc_per_node == 2 and loaded.reference.ranks[1].peak_allocated_bytes == 2 << 20
     assert "rank1:" in render_payload(report.to_dict())
+
+
+@pytest.mark.skipif(apex_importable(), reason="Apex imports here: the local spec then supports sequence parallel")
+def test_sequence_parallel_with_the_local_spec_and_no_apex_exits_2_before_any_gpu_work() -> None:
+    result = CliRunner().invoke(main, ["diff", "--nproc-per-node", "2", "--tensor-model-parallel-size", "2",
+                                       "--sequence-parallel", "-q"])
+    assert result.exit_code == 2
+    line, = result.stderr.strip().splitlines()
+    assert "sequence_parallel with the local layer spec needs Apex" in line
+    assert "--layer-spec te" in line and "install Apex" in line
+
+
+def test_sequence_parallel_is_refused_only_for_the_local_spec_without_apex() -> None:
+    sp = DiffConfig(nproc_per_node=2, tensor_model_parallel_size=2, sequence_parallel=True)
+    with pytest.raises(MissingDependencyError, match="needs Apex"):
+        check_sequence_parallel_norm(sp, apex_found=False)
+    with pytest.raises(MissingDependencyError, match="needs Apex"):
+        check_sequence_parallel_norm(sp.replace(layer_spec="local"), apex_found=False)
+    check_sequence_parallel_norm(sp, apex_found=True)  # FusedLayerNorm supports it
+    check_sequence_parallel_norm(sp.replace(layer_spec="te"), apex_found=False)  # TE's norms do
+    check_sequence_parallel_norm(sp.replace(sequence_parallel=False), apex_found=False)
+
+
+def test_check_flags_sequence_parallel_with_the_local_spec_where_the_target_has_no_apex(tmp_path: Path) -> None:
+    run = tmp_path / "run.yaml"
+    run.write_text("transformer:\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\nrun:\n"
+                   "  layer_spec: local\n", encoding="utf-8")
+    flagged = CliRunner().invoke(main, ["check", str(run), "--target", "apex=false", "--format", "json"])
+    assert flagged.exit_code == 1, flagged.output
+    assert '"GD308"' in flagged.output
+    clean = CliRunner().invoke(main, ["check", str(run), "--target", "apex=true", "--format", "json"])
+    assert '"GD308"' not in clean.output

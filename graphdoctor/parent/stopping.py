@@ -1,0 +1,70 @@
+"""A diff (or any command that starts children) stopped by SIGTERM or SIGHUP: every running child's
+processes are killed as at a timeout, no new child starts, and the command exits 128 + the signal.
+
+The children side of the same promise is graphdoctor.child.stacks.die_with_parent: a child whose
+parent dies without clean-up (SIGKILL) gets SIGTERM from the kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
+"""What stops the parent the way a timeout stops a child."""
+
+
+class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt: a signal, not an error
+    """The parent got a stop signal; its children are killed already. A BaseException on purpose, like
+    KeyboardInterrupt: no `except Exception` on the way up may treat it as one failed child and go on."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, as a shell reports a process ended by it."""
+        return 128 + self.signum
+
+    @property
+    def signal_name(self) -> str:
+        """`SIGTERM`, `SIGHUP`, ..."""
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    from graphdoctor.parent.runner import stop_running
+
+    stop_running()
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stop_children_on_signals() -> Iterator[None]:
+    """Within: SIGTERM and SIGHUP kill every running child (parent.runner.stop_running) and raise
+    Stopped in the main thread. Outside the main thread (signal handlers cannot be set there) nothing
+    is installed, nor for a signal that is ignored (nohup)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # A signal the caller ignores stays ignored (`nohup graphdoctor diff ...` must survive its SIGHUP).
+    previous = {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS
+                if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        from graphdoctor.parent.runner import allow_starts
+
+        allow_starts()  # a command stopped in-process (CliRunner, a test) leaves later commands free to run
+
+
+__all__ = ["STOP_SIGNALS", "Stopped", "stop_children_on_signals"]
