@@ -5,6 +5,8 @@ The CLI turns each of these into one line on stderr and exit code 2; a traceback
 
 from __future__ import annotations
 
+import signal
+
 
 class GraphDoctorError(Exception):
     """Base class of every error graphdoctor raises on purpose."""
@@ -38,11 +40,34 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
+class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt: a signal, not an error
+    """The parent got a stop signal; its children are killed already. A BaseException on purpose, like
+    KeyboardInterrupt: no `except Exception` on the way up may treat it as one failed child and go on."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, as a shell reports a process ended by it."""
+        return 128 + self.signum
+
+    @property
+    def signal_name(self) -> str:
+        """`SIGTERM`, `SIGHUP`, ..."""
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+
 __all__ = [
     "GraphDoctorError",
     "InputFileError",
     "MissingDependencyError",
     "NoGPUError",
+    "Stopped",
     "UsageError",
     "exception_chain",
 ]

@@ -7,6 +7,7 @@ Imported only when a launch line is read for `graphdoctor diff` (it imports mega
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import logging
 import warnings
@@ -102,8 +103,6 @@ def launcher_flags() -> frozenset[str]:
 @cache
 def config_fields(name: str) -> frozenset[str]:
     """Field names of a megatron-core config dataclass: `transformer`, `model_parallel`, `ddp`, `optimizer`."""
-    import dataclasses
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if name == "transformer":
@@ -117,12 +116,34 @@ def config_fields(name: str) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
+NO_DEFAULT = object()
+"""transformer_fields' default of a field that has none."""
+
+
+@cache
+def transformer_fields() -> dict[str, tuple[Any, Any]]:
+    """TransformerConfig field name -> (annotation, default); imports megatron-core (CPU only)."""
+    with warnings.catch_warnings():
+        # megatron-core warns at import about optional packages (TE, apex); not the user's problem
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+    out: dict[str, tuple[Any, Any]] = {}
+    for f in dataclasses.fields(TransformerConfig):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = NO_DEFAULT
+        out[f.name] = (f.type, default)
+    return out
+
+
 def enum_default_name(field: str) -> Any:
     """The name of a TransformerConfig enum field's default (e.g. attention_backend -> 'auto'), else None."""
-    from graphdoctor.rules.context import transformer_fields
-
     default = transformer_fields().get(field, (None, None))[1]
     return default.name if isinstance(default, enum.Enum) else None
 
 
-__all__ = ["PATTERN_TYPES", "MegatronFlag", "config_fields", "enum_default_name", "launcher_flags", "megatron_flags"]
+__all__ = ["NO_DEFAULT", "PATTERN_TYPES", "MegatronFlag", "config_fields", "enum_default_name", "launcher_flags", "megatron_flags", "transformer_fields"]

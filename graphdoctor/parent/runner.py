@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from graphdoctor.child.stacks import PARENT_PID_ENV, STACKS_ENV
+from graphdoctor.errors import Stopped
 from graphdoctor.parent.processes import TOKEN_ENV, kill_all, left_running, new_token, signal_all
 
 DETERMINISTIC_ENV = {
@@ -168,8 +169,6 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
 def _start(argv: list[str], log: IO[bytes], env: Mapping[str, str], capture_stdout: bool,
            token: str) -> subprocess.Popen[bytes]:
     """Start one child in a session of its own and register it for stop_running."""
-    from graphdoctor.parent.stopping import Stopped
-
     with _running_lock:
         if _stopping.is_set():
             raise Stopped(signal.SIGTERM)

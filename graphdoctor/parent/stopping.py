@@ -13,35 +13,14 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
+from graphdoctor.errors import Stopped
+from graphdoctor.parent.runner import allow_starts, stop_running
+
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
 """What stops the parent the way a timeout stops a child."""
 
 
-class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt: a signal, not an error
-    """The parent got a stop signal; its children are killed already. A BaseException on purpose, like
-    KeyboardInterrupt: no `except Exception` on the way up may treat it as one failed child and go on."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        """128 + the signal's number, as a shell reports a process ended by it."""
-        return 128 + self.signum
-
-    @property
-    def signal_name(self) -> str:
-        """`SIGTERM`, `SIGHUP`, ..."""
-        try:
-            return signal.Signals(self.signum).name
-        except ValueError:
-            return f"signal {self.signum}"
-
-
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    from graphdoctor.parent.runner import stop_running
-
     stop_running()
     raise Stopped(signum)
 
@@ -62,8 +41,6 @@ def stop_children_on_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        from graphdoctor.parent.runner import allow_starts
-
         allow_starts()  # a command stopped in-process (CliRunner, a test) leaves later commands free to run
 
 

@@ -6,16 +6,14 @@ line is given), the run file, the launch line. `value(name)` answers for any Tra
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
-import warnings
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
+from graphdoctor.megatron_lm import NO_DEFAULT, transformer_fields
 from graphdoctor.rules.facts import EnvironmentFacts
 from graphdoctor.rules.graphconfig import GraphSettings, normalize
 from graphdoctor.rules.megatron_args import (
@@ -23,28 +21,6 @@ from graphdoctor.rules.megatron_args import (
     TRANSFORMER_DEFAULTS_FROM_ARGS,
 )
 from graphdoctor.suggest import did_you_mean
-
-_NO_DEFAULT = object()
-
-
-@cache
-def transformer_fields() -> dict[str, tuple[Any, Any]]:
-    """TransformerConfig field name -> (annotation, default); imports megatron-core (CPU only)."""
-    with warnings.catch_warnings():
-        # megatron-core warns at import about optional packages (TE, apex); not the user's problem
-        warnings.simplefilter("ignore")
-        from megatron.core.transformer.transformer_config import TransformerConfig
-
-    out: dict[str, tuple[Any, Any]] = {}
-    for f in dataclasses.fields(TransformerConfig):
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = _NO_DEFAULT
-        out[f.name] = (f.type, default)
-    return out
 
 
 def _matches(value: Any, annotation: Any) -> bool:
@@ -116,7 +92,7 @@ class CheckContext:
         if self.megatron_lm and name in TRANSFORMER_DEFAULTS_FROM_ARGS:
             return TRANSFORMER_DEFAULTS_FROM_ARGS[name]
         default = transformer_fields()[name][1]
-        return None if default is _NO_DEFAULT else default
+        return None if default is NO_DEFAULT else default
 
     def arg(self, name: str) -> Any:
         """A Megatron-LM setting (`args.*`): given value or Megatron-LM's default."""
