@@ -5,13 +5,15 @@
 #       two runs testing the reading of P=2's capture failure (one microbatch; no shared attention mask)
 #   b   T=2 dropout 0.1, the planted rank-0 all-reduce hang (tests/gpu/test_hang_gpu.py), a diff started by
 #       the user's torchrun
+#   c   issue 20's exits (tests/gpu/test_hang_gpu.py): the planted graph kept past training is a teardown-hang
+#       (GD516) with both ranks' stacks; T=2 with evaluation exits cleanly
 #   te  T=2 sequence parallel with the TE layer spec (needs Transformer Engine staged: source .whl/te-env.sh)
 # Every part ends with the step-time table of every report under $OUT/reports and ps_after.txt (what was
 # left running). Logs and reports go under $OUT as each step finishes; summary.txt has one line per step.
-#   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/run_multi_gpu_acceptance.sh a|b|te
+#   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/run_multi_gpu_acceptance.sh a|b|c|te
 set -u
 part=${1:-}
-case "$part" in a|b|te) ;; *) echo "usage: $0 a|b|te" >&2; exit 2 ;; esac
+case "$part" in a|b|c|te) ;; *) echo "usage: $0 a|b|c|te" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gd-multi-gpu}
 mkdir -p "$out/reports"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -55,6 +57,10 @@ b)
     else
         note "torchrun -m graphdoctor diff: not run (budget spent)"
     fi
+    ;;
+c)
+    tests teardown tests/gpu/test_hang_gpu.py "teardown_hang" 240
+    tests tp2_eval_exit tests/gpu/test_hang_gpu.py "evaluation_exits_cleanly" 300
     ;;
 te)
     tests tp2_sp_te $mg "sequence_parallel" 200

@@ -45,7 +45,8 @@ def verdicts(report: DiffReport) -> dict[str, Verdict]:
 
 
 def check_ranks(report: DiffReport, world: int = 2) -> None:
-    """Every run has every rank's record: its own rank, memory figures and tensors."""
+    """Every run has every rank's record: its own rank, memory figures and tensors; and every rank exited
+    within the teardown bound once Megatron's graphs were released (GD516 otherwise)."""
     runs = [report.reference, *(run for r in report.results for run in r.runs)]
     for record in runs:
         assert [r.env.rank for r in record.ranks if r.env] == list(range(world)), record.name
@@ -53,6 +54,7 @@ def check_ranks(report: DiffReport, world: int = 2) -> None:
         ranks_named = {name.split(":", 1)[0] for name in record.tensor_names}
         assert ranks_named == {f"rank{r}" for r in range(world)}, record.name
         assert record.env is not None and record.env.world_size == world
+        assert not [e for e in record.teardown if e.hung or e.graphs_alive], (record.name, record.teardown)
 
 
 @pytest.mark.without_te
