@@ -86,15 +86,20 @@ def test_no_failure_no_culprit() -> None:
     assert culprit_of(recorder.failed) is None
 
 
-def _h200_item_failure() -> tuple[str, list[tuple[str, int, str]]]:
-    doc = json.loads(H200_ITEM_MLP.read_text(encoding="utf-8"))
-    diag = doc["impls"][0]["diagnosis"]
+def _frames(traceback_tail: list[str]) -> list[tuple[str, int, str]]:
+    """A recorded diagnosis' `file:line in function` tail as the frames diagnose() takes."""
     frames = []
-    for entry in diag["traceback_tail"]:
+    for entry in traceback_tail:
         where, function = entry.rsplit(" in ", 1)
         path, line = where.rsplit(":", 1)
         frames.append((path, int(line), function))
-    return diag["message"], frames
+    return frames
+
+
+def _h200_item_failure() -> tuple[str, list[tuple[str, int, str]]]:
+    doc = json.loads(H200_ITEM_MLP.read_text(encoding="utf-8"))
+    diag = doc["impls"][0]["diagnosis"]
+    return diag["message"], _frames(diag["traceback_tail"])
 
 
 @pytest.mark.parametrize(("rule", "operator"), [
@@ -223,12 +228,8 @@ def test_a_capture_failure_gd217_predicts_needs_no_hunt(tmp_path: Path) -> None:
 
     doc = json.loads((REPO / "fixtures" / "data" / "moe" / "h200_dropless_allgather_local_attn.json").read_text("utf-8"))
     recorded = doc["impls"][0]["diagnosis"]
-    frames = []
-    for entry in recorded["traceback_tail"]:
-        where, function = entry.rsplit(" in ", 1)
-        path, line = where.rsplit(":", 1)
-        frames.append((path, int(line), function))
-    diag = diagnose(recorded["error_type"], recorded["message"], frames, step=0, phase="capture")
+    diag = diagnose(recorded["error_type"], recorded["message"], _frames(recorded["traceback_tail"]), step=0,
+                    phase="capture")
     row = ImplResult(impl="local", verdict=Verdict.CAPTURE_FAILED, diagnosis=diag)
     session = HuntSession(tmp_path, None)
     session.config = diff_config_from(load_run_file(REPO / "fixtures" / "runfiles" / "moe_dropless_allgather.yaml"),
