@@ -130,6 +130,17 @@ def build_context(
     args: dict[str, Any] = {}
     run = dict(run_file.run)
     notes: list[str] = []
+    own = run.get("megatron_args")
+    if isinstance(own, str) and own.strip():
+        # The run file's own launch line sits under its transformer: and run: keys, as `diff` reads it
+        # (graphdoctor.launch_line.apply_launch_line); a --megatron-args given to check goes over both.
+        line = parse_megatron_args(own)
+        validate_transformer(line.transformer, f"{run_file.path}: run.megatron_args")
+        transformer = {**line.transformer, **transformer}
+        args.update(line.args)
+        run = {**line.run, **run}
+        where = {**line.locations, **where}
+        notes.extend(line.notes)
     if parsed is not None:
         validate_transformer(parsed.transformer, "--megatron-args")
         transformer.update(parsed.transformer)
@@ -141,7 +152,8 @@ def build_context(
         facts = EnvironmentFacts.unknown_machine(run.get("gpu_arch"))
     merged_env = {**facts.env, **run_file.env, **{str(k): str(v) for k, v in (env or {}).items()}}
     ctx = CheckContext(
-        transformer=transformer, args=args, run=run, env=merged_env, facts=facts, megatron_lm=parsed is not None
+        transformer=transformer, args=args, run=run, env=merged_env, facts=facts,
+        megatron_lm=parsed is not None or bool(own),
     )
     return ctx, where, notes
 
