@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call of several acceptance parts at once, on a one- or two-GPU machine, packed for the trip back
+# (the device tool returns at most 8 files): every part writes under /tmp/gd-call/<part>, and at the end, or
+# when the call's own deadline passes, everything is packed into $OUT/call.tgz and each part's summary printed.
+#   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/device_call.sh SECONDS PART[@GPU] ...
+# PART: core | i15 | i20 | te (tests/gpu/run_acceptance.sh parts), mg-a | mg-b | mg-c | mg-te (the parts of
+# tests/gpu/run_multi_gpu_acceptance.sh; they take every visible GPU), advise-core | advise-moe | advise-te
+# (tests/gpu/run_advise_acceptance.sh), scale (tests/benchmarks/diff_scale.py at default,0.5b,1.3b).
+# @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
+# (default 560: under the device tool's 600 s limit, with time left to pack).
+set -u
+deadline=${1:-560}
+shift || true
+work=/tmp/gd-call
+out=${OUT:-/tmp/gd-call-out}
+mkdir -p "$work" "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+inner=$(( deadline - 20 ))
+{ git log --oneline -1; nvidia-smi -L; python -c "import transformer_engine" 2>&1 | tail -1; } > "$work/machine.txt" 2>&1
+start_part() {  # part, gpu
+    local part=$1 gpu=$2 dir="$work/$1"
+    mkdir -p "$dir"
+    local pin=()
+    [ -n "$gpu" ] && pin=(env CUDA_VISIBLE_DEVICES="$gpu")
+    case "$part" in
+        core|i15|i20|te) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
+        mg-a|mg-b|mg-c|mg-te) OUT="$dir" GD_BUDGET_S="$inner" bash tests/gpu/run_multi_gpu_acceptance.sh "${part#mg-}" ;;
+        advise-core|advise-moe|advise-te) OUT="$dir" "${pin[@]}" bash tests/gpu/run_advise_acceptance.sh "${part#advise-}" ;;
+        scale) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_scale.py --sizes default,0.5b,1.3b \
+                   --out "$dir/scale.json" > "$dir/summary.txt" 2>&1; echo "scale: exit $?" >> "$dir/summary.txt" ;;
+        *) echo "unknown part $part" > "$dir/summary.txt" ;;
+    esac > "$dir/driver.log" 2>&1
+}
+pids=()
+for spec in "$@"; do
+    part=${spec%@*}
+    gpu=""
+    [ "$spec" != "$part" ] && gpu=${spec#*@}
+    start_part "$part" "$gpu" &
+    pids+=($!)
+done
+( sleep "$inner"; for pid in "${pids[@]}"; do pkill -TERM -P "$pid" 2>/dev/null; done ) &
+watchdog=$!
+wait "${pids[@]}" 2>/dev/null
+kill "$watchdog" 2>/dev/null
+ps -eo pid,ppid,etimes,args | grep -E "graphdoctor|torch.distributed|pytest" | grep -v grep > "$work/ps_after.txt"
+tar czf "$out/call.tgz" -C "$work" .
+cat "$work/machine.txt"
+for spec in "$@"; do
+    part=${spec%@*}
+    echo "== $spec"
+    tail -12 "$work/$part/summary.txt" 2>/dev/null
+done
+echo "left running: $(wc -l < "$work/ps_after.txt")"
