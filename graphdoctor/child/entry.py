@@ -165,21 +165,25 @@ class ChildRun:
 
 
     def teardown(self) -> None:
-        """After the end event: release Megatron's graphs, then destroy the process group under the
-        watchdog (a hung destruction is dumped, reported and ended; the results already written stand)."""
+        """After the end event, under the watchdog: release Megatron's graphs, then destroy the process
+        group (a hung exit is dumped, reported and ended; the results already written stand)."""
         from graphdoctor.child.distributed import release_graphs, teardown_distributed
         from graphdoctor.child.stacks import TEARDOWN_BOUND_S, exit_within
 
         self.events.emit(Phase(phase="teardown", step=-1))
         rank = int(os.environ.get("RANK", self.spec.placement.rank))
-        released, alive = release_graphs(getattr(self.setup, "te_helper", None))
+        graphs = [0, 0]  # released, still alive
+
+        def release_then_destroy() -> None:
+            graphs[:] = release_graphs(getattr(self.setup, "te_helper", None))
+            teardown_distributed()
 
         def done(seconds: float, hung: bool) -> None:
             self.events.emit(Teardown(rank=rank, seconds=seconds, hung=hung,
                                       since_last_step_s=time.perf_counter() - self.steps_done_at,
-                                      graphs_released=released, graphs_alive=alive))
+                                      graphs_released=graphs[0], graphs_alive=graphs[1]))
 
-        exit_within(TEARDOWN_BOUND_S, teardown_distributed, done)
+        exit_within(TEARDOWN_BOUND_S, release_then_destroy, done)
 
 
 def _close_taps(taps: Any) -> Any:
