@@ -236,7 +236,7 @@ class DiffConfig:
             value = getattr(self, name)
             if value is not None and not (name == "layer_spec" and value in BUILTIN_LAYER_SPECS):
                 check_entry_point(name, value)
-        refused = sorted(k for k in self.env if is_startup_variable(k) and k not in self.allow_env)
+        refused = sorted(k for k in self.env if k in STARTUP_VARIABLES and k not in self.allow_env)
         if refused:
             raise UsageError(f"env: {refused[0]} changes how Python or the loader start in every child; "
                              f"expected it in --allow-env (run.allow_env) to pass it on")
@@ -303,11 +303,6 @@ STARTUP_VARIABLES: tuple[str, ...] = (
     "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PATH",
 )
 """Run-file `env:` keys refused unless --allow-env names them: they change which code a child runs."""
-
-
-def is_startup_variable(name: str) -> bool:
-    """True for variables that change how Python or the dynamic loader start (STARTUP_VARIABLES)."""
-    return name in STARTUP_VARIABLES
 
 
 def _check_schedule(config: DiffConfig) -> None:
@@ -496,11 +491,4 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
         raise UsageError(f"{key}: got {describe(value)} ({type(value).__name__}), expected {what}")
 
 
-__all__ = [
-    "DTYPES",
-    "IMPLS",
-    "DiffConfig",
-    "RunFile",
-    "diff_config_from",
-    "load_run_file",
-]
+__all__ = ["DTYPES", "IMPLS", "STARTUP_VARIABLES", "DiffConfig", "RunFile", "diff_config_from", "load_run_file"]
