@@ -1,0 +1,254 @@
+"""Read the flags out of a Megatron-LM launch line or `@file` (a flag list, a torchrun line or a whole shell
+script): `\\` continuations, `#` comments, the variables and arrays the text sets, bounded expansion, and
+where each flag stands. What the flags mean is graphdoctor.rules.megatron_args.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from graphdoctor.errors import InputFileError, UsageError
+from graphdoctor.inputs import describe_error, read_text
+
+
+@dataclass(frozen=True, slots=True)
+class FlagUse:
+    """One `--flag [values]` of the launch line, after shell variables were expanded."""
+
+    flag: str
+    values: tuple[str, ...]
+    """The tokens after the flag up to the next flag or the end of its command (resolved)."""
+    where: str | None
+    """`path:line` for @file input, else None."""
+    launcher: bool = False
+    """Given to the launcher (torchrun, python) before the training script, not to the script."""
+    unresolved: tuple[str, ...] = ()
+    """`$VAR` references among the values that the text does not set (left out of `values`)."""
+
+
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "then", "do", "else", "{", "}"})
+_KEYWORDS = frozenset({"export", "local", "declare", "readonly", "if", "elif", "while", "fi", "done", "!"})
+_ASSIGN = re.compile(r"^([A-Za-z_]\w*)(\+?)=(.*)$", re.S)
+_REF = re.compile(r"\$(?:\{([A-Za-z_]\w*)(?:(:?-)([^}]*))?\}|([A-Za-z_]\w*))")
+_ARRAY_REF = re.compile(r"^\$\{([A-Za-z_]\w*)\[[@*]\]\}$")
+_REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?")
+_Token = tuple[str, str | None]
+
+
+def _physical_lines(text: str, label: str | None) -> list[list[_Token]]:
+    """Logical lines (backslash continuations joined) as (token, `label:line`) lists; a quoted
+    string may span lines (the old `GPT_ARGS="--num-layers 24 \\ ..."` scripts)."""
+    out: list[list[_Token]] = []
+    current: list[_Token] = []
+    pending: list[str] = []
+    lines = text.splitlines()
+    for number, raw in enumerate(lines, start=1):
+        if not pending and raw.lstrip().startswith("#"):
+            continue  # a comment line never continues, even when it ends in a backslash
+        # a line continuation may be followed by a comment: `--flag \\  # note`
+        cont = re.search(r"\\\s*(#.*)?$", raw)
+        pending.append(raw[:cont.start()] if cont else raw)
+        try:
+            tokens = shlex.split(" ".join(pending), comments=True)
+        except ValueError as exc:
+            if "closing quotation" in str(exc) and number < len(lines):
+                continue
+            where = f"{label}:{number}" if label else "the launch line"
+            raise (InputFileError if label else UsageError)(
+                f"{where}: cannot split ({describe_error(exc)})") from None
+        first = number - len(pending) + 1
+        pending = []
+        current.extend((t, f"{label}:{first}" if label else None) for t in tokens)
+        if not cont:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return out
+
+
+@dataclass(slots=True)
+class _Shell:
+    """What the scan of a launch script knows: variables set in it (values with locations)."""
+
+    variables: dict[str, list[_Token]] = field(default_factory=dict)
+    array: str | None = None
+    """The array being defined (`NAME=(` seen, `)` not yet)."""
+    commands: list[list[_Token]] = field(default_factory=list)
+
+    def expand(self, token: str) -> tuple[str | None, str | None]:
+        """(value, None) with every $reference set in the text, else (None, the reference)."""
+        missing: list[str] = []
+        size = [len(token)]
+
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1) or match.group(4)
+            if name in self.variables:
+                text = " ".join(t for t, _ in self.variables[name])
+                size[0] += len(text)
+                if size[0] <= MAX_EXPANDED_CHARS:
+                    return text
+            elif match.group(2):
+                return match.group(3)
+            missing.append(match.group(0))  # unset, or a value that doubles itself past the cap
+            return ""
+
+        value = _REF.sub(sub, token)
+        if missing or "$(" in token or "`" in token or re.search(r"\$[0-9@*#?]", token):
+            return None, token
+        return value, None
+
+
+MAX_EXPANDED_CHARS = 1 << 16
+"""Longest word a variable expansion may build (`A="$A$A"` repeated doubles; real values are paths)."""
+MAX_EXPANDED_WORDS = 1 << 18
+"""Most words the commands of a launch script may expand to (arrays used many times multiply)."""
+
+
+def _statement(tokens: list[_Token], shell: _Shell) -> None:
+    """One logical line: array elements, assignments, or commands (split at ; && | ...)."""
+    command: list[_Token] = []
+    for token, where in tokens:
+        if shell.array is not None:
+            closes = token == ")" or (token.endswith(")") and token.count(")") > token.count("("))
+            text = token[:-1] if closes else token
+            if text:
+                shell.variables[shell.array].append((text, where))
+            if closes:
+                shell.array = None
+            continue
+        bare = token.rstrip(";&") if token not in _SEPARATORS else token
+        if not command or all(t in _KEYWORDS for t, _ in command):
+            match = _ASSIGN.match(token)
+            if match and not token.startswith("-"):
+                _assign(match, where, shell)
+                continue
+        if token in _SEPARATORS or bare != token:
+            if bare != token and bare:
+                command.append((bare, where))
+            shell.commands.append(command)
+            command = []
+            continue
+        command.append((token, where))
+    if command:
+        shell.commands.append(command)
+
+
+def _assign(match: re.Match[str], where: str | None, shell: _Shell) -> None:
+    name, append, value = match.group(1), match.group(2), match.group(3)
+    if value.startswith("("):
+        shell.array = name
+        if not append or name not in shell.variables:
+            shell.variables[name] = []
+        rest = value[1:]
+        if rest:
+            _statement([(rest, where)], shell)
+        return
+    resolved, _ = shell.expand(value)
+    if resolved is None:
+        shell.variables.pop(name, None)
+    else:
+        shell.variables[name] = [(resolved, where)]
+
+
+def _expand_command(command: list[_Token], shell: _Shell, budget: int) -> list[tuple[str, str | None, str | None]]:
+    """(token, where, unresolved reference) with arrays and unquoted whole-word variables spliced in;
+    stops once more than `budget` words came out (the caller refuses the text)."""
+    out: list[tuple[str, str | None, str | None]] = []
+    skip_next = False
+    for token, where in command:
+        if len(out) > budget:
+            break
+        if skip_next:
+            skip_next = False
+            continue
+        if _REDIRECT.match(token):
+            skip_next = token in (">", ">>", "<", "2>", "1>")
+            continue
+        array = _ARRAY_REF.match(token)
+        name = array.group(1) if array else None
+        plain = _REF.fullmatch(token)
+        if plain and not plain.group(2):
+            name = plain.group(1) or plain.group(4)
+        if name is not None and name in shell.variables:
+            elements = shell.variables[name]
+            for value, at in elements:
+                if array:  # array elements are expanded where they are used
+                    expanded, gap = shell.expand(value)
+                    out.append((expanded or "", at, gap))
+                    continue
+                # bash splits an unquoted scalar on whitespace (GPT_ARGS="--num-layers 24 ...")
+                out.extend((p, at, None) for p in (value.split() if plain else [value]))
+            continue
+        if array:
+            out.append(("", where, token))
+            continue
+        expanded, missing = shell.expand(token)
+        out.append((expanded if expanded is not None else "", where, missing))
+    return out
+
+
+def scan_launch_line(text_or_at: str) -> list[FlagUse]:
+    """The flags of a launch line or `@file` (a flag list, a torchrun line or a whole shell script).
+
+    Shell variables the text sets (`NAME=value`, arrays `NAME=(...)`, `${NAME:-default}`) are
+    expanded; `$1`, `$(...)` and variables it does not set stay unresolved. When a command runs a
+    `.py` script, only such commands count: flags before the script are the launcher's.
+
+    Raises:
+        UsageError: an inline line that cannot be split.
+        InputFileError: an unreadable @file or one that cannot be split.
+    """
+    label: str | None = None
+    text = text_or_at
+    if text_or_at.startswith("@"):
+        label = text_or_at[1:]
+        text = read_text(Path(label), "--megatron-args file")
+    shell = _Shell()
+    for line in _physical_lines(text, label):
+        _statement(line, shell)
+    commands: list[list[tuple[str, str | None, str | None]]] = []
+    budget = MAX_EXPANDED_WORDS
+    for words in shell.commands:
+        commands.append(_expand_command(words, shell, budget))
+        budget -= len(commands[-1])
+        if budget < 0:
+            raise (InputFileError if label else UsageError)(
+                f"{label or 'the launch line'}: expands to more than {MAX_EXPANDED_WORDS} words "
+                f"(arrays used many times?)")
+    scripts = [c for c in commands if any(t.endswith(".py") for t, _, _ in c)]
+    training = [c for c in scripts if any(re.search(r"train[^/]*\.py$", t) for t, _, _ in c)]
+    uses: list[FlagUse] = []
+    for command in training or scripts or commands:
+        uses.extend(_flag_uses(command))
+    return uses
+
+
+def _flag_uses(command: list[tuple[str, str | None, str | None]]) -> list[FlagUse]:
+    script = next((i for i, (t, _, _) in enumerate(command) if t.endswith(".py")), -1)
+    uses: list[FlagUse] = []
+    i = 0
+    while i < len(command):
+        at = i
+        token, where, missing = command[i]
+        i += 1
+        if not token.startswith("--") or token == "--":
+            continue
+        flag, eq, inline = token.partition("=")
+        values: list[str] = [inline] if eq and not missing else []
+        unresolved: list[str] = [missing] if eq and missing else []
+        while not eq and i < len(command) and i != script and not command[i][0].startswith("--"):
+            value, _, gap = command[i]
+            if gap:
+                unresolved.append(gap)
+            else:
+                values.append(value)
+            i += 1
+        uses.append(FlagUse(flag, tuple(values), where, launcher=at < script, unresolved=tuple(unresolved)))
+    return uses
+
+
+__all__ = ["MAX_EXPANDED_CHARS", "MAX_EXPANDED_WORDS", "FlagUse", "scan_launch_line"]
