@@ -149,16 +149,25 @@ def _reset_all(graphs: dict[str, Any]) -> None:
             graphs[key] = None
 
 
-def teardown_distributed() -> None:
-    """Destroy the default process group, when one is initialized. Runs after the results (the end or
-    error event) are written, under the teardown watchdog (graphdoctor.child.stacks.exit_within),
-    which bounds it: on two H200s ranks once did not exit within 100 s of destroy_process_group
-    (/work/shared/notes/h200-findings.md section 6)."""
+def has_peers() -> bool:
+    """This process belongs to a process group of more than one rank."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def teardown_distributed() -> None:
+    """Destroy the default process group of a multi-process child. Runs after the results (the end or
+    error event) are written, under the teardown watchdog (graphdoctor.child.stacks.exit_within),
+    which bounds it: on two H200s ranks once did not exit within 100 s of destroy_process_group
+    (/work/shared/notes/h200-findings.md section 6). A one-process child has no peer to release and
+    exits without it: on the H200 its destroy_process_group took 4.3-9.3 s (median 8.4 s over 54 exits),
+    which every child of every diff paid."""
+    import torch.distributed as dist
+
+    if has_peers():
         dist.destroy_process_group()
 
 
 __all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "one_gpu", "parallel_fields", "rank_spec",
-           "release_graphs", "stage_flags", "sync_hooks", "teardown_distributed"]
+           "has_peers", "release_graphs", "stage_flags", "sync_hooks", "teardown_distributed"]

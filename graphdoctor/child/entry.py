@@ -167,7 +167,7 @@ class ChildRun:
     def teardown(self) -> None:
         """After the end event, under the watchdog: release Megatron's graphs, then destroy the process
         group (a hung exit is dumped, reported and ended; the results already written stand)."""
-        from graphdoctor.child.distributed import release_graphs, teardown_distributed
+        from graphdoctor.child.distributed import has_peers, release_graphs, teardown_distributed
         from graphdoctor.child.stacks import TEARDOWN_BOUND_S, exit_within
 
         self.events.emit(Phase(phase="teardown", step=-1))
@@ -175,7 +175,8 @@ class ChildRun:
         graphs = [0, 0]  # released, still alive
 
         def release_then_destroy() -> None:
-            graphs[:] = release_graphs(getattr(self.setup, "te_helper", None))
+            if has_peers():  # a one-process child has no communicator to release: it just exits
+                graphs[:] = release_graphs(getattr(self.setup, "te_helper", None))
             teardown_distributed()
 
         def done(seconds: float, hung: bool) -> None:
