@@ -3,9 +3,9 @@ sequence parallel (the latter with the TE layer spec), data parallel with the di
 overlap_grad_reduce, pipeline parallel with `local` graphs on every stage (and the runs that test the reading
 of its capture failure). Each child's two ranks start under torch.distributed.run.
 
-Model: GPTModel 4 layers, hidden 256, 8 heads, seq 128, 6 steps (2 layers per pipeline stage). Set
-GD_REPORT_DIR to keep every report's JSON and terminal table (tests/benchmarks/multi_gpu_table.py
---from-reports builds the step-time table from them).
+Model: GPTModel 4 layers, hidden 256, 8 heads, seq 128, 10 steps (2 layers per pipeline stage; 5 steady-state
+steps per side for the step-time table). Set GD_REPORT_DIR to keep every report's JSON and terminal table
+(tests/benchmarks/multi_gpu_table.py --from-reports builds the step-time table from them).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from graphdoctor.types import Verdict
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu(2)]
 
 MODEL: dict[str, Any] = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 128,
-                         "vocab_size": 1024, "steps": 6, "cuda_graph_warmup_steps": 2,
+                         "vocab_size": 1024, "steps": 10, "cuda_graph_warmup_steps": 2,
                          "timeout_s": float(os.environ.get("GD_MULTI_GPU_TIMEOUT_S", "240"))}
 TP2: dict[str, Any] = {"nproc_per_node": 2, "tensor_model_parallel_size": 2}
 
