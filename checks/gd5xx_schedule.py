@@ -1,6 +1,7 @@
-"""GD513-GD516 runtime rules of the run schedule: what only a run that evaluates, logs and exits shows.
+"""GD513-GD517 runtime rules of the run schedule: what only a run that evaluates, logs and exits shows.
 Metadata only: `graphdoctor diff` compares every phase (graphdoctor.compare.phases) and names these
-rules in the implementation's notes with the phase (train, eval, capture, exit).
+rules in the implementation's notes with the phase (train, eval, capture, exit); GD517 is the `hang`
+verdict's rule.
 """
 
 from __future__ import annotations
@@ -182,4 +183,48 @@ class TeardownHang(RuntimeRule):
     fix_template = "Reset or delete the CUDA graphs (and their memory pools) before destroy_process_group"
 
 
-__all__ = ["EvalAfterTrainDivergence", "FrozenLoggedValue", "LoggedValueAtCapture", "TeardownHang"]
+class RankDivergentCollective(RuntimeRule):
+    """## What it does
+    Reports a multi-process run in which a rank waits in a collective (or a CUDA synchronize behind one)
+    when the run's timeout passes: `graphdoctor diff` asks every rank for its Python stack before the kill
+    and names each rank's phase (warmup, capture, replay), last finished step and where it waited.
+
+    ## Why is this bad?
+    A collective that one rank issues and another does not (a rank-dependent branch, an extra
+    all-reduce on rank 0, a capture that only some ranks reach) waits for ever. Inside a graph it is
+    worse: a collective captured on one rank and not another waits at every replay, and NCCL's own
+    timeout may not fire for a graphed collective. Megatron users report such hangs after evaluation with
+    TP > 1 (Megatron-Bridge#2955) and in the MoE token dispatcher right after capture (Megatron-Bridge#3517).
+
+    ## Example
+    ```python
+    if torch.distributed.get_rank() == 0:
+        torch.distributed.all_reduce(output)   # [GD517] rank 1 never joins
+    ```
+
+    ## Use instead
+    ```python
+    torch.distributed.all_reduce(output)       # every rank, same order, inside and outside graphs
+    ```
+
+    ## Fix
+    Make every rank issue the same collectives in the same order, inside and outside the graphed region
+    (a collective one rank captures and another does not waits forever at replay).
+
+    ## Known problems
+    Found at the run's timeout (`--timeout`), not before; the planted GPU fixture is
+    `fixtures/planted/rank0_allreduce.py`.
+    """
+
+    code = "GD517"
+    name = "rank-divergent-collective"
+    detected_by = "`graphdoctor diff` (every rank's stack at the run's timeout)"
+    severity = Severity.ERROR
+    fix = FixAvailability.SOMETIMES
+    template = "ranks wait in different collectives: {detail} at {where}"
+    fix_template = ("Make every rank issue the same collectives in the same order, inside and outside the "
+                    "graphed region (a collective one rank captures and another does not waits forever at replay)")
+
+
+__all__ = ["EvalAfterTrainDivergence", "FrozenLoggedValue", "LoggedValueAtCapture", "RankDivergentCollective",
+           "TeardownHang"]

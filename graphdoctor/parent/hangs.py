@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from graphdoctor.locations import short_path
 from graphdoctor.parent.diagnose import is_user_frame
 from graphdoctor.protocol.events import End, EventLog, Phase, Started, Step, Teardown
+from graphdoctor.rules import rule_fix
 from graphdoctor.types import MAX_STACK_FRAMES, Diagnosis, RankExit, RankStack
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
@@ -26,10 +27,8 @@ COLLECTIVE_FILES = ("torch/distributed/",)
 SYNC_LINE = re.compile(r"\.(item|tolist|cpu|synchronize)\(")
 """A source line that waits for the device (an implicit or explicit CUDA synchronize)."""
 
-HANG_FIX = ("make every rank issue the same collectives in the same order, inside and outside the "
-            "graphed region (a collective one rank captures and another does not waits forever at "
-            "replay)")
-"""The fix a `hang` diagnosis names."""
+HANG_RULE = "GD517"
+"""Catalogue rule of a `hang`: ranks waiting in collectives the others never issue (checks/gd5xx_schedule.py)."""
 
 
 
@@ -153,7 +152,8 @@ def timeout_outcome(timeout_s: float, logs: Mapping[int, EventLog], stacks: Sequ
     steps = [r.last_step for r in ranks if _rank_of(r.label) is not None]
     diag = Diagnosis(error_type="hang" if waiting else "timeout", message=message,
                      step=(min(steps) + 1) if steps else None, phase=first.phase if first else None,
-                     location=first.user_frame.split(" in ")[0] if first and first.user_frame else None, fix=HANG_FIX if waiting else None,
+                     location=first.user_frame.split(" in ")[0] if first and first.user_frame else None, fix=rule_fix(HANG_RULE) if waiting else None,
+                     rule=HANG_RULE if waiting else None,
                      traceback_tail=list(first.frames[:8]) if first else [], stacks=ranks)
     return ("hang" if waiting else "timeout"), diag
 
@@ -188,5 +188,5 @@ def teardown_exits(logs: Mapping[int, EventLog], stacks: Sequence[tuple[str, str
     return tuple(exits)
 
 
-__all__ = ["HANG_FIX", "Thread", "main_thread", "parse_dump", "phase_and_step", "rank_stack",
+__all__ = ["HANG_RULE", "Thread", "main_thread", "parse_dump", "phase_and_step", "rank_stack",
            "teardown_exits", "timeout_outcome", "waiting_in"]

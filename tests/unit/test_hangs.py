@@ -81,7 +81,8 @@ def test_unmatched_gloo_collective_is_a_hang_with_every_ranks_stack(
     assert result.group_gone is True and result.left_running == ()
     _nothing_left(prefix)
     status = diag.error_type
-    assert status == "hang" and diag.error_type == "hang" and diag.fix
+    assert status == "hang" and diag.error_type == "hang"
+    assert diag.rule == "GD517" and diag.fix == rule_fix("GD517")
     by_label = {s.label: s for s in diag.stacks}
     assert list(by_label) == ["rank0", "rank1", "launcher"]
     for label, waits in (("rank0", "all_reduce"), ("rank1", "recv")):
