@@ -10,14 +10,14 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from kept import keep
+from kept import diff, keep
 
 from graphdoctor.advise import advise
 from graphdoctor.advise_candidates import Candidate
 from graphdoctor.advise_rank import RAN, REJECTED
 from graphdoctor.availability import te_available
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import diff
+from graphdoctor.diff import DiffReport
 from graphdoctor.types import Verdict
 
 pytestmark = pytest.mark.gpu
@@ -84,17 +84,20 @@ def test_advise_moe_lists_rejected_scopes_with_rules() -> None:
             assert result.verdict is not None
 
 
+def _graph_launches(report: DiffReport) -> int:
+    """cudaGraphLaunch calls in the profiled graphed step of a one-implementation diff that ran."""
+    (result,) = report.results
+    assert result.verdict in RAN_VERDICTS, result
+    assert result.launches is not None and result.launches.graphed is not None
+    return result.launches.graphed.num_graph_launches
+
+
 def test_graph_layers_graphs_only_the_named_layers() -> None:
     """local over layer 1 of 2: half of the whole layer's graph launches, still equal to eager where TE
     is not importable."""
     whole = diff(DiffConfig(impls=("local",), **SMALL))
     one = diff(DiffConfig(impls=("local",), graph_layers=(1,), **SMALL))
-    counts = []
-    for report in (whole, one):
-        (result,) = report.results
-        assert result.verdict in RAN_VERDICTS, result
-        assert result.launches is not None and result.launches.graphed is not None
-        counts.append(result.launches.graphed.num_graph_launches)
+    counts = [_graph_launches(report) for report in (whole, one)]
     assert counts[1] * 2 == counts[0] and counts[1] > 0, counts
 
 
@@ -103,10 +106,5 @@ def test_graph_layers_with_transformer_engine() -> None:
     cfg = {**SMALL, "dtype": "bf16", "layer_spec": "te"}
     whole = diff(DiffConfig(impls=("transformer_engine",), cuda_graph_modules=("attn",), **cfg))
     one = diff(DiffConfig(impls=("transformer_engine",), cuda_graph_modules=("attn",), graph_layers=(0,), **cfg))
-    counts = []
-    for report in (whole, one):
-        (result,) = report.results
-        assert result.verdict in RAN_VERDICTS, result
-        assert result.launches is not None and result.launches.graphed is not None
-        counts.append(result.launches.graphed.num_graph_launches)
+    counts = [_graph_launches(report) for report in (whole, one)]
     assert 0 < counts[1] < counts[0], counts
