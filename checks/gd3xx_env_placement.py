@@ -1,13 +1,15 @@
 """GD3xx environment rules, part 2: what the training machine's installation allows the placement (NVIDIA
-Apex for sequence parallel with megatron-core's local layer spec; EnvironmentFacts from --target).
+Apex for sequence parallel with megatron-core's local layer spec) and the recompute settings (Transformer
+Engine for CheckpointWithoutOutput recomputes in megatron-core 0.19.2); EnvironmentFacts from --target.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from graphdoctor.checks import t
+from graphdoctor.checks import given, t
 
+from graphdoctor.placement import RECOMPUTE_NEEDING_TE
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -67,3 +69,63 @@ class SequenceParallelLocalSpecWithoutApex(Rule):
             yield Hit(("transformer.sequence_parallel", "run.layer_spec"), {"which": "layer_spec: local"})
         elif "transformer_impl" in ctx.transformer and ctx.value("transformer_impl") == "local":
             yield Hit(t("sequence_parallel", "transformer_impl"), {"which": "transformer_impl: local"})
+
+
+class RecomputeWithoutTransformerEngine(Rule):
+    """## What it does
+    Flags selective recompute of `layernorm`, `moe_act` or `gdn_norm_out` when Transformer Engine is not
+    installed on the training machine.
+
+    ## Why is this bad?
+    megatron-core 0.19.2 recomputes those modules through `CheckpointWithoutOutput()`, built with its
+    default `fp8=False` (`transformer_layer.py:633` and `:766`, `moe/experts.py:883`,
+    `ssm/gated_delta_net/gdn.py:256`). Its constructor sets `self.fp8 = fp8 is not None`, which is True
+    (`tensor_parallel/random.py:740`), so the first forward calls `FP8GlobalStateManager`
+    (`random.py:693`), a name imported only when Transformer Engine is (`random.py:87`): `NameError: name
+    'FP8GlobalStateManager' is not defined`, eager or graphed. Measured on the H200 with
+    `recompute_modules: [layernorm]` and no Transformer Engine.
+
+    ## Example
+    ```yaml
+    # facts: te_version=null
+    transformer: {recompute_granularity: selective, recompute_modules: [layernorm]}
+    ```
+
+    ## Use instead
+    ```yaml
+    # facts: te_version=null
+    transformer: {recompute_granularity: selective, recompute_modules: [core_attn]}
+    ```
+
+    ## Fix
+    Install Transformer Engine on the training machine, or recompute other modules (`core_attn`, `mlp`).
+
+    ## Known problems
+    Judges the training machine that `check --target` describes (without one, "not checked");
+    `graphdoctor diff` refuses the combination itself before any GPU work. Code that builds
+    `CheckpointWithoutOutput(fp8=config.fp8)` itself is not affected and not flagged.
+    """
+
+    code = "GD309"
+    name = "recompute-without-transformer-engine"
+    severity = Severity.ERROR
+    fix = FixAvailability.SOMETIMES
+    machine_facts = ("te_version",)
+    machine_question = "is Transformer Engine installed there?"
+    template = ("selective recompute of {modules} without Transformer Engine: megatron-core 0.19.2's "
+                "CheckpointWithoutOutput() raises NameError FP8GlobalStateManager at the first forward")
+    fix_template = "Install Transformer Engine or recompute other modules (core_attn, mlp)"
+
+    def detect(self, ctx: CheckContext) -> Iterator[Hit]:
+        if ctx.facts.te_version is not None:
+            return
+        # `graphdoctor diff`'s run.recompute_* keys sit over the transformer's (DiffConfig.recompute_settings).
+        granularity = ctx.run.get("recompute_granularity") or ctx.recompute_granularity
+        modules = ctx.run.get("recompute_modules") or ctx.recompute_modules
+        if granularity != "selective" or not isinstance(modules, list | tuple):
+            return
+        needing = [m for m in modules if m in RECOMPUTE_NEEDING_TE]
+        if needing:
+            declared = tuple(f"run.{k}" for k in ("recompute_granularity", "recompute_modules") if k in ctx.run)
+            keys = (*given(ctx, "recompute_granularity", "recompute_modules"), *declared)
+            yield Hit(tuple(dict.fromkeys(keys)), {"modules": ", ".join(needing)})

@@ -147,11 +147,18 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
     Raises:
         NoGPUError: no CUDA GPU is visible.
         MissingDependencyError: the TE layer spec without an importable Transformer Engine; sequence
-            parallel with the local layer spec without Apex.
+            parallel with the local layer spec without Apex; selective recompute of layernorm, moe_act
+            or gdn_norm_out without Transformer Engine (megatron-core 0.19.2).
     """
-    from graphdoctor.placement import apex_importable, check_sequence_parallel_norm
+    from graphdoctor.placement import (
+        apex_importable,
+        check_recompute_without_te,
+        check_sequence_parallel_norm,
+        te_findable,
+    )
 
-    check_sequence_parallel_norm(config, apex_importable())  # a config fact: refused even without a GPU
+    check_sequence_parallel_norm(config, apex_importable())  # config facts: refused even without a GPU
+    check_recompute_without_te(config, te_findable())
     require_gpu()
     if config.layer_spec in TE_LAYER_SPECS:
         ok, why = te_available()

@@ -2,7 +2,8 @@
 what the model and the schedule must allow for them. Pure; DiffConfig validates with it on creation,
 so a bad placement is refused (exit 2) before any GPU work. The GPU count is checked where the GPUs
 are counted (graphdoctor.parent.gpus.plan_jobs); sequence parallel's need of Apex or Transformer
-Engine by diff() before any GPU work (check_sequence_parallel_norm).
+Engine, and selective recompute's need of Transformer Engine in megatron-core 0.19.2, by diff() before any
+GPU work (check_sequence_parallel_norm, check_recompute_without_te).
 """
 
 from __future__ import annotations
@@ -95,5 +96,33 @@ def check_sequence_parallel_norm(config: DiffConfig, apex_found: bool) -> None:
             "or install Apex")
 
 
-__all__ = ["LOCAL_LAYER_SPECS", "apex_importable", "check_gpu_count", "check_placement", "check_sequence_parallel_norm",
-           "data_parallel_size"]
+RECOMPUTE_NEEDING_TE: tuple[str, ...] = ("layernorm", "moe_act", "gdn_norm_out")
+"""recompute_modules megatron-core 0.19.2 recomputes through `CheckpointWithoutOutput()` built with its
+default `fp8=False` (transformer_layer.py:633, :766; moe/experts.py:883; ssm/gated_delta_net/gdn.py:256):
+`self.fp8 = fp8 is not None` is then True (tensor_parallel/random.py:740), and the forward calls
+`FP8GlobalStateManager` (random.py:693), which is imported only with Transformer Engine (random.py:87)."""
+
+
+def te_findable() -> bool:
+    """transformer_engine is installed here (found by importlib, never imported)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def check_recompute_without_te(config: DiffConfig, te_found: bool) -> None:
+    """Refuse selective recompute of RECOMPUTE_NEEDING_TE modules without Transformer Engine: in megatron-core
+    0.19.2 their first forward raises `NameError: name 'FP8GlobalStateManager' is not defined`, eager or
+    graphed (measured on the H200 with recompute_modules [layernorm]).
+
+    Raises:
+        MissingDependencyError: such a module recomputed selectively and `te_found` False.
+    """
+    needing = [m for m in config.recompute_modules if m in RECOMPUTE_NEEDING_TE]
+    if config.recompute_granularity == "selective" and needing and not te_found:
+        raise MissingDependencyError(
+            f"selective recompute of {', '.join(needing)} needs Transformer Engine in megatron-core 0.19.2 "
+            "(CheckpointWithoutOutput() calls FP8GlobalStateManager, tensor_parallel/random.py:693); "
+            "install Transformer Engine or recompute other modules (e.g. core_attn, mlp)")
+
+
+__all__ = ["LOCAL_LAYER_SPECS", "RECOMPUTE_NEEDING_TE", "apex_importable", "check_gpu_count", "check_placement",
+           "check_recompute_without_te", "check_sequence_parallel_norm", "data_parallel_size", "te_findable"]

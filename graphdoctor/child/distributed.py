@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from graphdoctor.config import DiffConfig
@@ -111,42 +112,58 @@ def data_parallel_salt() -> int:
 def release_graphs(te_helper: Any = None) -> tuple[int, int]:
     """Delete the CUDA graphs Megatron-Core holds before the process groups go, as Megatron's own tests
     and Megatron-Bridge's trainer do (graphs that captured NCCL work keep its communicators alive, and
-    destroy_process_group then waits for ever: pytorch#115388, Megatron-Bridge#2955): the local
-    runners (cuda_graphs.delete_cuda_graphs), full_iteration's FullCudaGraphWrapper.cuda_graph, and the
-    Transformer Engine graphs of `te_helper`. Returns (graphs released, torch.cuda.CUDAGraph objects
-    still alive afterwards: graphs someone else keeps). Once per child, at exit."""
+    destroy_process_group then waits for ever: pytorch#115388, Megatron-Bridge#2955): the Transformer
+    Engine graphs of `te_helper`, the local runners' fwd/bwd graphs, full_iteration's
+    FullCudaGraphWrapper.cuda_graph. Every graph found is reset (its exec, graph and pool share freed, as
+    its destructor would) and dropped: Megatron-Core 0.19.2's delete_cuda_graphs() alone reaches no local
+    runner once the graphs are captured (launches.kept.local_runners), and on two H200s its runs' ranks
+    then hung in destroy_process_group with all 8 graphs alive.
+
+    Returns (graphs released, torch.cuda.CUDAGraph objects still alive that were not Megatron's: graphs
+    someone else keeps). Once per child, at exit."""
     import gc
 
     import torch
 
-    from graphdoctor.launches.kept import megatron_graphs
+    from graphdoctor.launches.kept import local_runners, megatron_graphs
 
-    released = len(megatron_graphs())
-    steps = []
+    held = list(megatron_graphs().values()) + _te_graphs(te_helper)
+    steps: list[Callable[[], Any]] = []
     if te_helper is not None and getattr(te_helper, "graphs_created", lambda: False)():
         steps.append(te_helper.delete_cuda_graphs)
     local = sys.modules.get("megatron.core.transformer.cuda_graphs")
     if local is not None:
+        steps.append(lambda: _drop_runner_graphs(local_runners()))
         steps.append(local.delete_cuda_graphs)
     wrapper = getattr(sys.modules.get("megatron.core.full_cuda_graph"), "FullCudaGraphWrapper", None)
     graphs = getattr(wrapper, "cuda_graph", None)
     if isinstance(graphs, dict):
-        steps.append(lambda: _reset_all(graphs))
+        steps.append(lambda: graphs.update(dict.fromkeys(graphs)))
+    steps.extend(graph.reset for graph in held)  # once each: the runners and the wrapper only drop theirs
     for step in steps:
         try:
             step()
         except Exception:  # noqa: BLE001, S112 - a failed release leaves graphs alive, which is counted
             continue
+    ours = {id(graph) for graph in held}
+    del held
     gc.collect()
-    alive = sum(1 for obj in gc.get_objects() if isinstance(obj, torch.cuda.CUDAGraph))
-    return released, alive
+    alive = sum(1 for obj in gc.get_objects() if isinstance(obj, torch.cuda.CUDAGraph) and id(obj) not in ours)
+    return len(ours), alive
 
 
-def _reset_all(graphs: dict[str, Any]) -> None:
-    for key, graph in list(graphs.items()):
-        if graph is not None:
-            graph.reset()
-            graphs[key] = None
+def _te_graphs(te_helper: Any) -> list[Any]:
+    """The graphs of the layers TECudaGraphHelper made graphed (cuda_graphs.py: layer.cuda_graphs)."""
+    chunks = getattr(te_helper, "callables_per_chunk", None) or []
+    return [graph for layers in chunks for layer in layers for graph in getattr(layer, "cuda_graphs", None) or []]
+
+
+def _drop_runner_graphs(runners: list[tuple[str, Any]]) -> None:
+    """What delete_cuda_graphs() does to the runners it reaches, for every runner (their graphs are reset
+    by the caller)."""
+    for _name, runner in runners:
+        runner.fwd_graph = runner.bwd_graph = runner.mempool = None
+        runner.cudagraph_created = runner.fwd_graph_recorded = runner.bwd_graph_recorded = False
 
 
 def has_peers() -> bool:

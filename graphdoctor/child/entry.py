@@ -200,12 +200,12 @@ def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float) 
     """Peak and reserved while the graphs (and their pools) are alive; allocated once they are not."""
     import torch
 
-    from graphdoctor.child.megatron_setup import release_graphs
+    from graphdoctor.child.megatron_setup import delete_te_graphs
     from graphdoctor.protocol.events import End
 
     peak = int(torch.cuda.max_memory_allocated())
     reserved = int(torch.cuda.memory_reserved())
-    release_graphs(setup)
+    delete_te_graphs(setup)
     return End(train_s=train_s, compare_s=compare_s, setup_s=setup_s, peak_allocated_bytes=peak,
                end_reserved_bytes=reserved, end_allocated_bytes=int(torch.cuda.memory_allocated()))
 

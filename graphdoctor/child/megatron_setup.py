@@ -475,8 +475,9 @@ def init_microbatches(config: DiffConfig, place: Placement) -> None:
         micro_batch_size=config.micro_batch_size, data_parallel_size=data_parallel)
 
 
-def release_graphs(setup: Setup) -> None:
-    """delete_cuda_graphs() for Transformer Engine graphs (they hold NCCL buffers)."""
+def delete_te_graphs(setup: Setup) -> None:
+    """delete_cuda_graphs() for Transformer Engine graphs (they hold NCCL buffers), when the run ends; the
+    teardown releases every graph (graphdoctor.child.distributed.release_graphs)."""
     helper = setup.te_helper
     if helper is not None and helper.graphs_created():
         helper.delete_cuda_graphs()
@@ -489,10 +490,10 @@ __all__ = [
     "clear_moe_metrics",
     "decoder_layers",
     "default_forward_step",
+    "delete_te_graphs",
     "forward_step_name",
     "have_transformer_engine",
     "provider_arguments",
-    "release_graphs",
     "restrict_graph_layers",
     "step_batches",
     "synthetic_batch",

@@ -145,13 +145,22 @@ def megatron_graphs(model: Any | Iterable[Any] | None = None) -> dict[str, Any]:
     for key, graph in (getattr(wrapper, "cuda_graph", None) or {}).items():
         if graph is not None:
             found[f"full_iteration/{key}"] = graph
-    for manager_name, manager in _graph_managers(model):
-        for index, runner in enumerate(getattr(manager, "cudagraph_runners", ())):
-            for attr in ("fwd_graph", "bwd_graph"):
-                graph = getattr(runner, attr, None)
-                if graph is not None:
-                    found[f"local/{manager_name}/runner{index}/{attr[:3]}"] = graph
+    for name, runner in local_runners(model):
+        for attr in ("fwd_graph", "bwd_graph"):
+            graph = getattr(runner, attr, None)
+            if graph is not None:
+                found[f"local/{name}/{attr[:3]}"] = graph
     return found
+
+
+def local_runners(model: Any | Iterable[Any] | None = None) -> list[tuple[str, Any]]:
+    """("<module>/runner<i>", _CudaGraphRunner) of every CudaGraphManager (as megatron_graphs() finds them):
+    where local graphs live once captured. Megatron-Core 0.19.2's own delete_cuda_graphs() walks
+    `_CudagraphGlobalRecord.cudagraph_record`, which create_cudagraphs() empties (cuda_graphs.py:655), so
+    after a capture it reaches none of them."""
+    return [(f"{manager_name}/runner{index}", runner)
+            for manager_name, manager in _graph_managers(model)
+            for index, runner in enumerate(getattr(manager, "cudagraph_runners", ()))]
 
 
 def census_megatron(model: Any | Iterable[Any] | None = None, *, method: str = "auto") -> dict[str, GraphCensus]:
@@ -173,4 +182,4 @@ def census_megatron(model: Any | Iterable[Any] | None = None, *, method: str = "
     return {name: census_graph(g, name=name, method=method) for name, g in megatron_graphs(model).items()}
 
 
-__all__ = ["KeptGraphs", "census_megatron", "keep_graphs", "megatron_graphs"]
+__all__ = ["KeptGraphs", "census_megatron", "keep_graphs", "local_runners", "megatron_graphs"]

@@ -47,8 +47,8 @@ def keep(report: Any, name: str | None = None) -> str:
     return text
 
 
-def diff(config: DiffConfig, name: str | None = None) -> DiffReport:
-    """graphdoctor.diff.diff, with the report kept (see keep)."""
-    report = _diff(config)
+def diff(config: DiffConfig, name: str | None = None, **kwargs: Any) -> DiffReport:
+    """graphdoctor.diff.diff (keyword arguments passed on), with the report kept (see keep)."""
+    report = _diff(config, **kwargs)
     keep(report, name)
     return report

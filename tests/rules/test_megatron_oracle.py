@@ -21,6 +21,8 @@ BASE: dict[str, Any] = {"num_layers": 2, "hidden_size": 64, "num_attention_heads
 MODULE_VALUES = ["attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full", "full_iteration",
                  "full_iteration_inference", "bogus"]
 FACTS = detect_facts()
+PAST_CONFIG = ("GD309",)
+"""Error rules about what fails after TransformerConfig accepted the config (checked against Megatron on the GPU)."""
 IMPL_WEIGHTS = ["none"] * 2 + ["local"] * 3 + ["transformer_engine"] * 3 + ["full_iteration"] * 2 + ["bogus"]
 TOGGLES = ["enable_cuda_graph", "external_cuda_graph", "moe_router_padding_for_fp8", "expert_model_parallel_size",
            "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "cpu_offloading",
@@ -105,7 +107,9 @@ def _copy(fields: dict[str, Any]) -> dict[str, Any]:
 def test_check_agrees_with_transformer_config(fields: dict[str, Any]) -> None:
     accepted, why = megatron_accepts(_copy(fields))
     report = check({"transformer": {**BASE, **_copy(fields)}}, facts=FACTS)
-    errors = [f"{f.code} {f.message}" for f in report.findings if f.severity == "error"]
+    # GD309 (recompute without Transformer Engine) is a NameError at the first forward, past what
+    # TransformerConfig checks: not the oracle's to judge.
+    errors = [f"{f.code} {f.message}" for f in report.findings if f.severity == "error" and f.code not in PAST_CONFIG]
     if accepted:
         assert not errors, f"Megatron accepts {fields} but check reports {errors}"
     else:
@@ -122,4 +126,5 @@ def test_check_agrees_with_transformer_config(fields: dict[str, Any]) -> None:
 )
 def test_known_cases_agree(fields: dict[str, Any]) -> None:
     accepted, _ = megatron_accepts(_copy(fields))
-    assert check({"transformer": {**BASE, **fields}}, facts=FACTS).has_errors is (not accepted)
+    findings = check({"transformer": {**BASE, **fields}}, facts=FACTS).findings
+    assert any(f.severity == "error" and f.code not in PAST_CONFIG for f in findings) is (not accepted)

@@ -1,7 +1,8 @@
 """The child's release of Megatron-Core's graphs before destroy_process_group (graphdoctor.child.distributed.
 release_graphs), on the CPU with megatron-core 0.19.2 imported: the full_iteration wrapper's class-level
 graphs are reset and dropped (cuda_graph['training'|'validation'], full_cuda_graph.py:142), the local runners'
-record is emptied by Megatron's own delete_cuda_graphs, and nothing fails when no graph exists.
+record is emptied by Megatron's own delete_cuda_graphs, every runner a CudaGraphManager holds has its
+graphs reset and dropped, and nothing fails when no graph exists.
 Capturing real graphs needs the GPU: tests/gpu/test_hang_gpu.py checks the counts there."""
 
 from __future__ import annotations
@@ -59,3 +60,22 @@ def test_a_failing_release_step_leaves_the_rest_running(full_iteration_graphs: d
     full_iteration_graphs["validation"] = validation
     assert release_graphs(BrokenHelper()) == (1, 0)
     assert validation.reset_calls == 1
+
+
+def test_local_runner_graphs_are_reset_where_megatrons_delete_does_not_reach() -> None:
+    # After create_cudagraphs() Megatron-Core 0.19.2 empties _CudagraphGlobalRecord.cudagraph_record
+    # (cuda_graphs.py:655), so its delete_cuda_graphs() resets no runner: the runners are found through
+    # their CudaGraphManager instead (real classes, built without __init__, which needs a GPU model).
+    from megatron.core.transformer.cuda_graphs import CudaGraphManager, _CudaGraphRunner
+
+    runner = object.__new__(_CudaGraphRunner)
+    runner.fwd_graph, runner.bwd_graph = Captured(), Captured()
+    runner.mempool, runner.cudagraph_created = object(), True
+    fwd, bwd = runner.fwd_graph, runner.bwd_graph
+    manager = object.__new__(CudaGraphManager)
+    manager.cudagraph_runners = [runner]
+    assert release_graphs() == (2, 0)
+    assert (fwd.reset_calls, bwd.reset_calls) == (1, 1)
+    assert (runner.fwd_graph, runner.bwd_graph, runner.mempool, runner.cudagraph_created) == (None, None, None, False)
+    assert release_graphs() == (0, 0)  # nothing left to release
+    del manager
