@@ -262,18 +262,22 @@ def build_optimizer(dtype: str, config: Any, model: torch.nn.Module, *, distribu
     return optimizer
 
 
-_CONSTANT_INPUTS: dict[tuple[int, int, str], dict[str, torch.Tensor]] = {}
-"""The batch tensors that are the same every step (causal mask, positions, loss mask), allocated once,
-so the tensors a graph captured stay alive at a stable address and every step allocates the same.
-On the H200 a fresh mask per step coincided with local differing from eager at dropout 0 once the
-allocation pattern shifted; that run also had Transformer Engine importable, which changes how
-Megatron's local graphs hold their buffers (make_weakref), so the cause is not isolated yet."""
+_CONSTANT_INPUTS: dict[tuple[int, int, str, int], dict[str, torch.Tensor]] = {}
+"""The batch tensors that are the same every step (causal mask, positions, loss mask), allocated once per
+micro-batch index, so the tensors a graph captured stay alive at a stable address and every step allocates
+the same. On the H200 a fresh mask per step coincided with local differing from eager at dropout 0 once the
+allocation pattern shifted; that run also had Transformer Engine importable, which changes how Megatron's
+local graphs hold their buffers (make_weakref), so the cause is not isolated yet.
+
+Every micro-batch has its own tensors, as Megatron-LM's dataloader gives it: one mask object shared by
+every micro-batch made megatron-core 0.19.2's local graphs fail to capture under a pipeline schedule
+(cuda_graphs.py:617, P=2 on two H200s; fixtures/planted/shared_mask_forward.py keeps that case)."""
 
 
-def constant_inputs(config: DiffConfig, device: torch.device) -> dict[str, torch.Tensor]:
-    """Causal attention mask, position ids and loss mask of every micro-batch, allocated once."""
+def constant_inputs(config: DiffConfig, device: torch.device, microbatch: int = 0) -> dict[str, torch.Tensor]:
+    """Causal attention mask, position ids and loss mask of micro-batch `microbatch`, allocated once."""
     b, s = config.micro_batch_size, config.seq_length
-    key = (b, s, str(device))
+    key = (b, s, str(device), microbatch)
     if key not in _CONSTANT_INPUTS:
         causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).view(1, 1, s, s)
         _CONSTANT_INPUTS[key] = {
@@ -293,7 +297,7 @@ def synthetic_batch(config: DiffConfig, step: int, microbatch: int) -> dict[str,
     return {
         "tokens": data[:, :-1].contiguous().to(device),
         "labels": data[:, 1:].contiguous().to(device),
-        **constant_inputs(config, device),
+        **constant_inputs(config, device, microbatch),
     }
 
 

@@ -42,6 +42,19 @@ def user_location(frames: list[Frame]) -> str | None:
     return None
 
 
+MEGATRON_ASSERTS: dict[str, tuple[str, str]] = {
+    "fwd_buffer_reuse_ref_count == 0": (
+        "a tensor given to the graphed forwards of several micro-batches (one attention-mask object shared by "
+        "every micro-batch) still holds its shared capture buffer when the pipeline schedule creates the "
+        "first backward graph (1F1B records B0 before F1). On two H200s P=2 captured and matched once every "
+        "micro-batch had its own mask, or none (megatron-core 0.19.2)",
+        "Give every micro-batch its own input tensors, as Megatron-LM's dataloader does, or pass "
+        "attention_mask=None with a causal mask type"),
+}
+"""What an assertion in Megatron's graph creation means, by a piece of its source line (its message when it
+has none), with the fix: the ones seen on the H200s."""
+
+
 MEGATRON_MARKER = f"{os.sep}megatron{os.sep}core{os.sep}"
 """Where a frame of megatron-core's own code is (the installed package, whatever its site directory)."""
 
@@ -148,6 +161,10 @@ def diagnose(
         meaning = (f"{error_type} raised by Megatron's own CUDA-graph code ({inside[0]} in {inside[1]}) while "
                    "creating or capturing the graphs: not a CUDA capture error, no operation of the model "
                    "broke the capture")
+        specific = next((known_assert for piece, known_assert in MEGATRON_ASSERTS.items() if piece in message), None)
+        if specific is not None:
+            meaning = f"{meaning}; {specific[0]}"
+            fix = specific[1]
     return Diagnosis(
         error_type=error_type,
         message=first_line[:400],

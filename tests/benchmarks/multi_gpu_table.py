@@ -5,8 +5,8 @@ graphed steady-state step time (median of the steady-state steps, with min-max),
 Configurations (4 layers, hidden 256, seq 128, 6 steps, dropout 0 unless named): tp2 (local and
 full_iteration), tp2_dropout0.1, tp2_sp (sequence parallel with the TE layer spec, local and
 transformer_engine: needs Transformer Engine), dp2_distopt_overlap (distributed optimizer and
-overlap_grad_reduce, local), pp2 (2 microbatches, local), and the runs testing the reading of pp2's capture
-failure: pp2_m1 (1 microbatch), pp2_no_mask (no attention mask). Each configuration is one
+overlap_grad_reduce, local), pp2 (2 microbatches, each its own mask, local), and pp2_shared_mask (one mask
+object for every microbatch: fails in Megatron's graph creation). Each configuration is one
 `python -m graphdoctor.cli diff --json` process; its JSON and table.json are written under --out as
 configurations finish. --from-reports DIR reads the reports tests/gpu/test_multi_gpu.py kept
 (GD_REPORT_DIR) instead of running anything, so the table costs no extra GPU time. Needs 2 GPUs to run.
@@ -40,15 +40,13 @@ CONFIGS: dict[str, list[str]] = {
                             "--use-distributed-optimizer", "--overlap-grad-reduce"],
     "pp2": ["--impl", "local", "--dropout", "0", "--no-launches", "--nproc-per-node", "2",
             "--pipeline-model-parallel-size", "2", "--num-microbatches", "2"],
-    "pp2_m1": ["--impl", "local", "--dropout", "0", "--no-launches", "--nproc-per-node", "2",
-               "--pipeline-model-parallel-size", "2", "--num-microbatches", "1"],
-    "pp2_no_mask": ["--impl", "local", "--dropout", "0", "--no-launches", "--nproc-per-node", "2",
-                    "--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
-                    "--forward-step", "fixtures.planted.no_mask_forward:forward_step"],
+    "pp2_shared_mask": ["--impl", "local", "--dropout", "0", "--no-launches", "--nproc-per-node", "2",
+                        "--pipeline-model-parallel-size", "2", "--num-microbatches", "2",
+                        "--forward-step", "fixtures.planted.shared_mask_forward:forward_step"],
 }
 REPORT_NAMES = {"tp2": "tp2_dropout0", "tp2_dropout0.1": "tp2_dropout0.1", "tp2_sp": "tp2_sp_te_dropout0",
                 "dp2_distopt_overlap": "dp2_distopt_overlap_dropout0", "pp2": "pp2_dropout0",
-                "pp2_m1": "pp2_m1_dropout0", "pp2_no_mask": "pp2_no_mask_dropout0"}
+                "pp2_shared_mask": "pp2_shared_mask_dropout0"}
 """Configuration -> the name tests/gpu/test_multi_gpu.py keeps its report under (multi_gpu_<name>.json)."""
 COLUMNS = ("config", "impl", "verdict", "control", "first divergence", "eager ms", "graphed ms", "speedup",
            "wall s")

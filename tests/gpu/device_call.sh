@@ -39,7 +39,12 @@ for spec in "$@"; do
     start_part "$part" "$gpu" &
     pids+=($!)
 done
-( sleep "$inner"; for pid in "${pids[@]}"; do pkill -TERM -P "$pid" 2>/dev/null; done ) &
+kill_tree() {  # every descendant first, then the process: a timeout or pytest under a killed script lives on
+    local child
+    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+    kill -TERM "$1" 2>/dev/null
+}
+( sleep "$inner"; for pid in "${pids[@]}"; do for child in $(pgrep -P "$pid"); do kill_tree "$child"; done; done ) &
 watchdog=$!
 wait "${pids[@]}" 2>/dev/null
 kill "$watchdog" 2>/dev/null

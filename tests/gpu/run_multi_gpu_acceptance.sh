@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 14 acceptance on two H200s of one host (nvidia-h200-x2), in parts, one device call each (10-minute
 # limit; each part is budgeted under 560 s):
-#   a   T=2 dropout 0 (local, full_iteration), DP=2 distributed optimizer + overlap_grad_reduce, P=2, and the
-#       two runs testing the reading of P=2's capture failure (one microbatch; no shared attention mask)
+#   a   T=2 dropout 0 (local, full_iteration), DP=2 distributed optimizer + overlap_grad_reduce, P=2 (a mask per
+#       microbatch), and P=2 with one mask for every microbatch (planted: fails in Megatron's graph creation)
 #   b   T=2 dropout 0.1, the planted rank-0 all-reduce hang (tests/gpu/test_hang_gpu.py), a diff started by
 #       the user's torchrun
 #   c   issue 20's exits (tests/gpu/test_hang_gpu.py): the planted graph kept past training is a teardown-hang
@@ -40,9 +40,8 @@ case "$part" in
 a)
     tests tp2_dropout0 $mg "tensor_parallel_local_and_full_iteration" 150
     tests dp2_distopt_overlap $mg "data_parallel" 90
-    tests pp2 $mg "pipeline_parallel_local_matches_or_fails" 100
-    tests pp2_m1 $mg "hypothesis and one-microbatch" 105
-    tests pp2_no_mask $mg "hypothesis and no-shared-mask" 105
+    tests pp2 $mg "pipeline_parallel_local_matches_with_a_mask" 100
+    tests pp2_shared_mask $mg "one_mask_for_every_microbatch" 100
     ;;
 b)
     tests tp2_dropout0.1 $mg "dropout_follows" 300

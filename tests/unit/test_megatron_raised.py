@@ -38,8 +38,17 @@ def test_megatrons_own_assertion_is_located_at_its_frame_with_its_meaning() -> N
     assert diag.location == "megatron/core/transformer/cuda_graphs.py:617"
     assert diag.meaning is not None and "_create_cudagraphs" in diag.meaning
     assert "not a CUDA capture error" in diag.meaning
-    assert (diag.rule, diag.cuda_error, diag.fix) == (None, None, None)
+    assert (diag.rule, diag.cuda_error) == (None, None)
     assert diag.message.startswith("assert fwd_buffer_reuse_ref_count == 0")
+    # this assertion's reading, from the two H200 runs that captured and matched (one micro-batch; no mask)
+    assert "shared by every micro-batch" in diag.meaning and "1F1B records B0 before F1" in diag.meaning
+    assert diag.fix is not None and diag.fix.startswith("Give every micro-batch its own input tensors")
+
+
+def test_an_assertion_without_a_known_reading_gets_no_fix() -> None:
+    diag = diagnose("AssertionError", "assert runner.fwd_graph_recorded", H200_PP2_FRAMES, step=0, phase="capture")
+    assert diag.meaning is not None and "Megatron's own" in diag.meaning and "micro-batch" not in diag.meaning
+    assert diag.fix is None
 
 
 def test_a_cuda_error_raised_from_a_megatron_frame_is_still_a_capture_error() -> None:

@@ -42,3 +42,8 @@ def test_constant_batch_inputs_are_allocated_once() -> None:
     first, again = constant_inputs(config, torch.device("cpu")), constant_inputs(config, torch.device("cpu"))
     assert all(first[k] is again[k] for k in ("attention_mask", "position_ids", "loss_mask"))
     assert first["attention_mask"].shape == (1, 1, 16, 16) and bool(first["attention_mask"][0, 0, 0, 1])
+    # every micro-batch its own tensors, as Megatron-LM's dataloader gives them (one shared mask failed
+    # P=2 local capture on two H200s, cuda_graphs.py:617)
+    second = constant_inputs(config, torch.device("cpu"), 1)
+    assert all(second[k] is not first[k] and torch.equal(second[k], first[k]) for k in first)
+    assert constant_inputs(config, torch.device("cpu"), 1)["attention_mask"] is second["attention_mask"]
