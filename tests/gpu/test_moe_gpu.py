@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kept import diff
 
 from graphdoctor.child.megatron_setup import have_transformer_engine
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig, diff_config_from, load_run_file
-from graphdoctor.diff import diff
 from graphdoctor.types import Verdict
 
 pytestmark = pytest.mark.gpu
