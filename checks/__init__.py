@@ -21,4 +21,15 @@ def given(ctx: CheckContext, *names: str) -> tuple[str, ...]:
     return tuple(f"transformer.{n}" for n in names if n in ctx.transformer)
 
 
-__all__ = ["given", "t"]
+def selective_recompute(ctx: CheckContext) -> tuple[list[str], tuple[str, ...]] | None:
+    """(recompute_modules, the keys that set them) when recompute is selective, else None. `graphdoctor
+    diff`'s run.recompute_* keys sit over the transformer's (DiffConfig.recompute_settings)."""
+    granularity = ctx.run.get("recompute_granularity") or ctx.recompute_granularity
+    modules = ctx.run.get("recompute_modules") or ctx.recompute_modules
+    if granularity != "selective" or not isinstance(modules, list | tuple):
+        return None
+    declared = tuple(f"run.{k}" for k in ("recompute_granularity", "recompute_modules") if k in ctx.run)
+    return list(modules), (*given(ctx, "recompute_granularity", "recompute_modules"), *declared)
+
+
+__all__ = ["given", "selective_recompute", "t"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from graphdoctor.checks import given
+from graphdoctor.checks import selective_recompute
 from graphdoctor.checks.gd2xx_moe_dispatch import graphed_runs
 
 from graphdoctor.rules.base import Hit, Rule
@@ -72,20 +72,18 @@ class RecomputeOnlyParameterInLocalGraph(Rule):
     fix_template = "Recompute these modules outside the local graph's scope or use full_iteration graphs"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        # `graphdoctor diff`'s run.recompute_* keys sit over the transformer's (DiffConfig.recompute_settings).
-        granularity = ctx.run.get("recompute_granularity") or ctx.recompute_granularity
-        modules = ctx.run.get("recompute_modules") or ctx.recompute_modules
-        if granularity != "selective" or not isinstance(modules, list | tuple):
+        selective = selective_recompute(ctx)
+        if selective is None:
             return
+        modules, recompute_keys = selective
         hidden = [m for m in modules if m in CHECKPOINT_WITHOUT_OUTPUT_MODULES]
-        declared = tuple(f"run.{k}" for k in ("recompute_granularity", "recompute_modules") if k in ctx.run)
         for run in graphed_runs(ctx):
             if run.impl != "local":
                 continue
             captured = [m for m in hidden if not run.modules
                         or set(CHECKPOINT_WITHOUT_OUTPUT_MODULES[m]) & set(run.modules)]
             if captured:
-                keys = (*given(ctx, "recompute_granularity", "recompute_modules"), *declared, *run.fields)
+                keys = (*recompute_keys, *run.fields)
                 yield Hit(tuple(dict.fromkeys(keys)), {"modules": captured})
                 return
 

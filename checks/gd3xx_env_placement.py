@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from graphdoctor.checks import given, t
+from graphdoctor.checks import selective_recompute, t
 
 from graphdoctor.placement import RECOMPUTE_NEEDING_TE
 from graphdoctor.rules.base import Hit, Rule
@@ -119,13 +119,7 @@ class RecomputeWithoutTransformerEngine(Rule):
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         if ctx.facts.te_version is not None:
             return
-        # `graphdoctor diff`'s run.recompute_* keys sit over the transformer's (DiffConfig.recompute_settings).
-        granularity = ctx.run.get("recompute_granularity") or ctx.recompute_granularity
-        modules = ctx.run.get("recompute_modules") or ctx.recompute_modules
-        if granularity != "selective" or not isinstance(modules, list | tuple):
-            return
-        needing = [m for m in modules if m in RECOMPUTE_NEEDING_TE]
-        if needing:
-            declared = tuple(f"run.{k}" for k in ("recompute_granularity", "recompute_modules") if k in ctx.run)
-            keys = (*given(ctx, "recompute_granularity", "recompute_modules"), *declared)
-            yield Hit(tuple(dict.fromkeys(keys)), {"modules": ", ".join(needing)})
+        selective = selective_recompute(ctx)
+        needing = [m for m in selective[0] if m in RECOMPUTE_NEEDING_TE] if selective else []
+        if selective and needing:
+            yield Hit(tuple(dict.fromkeys(selective[1])), {"modules": ", ".join(needing)})
