@@ -7,6 +7,7 @@ section is type-checked against megatron-core's TransformerConfig (imported for 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.entry_points import BUILTIN_LAYER_SPECS, check_entry_point
-from graphdoctor.errors import InputFileError, UsageError
+from graphdoctor.errors import InputFileError, UsageError, where_from
 from graphdoctor.inputs import describe, read_text
 from graphdoctor.runfile_schema import load_yaml_strict, validate_section
 from graphdoctor.suggest import did_you_mean
@@ -428,7 +429,10 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         # The launch line sits under the run file and the flags (graphdoctor.launch_line).
         from graphdoctor.launch_line import apply_launch_line
 
-        values = apply_launch_line(values)
+        from_file = run_file is not None and overrides.get("megatron_args") is None
+        source = f"{run_file.path}: run.megatron_args" if run_file is not None and from_file else None
+        with where_from(source) if source else contextlib.nullcontext():
+            values = apply_launch_line(values)
     if "impls" in values:
         impls = values["impls"]
         if isinstance(impls, str):

@@ -5,7 +5,9 @@ The CLI turns each of these into one line on stderr and exit code 2; a traceback
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 
 
 class GraphDoctorError(Exception):
@@ -40,6 +42,16 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
+@contextlib.contextmanager
+def where_from(source: str) -> Iterator[None]:
+    """Within: a UsageError or InputFileError is raised again with `source: ` before its message (the file
+    and key a bad value came from, e.g. `run.yaml: run.megatron_args`)."""
+    try:
+        yield
+    except (UsageError, InputFileError) as exc:
+        raise type(exc)(f"{source}: {exc}") from None
+
+
 class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt: a signal, not an error
     """The parent got a stop signal; its children are killed already. A BaseException on purpose, like
     KeyboardInterrupt: no `except Exception` on the way up may treat it as one failed child and go on."""
@@ -70,4 +82,5 @@ __all__ = [
     "Stopped",
     "UsageError",
     "exception_chain",
+    "where_from",
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from graphdoctor.config import RUN_FILE_SECTIONS, RunFile, load_run_file
-from graphdoctor.errors import UsageError
+from graphdoctor.errors import UsageError, where_from
 from graphdoctor.report.envelope import SCHEMA_VERSION as ENVELOPE_SCHEMA_VERSION
 from graphdoctor.rules.base import Rule
 from graphdoctor.rules.context import CheckContext, validate_transformer
@@ -134,7 +134,8 @@ def build_context(
     if isinstance(own, str) and own.strip():
         # The run file's own launch line sits under its transformer: and run: keys, as `diff` reads it
         # (graphdoctor.launch_line.apply_launch_line); a --megatron-args given to check goes over both.
-        line = parse_megatron_args(own)
+        with where_from(f"{run_file.path}: run.megatron_args"):
+            line = parse_megatron_args(own)
         validate_transformer(line.transformer, f"{run_file.path}: run.megatron_args")
         transformer = {**line.transformer, **transformer}
         args.update(line.args)

@@ -31,3 +31,20 @@ def test_run_file_keys_override_its_launch_line(tmp_path: Path) -> None:
         f"run:\n  megatron_args: '@{SCRIPT}'\n"))
     assert "GD217" not in drop_and_pad  # alltoall with drop-and-pad makes no host copy in dispatch
     assert "GD219" in drop_and_pad     # still local attn on GPT layers
+
+
+def test_a_bad_value_in_the_run_files_launch_line_names_the_run_file(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from graphdoctor.cli import main
+
+    path = tmp_path / "run.yaml"
+    path.write_text("run:\n  megatron_args: '--num-layers two'\n", encoding="utf-8")
+    expected = f"{path}: run.megatron_args: --num-layers: got 'two', expected an integer"
+    for command in (["check", str(path)], ["diff", "--config", str(path), "-q"]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip() == f"graphdoctor: error: {expected}", result.stderr
+    # a --megatron-args given on the command line is named by its flag alone, as before
+    flag = CliRunner().invoke(main, ["diff", "--config", str(path), "--megatron-args", "--num-layers x", "-q"])
+    assert flag.exit_code == 2 and str(path) not in flag.stderr, flag.stderr
