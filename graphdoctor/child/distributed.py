@@ -128,6 +128,8 @@ def release_graphs(te_helper: Any = None) -> tuple[int, int]:
     from graphdoctor.launches.kept import local_runners, megatron_graphs
 
     held = list(megatron_graphs().values()) + _te_graphs(te_helper)
+    if held and torch.cuda.is_available():
+        torch.cuda.synchronize()  # no replay still running when its exec is destroyed
     steps: list[Callable[[], Any]] = []
     if te_helper is not None and getattr(te_helper, "graphs_created", lambda: False)():
         steps.append(te_helper.delete_cuda_graphs)
