@@ -14,8 +14,6 @@ from kept import diff
 from fixtures.planted.markers import marked_line
 from graphdoctor.compare.phases import phase_list
 from graphdoctor.config import DiffConfig
-from graphdoctor.errors import MissingDependencyError
-from graphdoctor.placement import te_findable
 from graphdoctor.report.diff import render_text
 from graphdoctor.types import Verdict
 
@@ -135,22 +133,3 @@ def test_recompute_only_parameter_gets_no_gradient_under_local_graphs() -> None:
     div = local.divergence
     assert div is not None and div.what == "grads" and div.step >= 1, div
     assert div.tensor is not None and div.tensor.endswith("mlp.recompute_scale"), div
-
-
-@pytest.mark.without_te
-def test_layernorm_recompute_in_local_graphs_is_noted_statically_and_compared() -> None:
-    config = DiffConfig(impls=("local",), dropout=0.0, recompute_granularity="selective",
-                        recompute_modules=("layernorm",), **SMALL)
-    if not te_findable():
-        # megatron-core 0.19.2's layernorm recompute needs TE (GD309): its eager reference failed with
-        # NameError FP8GlobalStateManager on the H200, so diff refuses it before any GPU work.
-        with pytest.raises(MissingDependencyError, match="needs Transformer Engine"):
-            diff(config)
-        return
-    report = diff(config)
-    (local,) = report.results
-    assert any(n.startswith("static GD220") for n in local.notes), local.notes
-    assert local.verdict in (Verdict.MATCH, Verdict.NUMERIC_DIVERGENCE), local
-    if local.verdict == Verdict.NUMERIC_DIVERGENCE:
-        assert local.divergence is not None and local.divergence.tensor is not None
-        assert "layernorm" in local.divergence.tensor, local.divergence

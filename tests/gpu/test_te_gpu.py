@@ -86,3 +86,25 @@ def test_local_graphs_differ_from_eager_at_dropout_0_with_te_installed() -> None
     assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
     assert local.divergence is not None and local.divergence.step >= 1, local.divergence
     assert any("eager repeated against eager is bitwise" in note for note in local.notes), local.notes
+
+
+def test_layernorm_recompute_in_local_graphs_is_noted_statically_and_compared() -> None:
+    """Selective recompute of the layernorms (CheckpointWithoutOutput) inside local whole-layer graphs, local
+    layer spec in fp32: GD220 is noted, and the run is compared (the weights only the recompute sees may get
+    no gradient on replay, NVIDIA/Megatron-LM#6373). Here, not in test_schedule_gpu.py: megatron-core 0.19.2's
+    layernorm recompute needs Transformer Engine (GD309; without it diff refuses the run)."""
+    config = DiffConfig(impls=("local",), dropout=0.0, recompute_granularity="selective",
+                        recompute_modules=("layernorm",), num_layers=2, hidden_size=128, num_attention_heads=4,
+                        seq_length=64, vocab_size=512, steps=7, cuda_graph_warmup_steps=2, timeout_s=300.0,
+                        launches=False)
+    report = diff(config)
+    keep(report)
+    (local,) = report.results
+    assert report.reference.status == "ok", report.reference.diagnosis
+    assert any(n.startswith("static GD220") for n in local.notes), local.notes
+    assert local.verdict in (Verdict.MATCH, Verdict.NUMERIC_DIVERGENCE), local
+    if local.verdict == Verdict.NUMERIC_DIVERGENCE:
+        # named: a layernorm weight when GD220's reading holds; with TE installed local graphs have also
+        # differed at dropout 0 without recompute (test_local_graphs_differ_from_eager_at_dropout_0_...)
+        assert local.divergence is not None and local.divergence.tensor is not None, local.divergence
+        print(f"layernorm recompute: first divergent tensor {local.divergence.tensor}")  # noqa: T201 - for the note
