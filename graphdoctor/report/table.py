@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tabulate import tabulate
 
@@ -60,4 +60,21 @@ def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, prose: S
     return tabulate(cells, list(headers), tablefmt="simple", disable_numparse=True)
 
 
-__all__ = ["MIN_PROSE_WIDTH", "fit_table", "terminal_width"]
+def markdown_cell(value: object) -> str:
+    """One Markdown table cell: `-` for None, two decimals for a float, else str()."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:
+    """A Markdown table as docs/ carries the benchmark scripts' tables (docs/moe.md, docs/multi-gpu.md):
+    `| a | b |`, `|---|---|`, then one line per row (row[column] for each column, markdown_cell)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(markdown_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+__all__ = ["MIN_PROSE_WIDTH", "fit_table", "markdown_cell", "markdown_table", "terminal_width"]

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from graphdoctor.report.table import markdown_table
+
 REPO = Path(__file__).resolve().parents[2]
 RUNFILES = REPO / "fixtures" / "runfiles"
 CONFIGS = ("dropless_allgather", "dropless_alltoall", "drop_pad")
@@ -115,14 +117,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return f"{value:.2f}"
-        return "-" if value is None else str(value)
-
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(row.get(c)) for c in COLUMNS) + " |" for row in rows]
-    return "\n".join(lines)
+    """A Markdown table (docs/moe.md)."""
+    return markdown_table(rows, COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> int:

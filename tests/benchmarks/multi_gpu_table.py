@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from graphdoctor.report.table import markdown_table
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "128",
          "--vocab-size", "1024", "--steps", "6"]
@@ -121,10 +123,7 @@ def read_config(config: str, folder: Path) -> list[dict[str, Any]]:
 
 def render(rows: list[dict[str, Any]]) -> str:
     """A Markdown table (docs/multi-gpu.md)."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join("-" if row.get(c) is None else str(row.get(c)) for c in COLUMNS) + " |"
-              for row in rows]
-    return "\n".join(lines)
+    return markdown_table(rows, COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> int:
