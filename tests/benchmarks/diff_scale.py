@@ -13,6 +13,7 @@ parameter bytes.
 
     python tests/benchmarks/diff_scale.py --help
     python tests/benchmarks/diff_scale.py --sizes default,0.5b,1.3b --out results.json
+    python tests/benchmarks/diff_scale.py --sizes schedule --out schedule.json   # issue 20's schedule
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ SIZES: dict[str, dict[str, Any]] = {
              "dtype": "bf16", "vocab_size": 32000},
     "1.3b": {"num_layers": 24, "hidden_size": 2048, "num_attention_heads": 16, "seq_length": 2048,
              "dtype": "bf16", "vocab_size": 32000},
+    # issue 20: the clean schedule (evaluation, micro-batches, a checkpoint and a resumed process) at the
+    # default size; both sides run the same schedule, the plain one without comparison.
+    "schedule": {"eval_interval": 3, "eval_iters": 2, "save_at": 4, "resume": True, "num_microbatches": 4},
 }
 
 
@@ -100,7 +104,7 @@ def run_size(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="default,0.5b,1.3b", help="Comma-separated: default, 0.5b, 1.3b.")
+    parser.add_argument("--sizes", default="default,0.5b,1.3b", help="Comma-separated: default, 0.5b, 1.3b, schedule.")
     parser.add_argument("--impls", default="local,full_iteration", help="Graphed implementations.")
     parser.add_argument("--steps", type=int, default=8, help="Training steps per run.")
     parser.add_argument("--jobs", type=int, default=0, help="Children at a time (0: decide).")

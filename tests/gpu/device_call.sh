@@ -5,7 +5,8 @@
 #   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/device_call.sh SECONDS PART[@GPU] ...
 # PART: core | i15 | i20 | te (tests/gpu/run_acceptance.sh parts), mg-a | mg-b | mg-c | mg-te (the parts of
 # tests/gpu/run_multi_gpu_acceptance.sh; they take every visible GPU), advise-core | advise-moe | advise-te
-# (tests/gpu/run_advise_acceptance.sh), scale (tests/benchmarks/diff_scale.py at default,0.5b,1.3b).
+# (tests/gpu/run_advise_acceptance.sh), scale (tests/benchmarks/diff_scale.py at default,0.5b,1.3b),
+# schedule-cost (diff_scale.py --sizes schedule: issue 20's schedule with and without comparison).
 # @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
 set -u
@@ -28,6 +29,8 @@ start_part() {  # part, gpu
         advise-core|advise-moe|advise-te) OUT="$dir" "${pin[@]}" bash tests/gpu/run_advise_acceptance.sh "${part#advise-}" ;;
         scale) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_scale.py --sizes default,0.5b,1.3b \
                    --out "$dir/scale.json" > "$dir/summary.txt" 2>&1; echo "scale: exit $?" >> "$dir/summary.txt" ;;
+        schedule-cost) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_scale.py --sizes schedule \
+                   --out "$dir/schedule.json" > "$dir/summary.txt" 2>&1; echo "schedule-cost: exit $?" >> "$dir/summary.txt" ;;
         *) echo "unknown part $part" > "$dir/summary.txt" ;;
     esac > "$dir/driver.log" 2>&1
 }
