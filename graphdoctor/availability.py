@@ -9,6 +9,7 @@ from __future__ import annotations
 from graphdoctor.config import DiffConfig
 from graphdoctor.errors import NoGPUError
 from graphdoctor.parent.runner import python_command, run_isolated
+from graphdoctor.placement import te_findable
 
 
 def require_gpu(command: str = "graphdoctor diff") -> None:
@@ -37,9 +38,7 @@ def te_available() -> tuple[bool, str]:
     hang the process (a CUDA or torch mismatch), which must not take the command down.
     """
     global _TE_STATUS
-    import importlib.util
-
-    if importlib.util.find_spec("transformer_engine") is None:
+    if not te_findable():
         return False, "transformer_engine is not installed"
     if _TE_STATUS is None:
         _TE_STATUS = _probe_te_import()

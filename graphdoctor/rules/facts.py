@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import UsageError
+from graphdoctor.placement import apex_importable, te_findable
 
 _TE_DISTRIBUTIONS: tuple[str, ...] = ("transformer_engine", "transformer-engine", "transformer_engine_torch")
 _SHARED_SUFFIXES: tuple[str, ...] = (".so", ".dylib", ".dll")
@@ -169,7 +170,7 @@ def parse_gpu_arch(value: Any) -> tuple[int, int] | None:
 
 
 def _te_version() -> str | None:
-    if importlib.util.find_spec("transformer_engine") is None:
+    if not te_findable():
         return None
     for dist in _TE_DISTRIBUTIONS:
         try:
@@ -231,7 +232,7 @@ def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
         torch_version=torch.__version__,
         torch_has_stale_capture_override=hasattr(torch.autograd.graph, "set_override_stale_capture_stream"),
         torch_has_graph_safe_rng=graph_safe,
-        apex_installed=importlib.util.find_spec("apex") is not None,
+        apex_installed=apex_importable(),
         gpu_capability=capability,
         cuda_version=torch.version.cuda,
         nccl_version=nccl,
