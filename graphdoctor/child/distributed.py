@@ -109,7 +109,14 @@ def data_parallel_salt() -> int:
     return 7919 * (1 + parallel_state.get_data_parallel_rank())
 
 
-def release_graphs(te_helper: Any = None) -> tuple[int, int]:
+def delete_te_graphs(te_helper: Any) -> None:
+    """TECudaGraphHelper.delete_cuda_graphs() when it created graphs (they hold NCCL buffers): at the end of
+    a run, and again (then a no-op) in release_graphs."""
+    if te_helper is not None and te_helper.graphs_created():
+        te_helper.delete_cuda_graphs()
+
+
+def release_graphs(model: Any = None, te_helper: Any = None) -> tuple[int, int]:
     """Delete the CUDA graphs Megatron-Core holds before the process groups go, as Megatron's own tests
     and Megatron-Bridge's trainer do (graphs that captured NCCL work keep its communicators alive, and
     destroy_process_group then waits for ever: pytorch#115388, Megatron-Bridge#2955): the Transformer
@@ -119,6 +126,7 @@ def release_graphs(te_helper: Any = None) -> tuple[int, int]:
     runner once the graphs are captured (launches.kept.local_runners), and on two H200s its runs' ranks
     then hung in destroy_process_group with all 8 graphs alive.
 
+    `model` (the model or its chunks) is where the local runners are looked for; None: the whole GC heap.
     Returns (graphs released, torch.cuda.CUDAGraph objects still alive that were not Megatron's: graphs
     someone else keeps). Once per child, at exit."""
     import gc
@@ -127,15 +135,13 @@ def release_graphs(te_helper: Any = None) -> tuple[int, int]:
 
     from graphdoctor.launches.kept import local_runners, megatron_graphs
 
-    held = list(megatron_graphs().values()) + _te_graphs(te_helper)
+    held = list(megatron_graphs(model).values()) + _te_graphs(te_helper)
     if held and torch.cuda.is_available():
         torch.cuda.synchronize()  # no replay still running when its exec is destroyed
-    steps: list[Callable[[], Any]] = []
-    if te_helper is not None and getattr(te_helper, "graphs_created", lambda: False)():
-        steps.append(te_helper.delete_cuda_graphs)
+    steps: list[Callable[[], Any]] = [lambda: delete_te_graphs(te_helper)]
     local = sys.modules.get("megatron.core.transformer.cuda_graphs")
     if local is not None:
-        steps.append(lambda: _drop_runner_graphs(local_runners()))
+        steps.append(lambda: _drop_runner_graphs(local_runners(model)))
         steps.append(local.delete_cuda_graphs)
     wrapper = getattr(sys.modules.get("megatron.core.full_cuda_graph"), "FullCudaGraphWrapper", None)
     graphs = getattr(wrapper, "cuda_graph", None)
@@ -189,4 +195,4 @@ def teardown_distributed() -> None:
 
 
 __all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "one_gpu", "parallel_fields", "rank_spec",
-           "has_peers", "release_graphs", "stage_flags", "sync_hooks", "teardown_distributed"]
+           "delete_te_graphs", "has_peers", "release_graphs", "stage_flags", "sync_hooks", "teardown_distributed"]

@@ -176,7 +176,7 @@ class ChildRun:
 
         def release_then_destroy() -> None:
             if has_peers():  # a one-process child has no communicator to release: it just exits
-                graphs[:] = release_graphs(getattr(self.setup, "te_helper", None))
+                graphs[:] = release_graphs(getattr(self.setup, "model", None), getattr(self.setup, "te_helper", None))
             teardown_distributed()
 
         def done(seconds: float, hung: bool) -> None:
@@ -200,12 +200,12 @@ def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float) 
     """Peak and reserved while the graphs (and their pools) are alive; allocated once they are not."""
     import torch
 
-    from graphdoctor.child.megatron_setup import delete_te_graphs
+    from graphdoctor.child.distributed import delete_te_graphs
     from graphdoctor.protocol.events import End
 
     peak = int(torch.cuda.max_memory_allocated())
     reserved = int(torch.cuda.memory_reserved())
-    delete_te_graphs(setup)
+    delete_te_graphs(setup.te_helper)
     return End(train_s=train_s, compare_s=compare_s, setup_s=setup_s, peak_allocated_bytes=peak,
                end_reserved_bytes=reserved, end_allocated_bytes=int(torch.cuda.memory_allocated()))
 

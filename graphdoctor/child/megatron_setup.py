@@ -479,14 +479,6 @@ def init_microbatches(config: DiffConfig, place: Placement) -> None:
         micro_batch_size=config.micro_batch_size, data_parallel_size=data_parallel)
 
 
-def delete_te_graphs(setup: Setup) -> None:
-    """delete_cuda_graphs() for Transformer Engine graphs (they hold NCCL buffers), when the run ends; the
-    teardown releases every graph (graphdoctor.child.distributed.release_graphs)."""
-    helper = setup.te_helper
-    if helper is not None and helper.graphs_created():
-        helper.delete_cuda_graphs()
-
-
 __all__ = [
     "Setup",
     "build_probe_model",
@@ -494,7 +486,6 @@ __all__ = [
     "clear_moe_metrics",
     "decoder_layers",
     "default_forward_step",
-    "delete_te_graphs",
     "forward_step_name",
     "have_transformer_engine",
     "provider_arguments",

@@ -58,7 +58,7 @@ def test_a_failing_release_step_leaves_the_rest_running(full_iteration_graphs: d
 
     validation = Captured()
     full_iteration_graphs["validation"] = validation
-    assert release_graphs(BrokenHelper()) == (1, 0)
+    assert release_graphs(te_helper=BrokenHelper()) == (1, 0)
     assert validation.reset_calls == 1
 
 
