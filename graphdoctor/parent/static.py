@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
@@ -27,23 +29,34 @@ MEGATRON_MOE_FRAME = re.compile(r"(megatron/core/transformer/moe/[\w/]+\.py:\d+)
 DISPATCH_LOCATION = re.compile(r"at (megatron/core/transformer/moe/[\w/]+\.py:\d+)")
 
 
-def moe_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
-    """Errors and warnings of the MoE rules for the TransformerConfig diff builds for `impl`.
+def _row_transformer(config: DiffConfig) -> dict[str, Any]:
+    """The run's transformer: values without cuda_graph_impl: diff owns it (one implementation per child),
+    so each row's `impl` stands for it."""
+    return {k: v for k, v in config.transformer.items() if k != "cuda_graph_impl"}
 
-    Diff owns cuda_graph_impl (one per child), so the run file's `transformer.cuda_graph_impl` is
-    left out and `impl` with the run's cuda_graph_modules stands for it.
-    """
-    transformer = {k: v for k, v in config.transformer.items() if k != "cuda_graph_impl"}
+
+def _checked(mapping: dict[str, Any], codes: Sequence[str], **kwargs: Any) -> list[Finding]:
+    """check() of one row's mapping with `codes` selected; none where check refuses the mapping (the
+    children report a bad transformer: value themselves, with its field)."""
+    try:
+        return list(check(mapping, select=list(codes), **kwargs).findings)
+    except UsageError:
+        return []
+
+
+def _errors_and_warnings(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity in ("error", "warning")]
+
+
+def moe_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
+    """Errors and warnings of the MoE rules for the TransformerConfig diff builds for `impl`, with the
+    run's cuda_graph_modules."""
+    transformer = _row_transformer(config)
     if not transformer.get("num_moe_experts"):
         return []
     codes = [r.code for r in all_rules() if r.family == MOE_FAMILY and not r.runtime]
-    mapping = {"transformer": transformer,
-               "run": {"impls": [impl], "cuda_graph_modules": list(config.cuda_graph_modules)}}
-    try:
-        report = check(mapping, select=codes)
-    except UsageError:
-        return []  # the children report a bad transformer: mapping themselves, with its field
-    return [f for f in report.findings if f.severity in ("error", "warning")]
+    run = {"impls": [impl], "cuda_graph_modules": list(config.cuda_graph_modules)}
+    return _errors_and_warnings(_checked({"transformer": transformer, "run": run}, codes))
 
 
 def schedule_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
@@ -51,16 +64,11 @@ def schedule_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     (GD402 only when the run evaluates between steps)."""
     if impl != "local":
         return []
-    transformer = {k: v for k, v in config.transformer.items() if k != "cuda_graph_impl"}
-    transformer.update(config.recompute_settings(), cuda_graph_impl=impl)
+    transformer = {**_row_transformer(config), **config.recompute_settings(), "cuda_graph_impl": impl}
     if config.cuda_graph_modules and "cuda_graph_modules" not in transformer:
         transformer["cuda_graph_modules"] = list(config.cuda_graph_modules)
     codes = [c for c in SCHEDULE_RULES if c != "GD402" or config.eval_interval > 0]
-    try:
-        report = check({"transformer": transformer}, select=codes)
-    except UsageError:
-        return []
-    return list(report.findings)
+    return _checked({"transformer": transformer}, codes)
 
 
 LOCAL_SCOPE_RULE = "GD219"
@@ -72,14 +80,9 @@ def local_scope_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     reads the run's layer_spec and model_provider)."""
     if impl != "local" or not config.cuda_graph_modules:
         return []
-    transformer = {k: v for k, v in config.transformer.items() if k != "cuda_graph_impl"}
     run = {"impls": [impl], "cuda_graph_modules": list(config.cuda_graph_modules),
            "layer_spec": config.layer_spec, "model_provider": config.model_provider}
-    try:
-        report = check({"transformer": transformer, "run": run}, select=[LOCAL_SCOPE_RULE])
-    except UsageError:
-        return []
-    return list(report.findings)
+    return _checked({"transformer": _row_transformer(config), "run": run}, [LOCAL_SCOPE_RULE])
 
 
 ENV_RULES: tuple[str, ...] = ("GD301", "GD302", "GD307")
@@ -98,11 +101,7 @@ def env_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
 
     env = {k: v for k, v in launch_env(config.env, None).items() if k in ENV_RULE_VARIABLES}
     transformer = {"cuda_graph_impl": impl, "cuda_graph_modules": list(config.cuda_graph_modules)}
-    try:
-        report = check({"transformer": transformer}, env=env, select=ENV_RULES)
-    except UsageError:
-        return []
-    return [f for f in report.findings if f.severity in ("error", "warning")]
+    return _errors_and_warnings(_checked({"transformer": transformer}, ENV_RULES, env=env))
 
 
 def with_static_findings(result: ImplResult, config: DiffConfig) -> ImplResult:
