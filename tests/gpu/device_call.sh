@@ -3,11 +3,12 @@
 # (the device tool returns at most 8 files): every part writes under /tmp/gd-call/<part>, and at the end, or
 # when the call's own deadline passes, everything is packed into $OUT/call.tgz and each part's summary printed.
 #   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/device_call.sh SECONDS PART[@GPU] ...
-# PART: core | i15 | i20 | te (tests/gpu/run_acceptance.sh parts), mg-a | mg-b | mg-c | mg-te (the parts of
+# PART: core | i15 | i20 | te | moe-te (tests/gpu/run_acceptance.sh parts), mg-a | mg-b | mg-c | mg-te (the parts of
 # tests/gpu/run_multi_gpu_acceptance.sh; they take every visible GPU), advise-core | advise-moe | advise-te
 # (tests/gpu/run_advise_acceptance.sh), scale (tests/benchmarks/diff_scale.py at default,0.5b,1.3b),
 # schedule-cost (diff_scale.py --sizes schedule: issue 20's schedule with and without comparison).
-# @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
+# te, moe-te, advise-te and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
+# the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
 set -u
 deadline=${1:-560}
@@ -17,14 +18,17 @@ out=${OUT:-/tmp/gd-call-out}
 mkdir -p "$work" "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 inner=$(( deadline - 20 ))
-{ git log --oneline -1; nvidia-smi -L; python -c "import transformer_engine" 2>&1 | tail -1; } > "$work/machine.txt" 2>&1
+{ git log --oneline -1; nvidia-smi -L; PYTHONPATH=/tmp/te-site:${PYTHONPATH:-} python -c "import transformer_engine.pytorch; print('TE', transformer_engine.__version__)" 2>&1 | tail -1; } > "$work/machine.txt" 2>&1
 start_part() {  # part, gpu
     local part=$1 gpu=$2 dir="$work/$1"
     mkdir -p "$dir"
     local pin=()
     [ -n "$gpu" ] && pin=(env CUDA_VISIBLE_DEVICES="$gpu")
+    case "$part" in  # Transformer Engine only where a part needs it (tests/gpu/te_env.sh installs it in /tmp/te-site)
+        te|moe-te|advise-te|mg-te) export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} ;;
+    esac
     case "$part" in
-        core|i15|i20|te) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
+        core|i15|i20|te|moe-te) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
         mg-a|mg-b|mg-c|mg-te) OUT="$dir" GD_BUDGET_S="$inner" bash tests/gpu/run_multi_gpu_acceptance.sh "${part#mg-}" ;;
         advise-core|advise-moe|advise-te) OUT="$dir" "${pin[@]}" bash tests/gpu/run_advise_acceptance.sh "${part#advise-}" ;;
         scale) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_scale.py --sizes default,0.5b,1.3b \

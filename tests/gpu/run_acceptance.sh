@@ -2,11 +2,11 @@
 # The whole GPU suite on one H200 in one device call, in groups that run at the same time, with every
 # log written under $OUT as it goes (a call that hits its time limit still returns what finished).
 # Transformer Engine groups run only when it imports (stage it first: ../shared/device/README.md).
-#   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|te]
+#   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|te|moe-te]
 # Parts, one device call each (10-minute limit): `core` (diff, forensics, probes, memory, count,
 # launches, report: about 5 minutes on a fresh H200), `i15` (MoE, forward_step forms, diagnoses,
 # clean-model probes, memory site, launch line), `i20` (evaluation, microbatches, recompute,
-# logged values), `te` (Transformer Engine, staged first; about 9 minutes in one process, now two
+# logged values), `moe-te` (issue 15's TE rows), `te` (Transformer Engine, staged first; about 9 minutes in one process, now two
 # at once). Run `core` and `i15` on a machine without TE: tests marked `without_te` skip where TE
 # imports. `all` runs every part in one call.
 set -u
@@ -34,6 +34,9 @@ if [ "$part" = all ] || [ "$part" = i15 ]; then
 fi
 if [ "$part" = all ] || [ "$part" = i20 ]; then
     run schedule tests/gpu/test_schedule_gpu.py &
+fi
+if [ "$part" = moe-te ]; then  # issue 15's Transformer Engine rows: MoE router/preprocess scopes, the TE clean spec
+    run moe_te tests/gpu/test_moe_gpu.py tests/gpu/test_probes_clean_gpu.py -k "transformer_engine or [te-" &
 fi
 if { [ "$part" = all ] || [ "$part" = te ]; } && python -c "import transformer_engine.pytorch" > /dev/null 2>&1; then
     # TE alone last: its diffs are the slowest and share the GPU's timing turns with everything else.
