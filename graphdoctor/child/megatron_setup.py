@@ -55,10 +55,17 @@ def init_distributed(place: Placement) -> None:
 
     torch.cuda.set_device(place.local_rank)
     if not torch.distributed.is_initialized():
-        # Under torch.distributed.run its agent holds the store: the ranks meet through env://.
-        where: dict[str, Any] = {"init_method": "env://"} if place.launcher else {
-            "init_method": f"tcp://{place.master_addr}:{place.master_port}", "rank": place.rank,
-            "world_size": place.world_size}
+        # Under torch.distributed.run its agent holds the store: the ranks meet through env://. One process
+        # alone needs no port: a free port picked by one child could be taken by another before it listens
+        # (EADDRINUSE seen on the H200 with many children at once), so it keeps its store in memory.
+        where: dict[str, Any]
+        if place.launcher:
+            where = {"init_method": "env://"}
+        elif place.world_size == 1:
+            where = {"store": torch.distributed.HashStore(), "rank": 0, "world_size": 1}
+        else:
+            where = {"init_method": f"tcp://{place.master_addr}:{place.master_port}", "rank": place.rank,
+                     "world_size": place.world_size}
         torch.distributed.init_process_group(backend="nccl", device_id=torch.device("cuda", place.local_rank),
                                              **where)
     if not parallel_state.model_parallel_is_initialized():
