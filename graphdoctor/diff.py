@@ -214,8 +214,7 @@ class DiffRun:
                 + [self.request(impl, self.config.dropout, Role.GRAPHED, taps=self.config.localize is True)
                    for impl in runnable])
             reference, graphed = first[0], dict(zip(runnable, first[1:], strict=True))
-            results = [with_static_findings(self.judge_impl(impl, reference, graphed.get(impl)), self.config)
-                       for impl in self.config.impls]
+            results = [self.judge_impl(impl, reference, graphed.get(impl)) for impl in self.config.impls]
         finally:
             shutil.rmtree(self.ref_dir, ignore_errors=True)
         return DiffReport(config=self.config, results=tuple(results), reference=reference,
@@ -234,7 +233,11 @@ class DiffRun:
                      atol=cfg.atol, **kwargs)
 
     def judge_impl(self, impl: str, reference: RunRecord, graphed: RunRecord | None) -> ImplResult:
-        """The row of one implementation."""
+        """The row of one implementation, with its static findings (GD217 names a MoE capture failure):
+        the same row in diff and in each advise candidate."""
+        return with_static_findings(self._row(impl, reference, graphed), self.config)
+
+    def _row(self, impl: str, reference: RunRecord, graphed: RunRecord | None) -> ImplResult:
         cfg = self.config
         why_not = why_unavailable(impl, cfg)
         if why_not is not None or graphed is None:

@@ -45,7 +45,7 @@ def _first(result: ImplResult) -> str:
     if result.diagnosis is not None and result.verdict.value not in ("match",):
         diag = result.diagnosis
         where = diag.location or diag.module or ""
-        return f"{diag.cuda_error or diag.error_type} {where}".strip()
+        return " ".join(x for x in (diag.rule, diag.cuda_error or diag.error_type, where) if x)
     return "-"
 
 

@@ -1,0 +1,69 @@
+"""advise documents recorded on one H200 (fixtures/data/advise, README there): the tables and the
+bisection render from the real reports, and a MoE capture failure in a candidate gets diff's GD217
+diagnosis (every candidate row goes through DiffRun.judge_impl, which adds the static findings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from graphdoctor.advise import AdviseReport
+from graphdoctor.advise_rank import RAN, REJECTED
+from graphdoctor.parent.static import with_static_findings
+from graphdoctor.report.advise import render_text, row
+from graphdoctor.types import Verdict
+
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "advise"
+
+
+def _load(name: str) -> AdviseReport:
+    return AdviseReport.from_dict(json.loads((DATA / name).read_text()))
+
+
+def test_dense_fp32_recommends_full_iteration_and_rejects_local_scopes_by_gd219() -> None:
+    report = _load("h200_advise_dense_fp32.json")
+    text = render_text(report)
+    assert report.recommendation.candidate is not None
+    assert report.recommendation.candidate.label == "full_iteration whole step"
+    assert "Megatron-LM flags: --cuda-graph-impl full_iteration" in text
+    rejected = {r.candidate.label: [x.rule for x in r.rejections] for r in report.candidates if r.status == REJECTED}
+    assert rejected == {"local attn": ["GD219"], "local mlp": ["GD219"]}
+    ran = [r for r in report.candidates if r.status == RAN]
+    assert {r.verdict for r in ran} == {Verdict.MATCH} and len(ran) == 2
+    assert report.exit_code() == 0
+
+
+def test_te_bf16_bisects_the_divergence_to_attention_of_layer_0() -> None:
+    report = _load("h200_advise_te_bf16.json")
+    text = render_text(report)
+    (bisection,) = report.bisections
+    assert bisection.start.label == "transformer_engine whole layer"
+    assert bisection.narrowed.modules == ("attn",) and bisection.narrowed.layers == (0,)
+    assert bisection.stopped == "one layer"
+    assert "narrowed to transformer_engine attn (layer 0)" in text
+    by_label = {r.candidate.label: r for r in report.candidates}
+    assert by_label["transformer_engine mlp"].verdict == Verdict.MATCH
+    assert by_label["transformer_engine attn"].verdict == Verdict.NUMERIC_DIVERGENCE
+    # the only passing candidate is not measurably faster: no recommendation, and the line says why
+    assert report.recommendation.candidate is None
+    assert "no graph configuration is measurably faster" in text
+
+
+def test_moe_capture_failure_in_a_candidate_is_diagnosed_gd217_at_the_dispatcher() -> None:
+    """Recorded before advise's rows took diff's static findings: the H200 row says GD504 with no
+    location. The same function diff applies names the token dispatcher's host copy."""
+    report = _load("h200_advise_moe_dropless_no_te.json")
+    failed = [r for r in report.candidates if r.status == RAN and r.verdict == Verdict.CAPTURE_FAILED]
+    assert [r.candidate.label for r in failed] == ["full_iteration whole step", "local whole layer"]
+    for candidate_result in failed:
+        assert candidate_result.result is not None and candidate_result.result.diagnosis is not None
+        assert candidate_result.result.diagnosis.rule == "GD504"  # as recorded
+        fixed = with_static_findings(candidate_result.result, candidate_result.candidate.config(report.config))
+        assert fixed.diagnosis is not None and fixed.diagnosis.rule == "GD217"
+        assert fixed.diagnosis.location is not None
+        assert fixed.diagnosis.location.startswith("megatron/core/transformer/moe/"), fixed.diagnosis.location
+        cell = row("-", type(candidate_result)(candidate_result.candidate, RAN, result=fixed), False)[-1]
+        assert cell.startswith("GD217 RuntimeError megatron/core/transformer/moe/"), cell
+    rejected = {r.candidate.label: {x.rule for x in r.rejections} for r in report.candidates if r.status == REJECTED}
+    assert {"GD204"} <= rejected["local mlp"] and {"GD205"} <= rejected["local moe"]
+    assert report.exit_code() == 1
