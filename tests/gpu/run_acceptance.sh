@@ -2,13 +2,14 @@
 # The whole GPU suite on one H200 in one device call, in groups that run at the same time, with every
 # log written under $OUT as it goes (a call that hits its time limit still returns what finished).
 # Transformer Engine groups run only when it imports (stage it first: ../shared/device/README.md).
-#   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|te|moe-te]
-# Parts, one device call each (10-minute limit): `core` (diff, forensics, probes, memory, count,
-# launches, report: about 5 minutes on a fresh H200), `i15` (MoE, forward_step forms, diagnoses,
-# clean-model probes, memory site, launch line), `i20` (evaluation, microbatches, recompute,
-# logged values), `moe-te` (issue 15's TE rows), `te` (Transformer Engine, staged first; about 9 minutes in one process, now two
-# at once). Run `core` and `i15` on a machine without TE: tests marked `without_te` skip where TE
-# imports. `all` runs every part in one call.
+#   source .whl/gpu-env.sh && [bash tests/gpu/te_env.sh && PYTHONPATH=/tmp/te-site:$PYTHONPATH] \
+#       bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|te|moe-te]
+# (tests/gpu/device_call.sh does the TE path for the TE parts only.) Parts, one device call each (10-minute
+# limit): `core` (diff, forensics, probes, memory, count, launches, report: about 4 minutes), `i15` (MoE,
+# forward_step forms, diagnoses, clean-model probes, memory site, launch line), `i20` (evaluation,
+# microbatches, recompute, logged values), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
+# minutes in one process, now five at once). Run `core` and `i15` where TE does not import: tests marked
+# `without_te` skip where it does. `all` runs every part in one call.
 set -u
 limit=${1:-540}
 part=${2:-all}
@@ -40,10 +41,14 @@ if [ "$part" = moe-te ]; then  # issue 15's Transformer Engine rows: MoE router/
 fi
 if { [ "$part" = all ] || [ "$part" = te ]; } && python -c "import transformer_engine.pytorch" > /dev/null 2>&1; then
     # TE alone last: its diffs are the slowest and share the GPU's timing turns with everything else.
-    # Two processes at once (the small models leave the GPU idle between launches): about 9 minutes in one.
     wait
+    # Five processes at once: in two (2026-12-01, beside moe-te) the second had not finished 4 of its 5 tests
+    # in 480 s.
     run te tests/gpu/test_te_gpu.py -k "te_graphs_with_te_spec" &
-    run te_rest tests/gpu/test_te_gpu.py -k "not te_graphs_with_te_spec" &
+    run te_launches tests/gpu/test_te_gpu.py -k "te_launch_table" &
+    run te_dropout tests/gpu/test_te_gpu.py -k "te_dropout_against_local" &
+    run te_divergent tests/gpu/test_te_gpu.py -k "none_attention_mask or local_graphs_differ" &
+    run te_recompute tests/gpu/test_te_gpu.py -k "layernorm_recompute" &
 fi
 wait
 cat "$out/summary.txt"
