@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 import torch
 
+from graphdoctor.child.batches import forward_step_name, step_batches
 from graphdoctor.child.checkpoint import save_run
-from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics, forward_step_name, step_batches
+from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics
 from graphdoctor.child.quiet import GpuTurn
 from graphdoctor.child.reported import reduce_step
 from graphdoctor.child.schedule import EvalPoint, eval_plan, run_eval, with_tracker_values

@@ -66,7 +66,7 @@ def with_tracker_values(values: StepValues) -> StepValues:
 
 def eval_batches(config: DiffConfig, iteration: int) -> Iterator[dict[str, torch.Tensor]]:
     """The micro-batches of one evaluation iteration (a running count over the run's evaluations)."""
-    from graphdoctor.child.megatron_setup import synthetic_batch
+    from graphdoctor.child.batches import synthetic_batch
 
     return iter([synthetic_batch(config, EVAL_BATCH_BASE + iteration, m)
                  for m in range(config.num_microbatches)])

@@ -35,7 +35,7 @@ def test_equal_models_print_equal_and_one_bit_differs() -> None:
 def test_constant_batch_inputs_are_allocated_once() -> None:
     # Captured tensors stay alive at a stable address and every step allocates the same (see
     # megatron_setup._CONSTANT_INPUTS for what was seen on the H200).
-    from graphdoctor.child.megatron_setup import constant_inputs
+    from graphdoctor.child.batches import constant_inputs
     from graphdoctor.config import DiffConfig
 
     config = DiffConfig(seq_length=16, micro_batch_size=2)
