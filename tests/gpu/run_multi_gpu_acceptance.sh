@@ -10,10 +10,16 @@
 #   te  T=2 sequence parallel with the TE layer spec (needs Transformer Engine staged: source .whl/te-env.sh)
 # Every part ends with the step-time table of every report under $OUT/reports and ps_after.txt (what was
 # left running). Logs and reports go under $OUT as each step finishes; summary.txt has one line per step.
-#   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/run_multi_gpu_acceptance.sh a|b|c|te
+# Parts joined by + run one after the other in one call, under one budget (a step the budget cannot hold
+# says "not run (budget spent)"): `a+b` once the exits are fast.
+#   source .whl/gpu-env.sh && [PYTHONPATH=/tmp/te-site:$PYTHONPATH] bash tests/gpu/run_multi_gpu_acceptance.sh a|b|c|te[+...]
 set -u
-part=${1:-}
-case "$part" in a|b|c|te) ;; *) echo "usage: $0 a|b|c|te" >&2; exit 2 ;; esac
+parts=${1:-}
+for part in ${parts//+/ }; do
+    case "$part" in a|b|c|te) ;; *) echo "usage: $0 a|b|c|te[+...]" >&2; exit 2 ;; esac
+done
+[ -n "$parts" ] || { echo "usage: $0 a|b|c|te[+...]" >&2; exit 2; }
+part=$parts
 out=${OUT:-/tmp/gd-multi-gpu}
 mkdir -p "$out/reports"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -36,6 +42,7 @@ tests() {  # name, test file, -k expression, seconds
     note "pytest $1: exit $? wall $((SECONDS - start)) s (limit $secs): $(tail -1 "$out/pytest_$1.log")"
 }
 mg=tests/gpu/test_multi_gpu.py
+for part in ${parts//+/ }; do
 case "$part" in
 a)
     tests tp2_dropout0 $mg "tensor_parallel_local_and_full_iteration" 150
@@ -65,6 +72,8 @@ te)
     tests tp2_sp_te $mg "sequence_parallel" 200
     ;;
 esac
+done
+part=$parts
 python tests/benchmarks/multi_gpu_table.py --out "$out/table" --from-reports "$out/reports" > "$out/table.log" 2>&1
 note "table: exit $? ($out/table/table.md)"
 ps -eo pid,ppid,etimes,args | grep -E "graphdoctor|torch.distributed" | grep -v grep > "$out/ps_after.txt"
