@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -20,10 +21,10 @@ from graphdoctor.availability import require_gpu, te_available, why_unavailable
 from graphdoctor.compare.forensics import analyze
 from graphdoctor.compare.prints import differing_steps, family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
-from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed
+from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed, stopped_row
 from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import TE_LAYER_SPECS
-from graphdoctor.errors import MissingDependencyError
+from graphdoctor.errors import MissingDependencyError, Stopped
 from graphdoctor.parent.children import ChildRequest, ChildSession
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
@@ -64,6 +65,8 @@ class DiffReport:
     """Most bytes the diff held on disk for reference tensors at once (targeted re-runs only)."""
     jobs: str = ""
     """How the children were scheduled (one line)."""
+    stopped: str | None = None
+    """The signal that stopped graphdoctor before the diff finished (`SIGTERM`, ...): a partial report."""
 
     @property
     def env(self) -> RunEnv | None:
@@ -73,7 +76,9 @@ class DiffReport:
     def exit_code(self) -> int:
         """0: all passed (rng-divergence unless strict_rng) and every process exited within its bound;
         2: the reference hit a usage error; else 1 (a teardown-hang is a finding even when the results
-        match)."""
+        match); 128 + the signal's number when a signal stopped the diff (as the process exits)."""
+        if self.stopped is not None:
+            return 128 + signal.Signals.__members__.get(self.stopped, signal.SIGTERM).value
         if self.reference.status == "error" and getattr(self.reference.diagnosis, "error_type", "") == "UsageError":
             return 2
         if any(e.hung for run in (self.reference, *(r for res in self.results for r in res.runs))
@@ -103,6 +108,7 @@ class DiffReport:
             "reference": self.reference.to_dict(),
             "control_reference": self.control_reference.to_dict() if self.control_reference else None,
             "impls": [r.to_dict() for r in self.results],
+            "stopped": self.stopped,
         }
 
     @classmethod
@@ -121,7 +127,8 @@ class DiffReport:
                    reference=RunRecord.from_dict(data["reference"]),
                    control_reference=RunRecord.from_dict(control) if control else None,
                    wall_s=float(data.get("wall_s", 0.0)), child_wall_s=float(data.get("child_wall_s", 0.0)),
-                   scratch_bytes=int(data.get("scratch_bytes", 0)), jobs=str(data.get("jobs", "")))
+                   scratch_bytes=int(data.get("scratch_bytes", 0)), jobs=str(data.get("jobs", "")),
+                   stopped=str(data["stopped"]) if data.get("stopped") else None)
 
 
 def _unavailable(impl: str, why: str) -> ImplResult:
@@ -174,7 +181,12 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
         session = ChildSession(config, base, progress, plan)
         session.note(plan.reason)
         run = DiffRun(session)
-        report = run.run_all()
+        try:
+            report = run.run_all()
+        except Stopped as stop:  # the children are ended already; the report says how far they got
+            stop.report = dataclasses.replace(run.stopped_report(stop.signal_name),
+                                              wall_s=time.perf_counter() - started)
+            raise
     finally:
         if own_dir:
             shutil.rmtree(base, ignore_errors=True)
@@ -201,6 +213,8 @@ class DiffRun:
         self._tapped_reference: RunRecord | None = None
         self._saved: dict[tuple[float, tuple[int, ...]], RunRecord] = {}
         self.scratch_bytes = 0
+        self.first: list[ChildRequest] = []
+        """The first children: the eager reference, then each runnable implementation (stopped_report)."""
 
     def run_all(self) -> DiffReport:
         """Reference and implementations, judged; scratch directories removed afterwards."""
@@ -209,10 +223,10 @@ class DiffRun:
                 if folder:
                     Path(folder).mkdir(parents=True, exist_ok=True)
             runnable = [impl for impl in self.config.impls if why_unavailable(impl, self.config) is None]
-            first = self.session.run_many(
-                [self.request(EAGER, self.config.dropout, Role.REFERENCE, taps=self.config.localize is True)]
-                + [self.request(impl, self.config.dropout, Role.GRAPHED, taps=self.config.localize is True)
-                   for impl in runnable])
+            self.first = ([self.request(EAGER, self.config.dropout, Role.REFERENCE, taps=self.config.localize is True)]
+                          + [self.request(impl, self.config.dropout, Role.GRAPHED, taps=self.config.localize is True)
+                             for impl in runnable])
+            first = self.session.run_many(self.first)
             reference, graphed = first[0], dict(zip(runnable, first[1:], strict=True))
             results = [self.judge_impl(impl, reference, graphed.get(impl)) for impl in self.config.impls]
         finally:
@@ -221,6 +235,27 @@ class DiffRun:
                           control_reference=self.control_reference,
                           child_wall_s=self.session.child_wall_s, scratch_bytes=self.scratch_bytes,
                           jobs=self.session.plan.reason)
+
+    def stopped_report(self, signal_name: str) -> DiffReport:
+        """The partial report of a diff stopped by `signal_name`: each implementation's row from the first
+        children as the stop left them (compare.verdict.stopped_row), with its static findings."""
+        cfg = self.config
+        records = self.session.stopped_records(self.first, signal_name)
+        reference = records.get(self.first[0]) if self.first else None
+        if reference is None:
+            reference = RunRecord(impl=EAGER, dropout=cfg.dropout, status="stopped", diagnosis=Diagnosis(
+                error_type="stopped", message=f"stopped by {signal_name} with graphdoctor before it started"))
+        graphed = {request.impl: records.get(request) for request in self.first[1:]}
+        rows = []
+        for impl in cfg.impls:
+            why_not = why_unavailable(impl, cfg)
+            row = _unavailable(impl, why_not) if why_not is not None else stopped_row(
+                reference, graphed.get(impl), impl, stopped_by=signal_name, warmup_steps=cfg.cuda_graph_warmup_steps,
+                rtol=cfg.rtol, atol=cfg.atol)
+            rows.append(with_static_findings(row, cfg))
+        return DiffReport(config=cfg, results=tuple(rows), reference=reference,
+                          control_reference=self.control_reference, child_wall_s=self.session.child_wall_s,
+                          scratch_bytes=self.scratch_bytes, jobs=self.session.plan.reason, stopped=signal_name)
 
     def request(self, impl: str, dropout: float, role: Role, **kwargs: Any) -> ChildRequest:
         """A child request against this diff's scratch directory."""

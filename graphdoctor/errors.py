@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 
 class GraphDoctorError(Exception):
@@ -59,6 +60,8 @@ class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt: a signal, 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+        self.report: Any = None
+        """The partial report of the command it stopped, where that command writes one (diff)."""
 
     @property
     def exit_code(self) -> int:

@@ -49,6 +49,11 @@ class Verdict(enum.StrEnum):
     REFERENCE_FAILED = "reference-failed"
     """The eager reference itself failed, so nothing could be compared."""
 
+    STOPPED = "stopped"
+    """graphdoctor was stopped (SIGTERM, SIGHUP) before this implementation's comparison finished; the
+    report says how far eager and graphed got, the first difference seen by then, and each stopped run's
+    stacks."""
+
     @property
     def passed(self) -> bool:
         """True for verdicts that count as a pass without --strict-rng."""

@@ -102,10 +102,23 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
 
         raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
     from graphdoctor.diff import diff
+    from graphdoctor.errors import Stopped
+
+    try:
+        with progress_board(quiet) as board:
+            report = diff(config, workdir=workdir, progress=board)
+    except Stopped as stop:  # SIGTERM/SIGHUP: the partial report still goes where it was asked to
+        if stop.report is not None:
+            write_outputs(stop.report, json_path, html_path, verbose)
+        raise
+    write_outputs(report, json_path, html_path, verbose)
+    sys.exit(report.exit_code())
+
+
+def write_outputs(report: Any, json_path: str | None, html_path: str | None, verbose: bool) -> None:
+    """The JSON report first (quickest), the terminal summary, then the page."""
     from graphdoctor.report.diff import render_text, write_json
 
-    with progress_board(quiet) as board:
-        report = diff(config, workdir=workdir, progress=board)
     if json_path:
         write_json(report, json_path)
     click.echo(render_text(report, verbose=verbose))
@@ -117,7 +130,6 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
 
         write_html(render_payload(report.to_dict()), html_path)
         click.echo(f"page written to {html_path}")
-    sys.exit(report.exit_code())
 
 
 def _under_torchrun(values: dict[str, Any]) -> dict[str, Any]:

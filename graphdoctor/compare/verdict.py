@@ -7,7 +7,7 @@ step times, and the verdict rules of `graphdoctor diff` (documented in docs/diff
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from graphdoctor.compare.divergence import Divergence, find_divergence
@@ -231,6 +231,8 @@ def verdict_for_failure(record: RunRecord) -> Verdict:
         return Verdict.TIMEOUT
     if record.status == "hang":
         return Verdict.HANG
+    if record.status == "stopped":
+        return Verdict.STOPPED
     if record.status == "error":
         phase = record.diagnosis.phase if record.diagnosis else None
         return Verdict.CAPTURE_FAILED if phase in ("warmup", "capture", "setup") else Verdict.CRASHED
@@ -292,6 +294,54 @@ def judge(
                       notes=phase_notes + notes, **common)  # type: ignore[arg-type]
 
 
+def stopped_row(reference: RunRecord, graphed: RunRecord | None, impl: str, *, stopped_by: str,
+                warmup_steps: int, rtol: float = 0.0, atol: float = 0.0) -> ImplResult:
+    """The row of one implementation when graphdoctor was stopped (`stopped_by`: the signal) during its diff.
+
+    A comparison that had finished keeps its verdict where nothing after it could change that verdict
+    (match; numeric-divergence at dropout 0), with a note saying what did not run. Otherwise the verdict is
+    `stopped`: the steps both runs reached are compared, and the note says how far each got and the first
+    difference seen, or how long they were equal. A graphed run that had already failed keeps its failure.
+    """
+    if graphed is None:
+        return ImplResult(impl=impl, verdict=Verdict.STOPPED, notes=(f"stopped by {stopped_by} before it started",))
+    if reference.status not in ("ok", "stopped"):
+        return reference_failed(impl)
+    runs = (graphed,)
+    if graphed.status not in ("ok", "stopped"):
+        return ImplResult(impl=impl, verdict=verdict_for_failure(graphed), diagnosis=graphed.diagnosis,
+                          memory=graphed.memory, runs=runs)
+    if reference.status == "ok" and graphed.status == "ok":
+        result = judge(reference, graphed, warmup_steps=warmup_steps, rtol=rtol, atol=atol)
+        final = result.verdict == Verdict.MATCH or (result.verdict == Verdict.NUMERIC_DIVERGENCE
+                                                     and graphed.dropout == 0.0)
+        note = (f"stopped by {stopped_by} after this comparison: what follows it (measurement, culprit hunt, "
+                "control pair, forensics) did not run" if final else
+                f"stopped by {stopped_by} before the dropout-free control pair told random draws from numerics")
+        return replace(result, verdict=result.verdict if final else Verdict.STOPPED,
+                        notes=(*result.notes, note))
+    divergence = find_divergence(reference, graphed, rtol=rtol, atol=atol)
+    last_ref, last_graphed = _last_step(reference), _last_step(graphed)
+    reached = f"eager {_reached(last_ref)}, {impl} {_reached(last_graphed)}"
+    if divergence is not None:
+        seen = f"first difference at step {divergence.step} ({divergence.label})"
+    elif min(last_ref, last_graphed) >= 0:
+        seen = f"equal through step {min(last_ref, last_graphed)}"
+    else:
+        seen = "no step to compare"
+    diagnosis = graphed.diagnosis if graphed.status == "stopped" else reference.diagnosis
+    return ImplResult(impl=impl, verdict=Verdict.STOPPED, divergence=divergence, diagnosis=diagnosis,
+                      memory=graphed.memory, runs=runs, notes=(f"stopped by {stopped_by}: {reached}; {seen}",))
+
+
+def _last_step(record: RunRecord) -> int:
+    return max((s.step for s in record.steps), default=-1)
+
+
+def _reached(last: int) -> str:
+    return f"finished step {last}" if last >= 0 else "finished no step"
+
+
 REFERENCE_FAILED_NOTE = "not run: the eager reference failed"
 """The note of every implementation's row when the eager reference failed."""
 
@@ -326,4 +376,4 @@ def _control(control_reference: RunRecord | None, control_graphed: RunRecord | N
 
 
 __all__ = ["REFERENCE_FAILED_NOTE", "ControlPair", "Divergence", "ImplResult", "StepTimes", "steady_times", "Timing",
-           "find_divergence", "judge", "reference_failed", "steady_timing", "verdict_for_failure"]
+           "find_divergence", "judge", "reference_failed", "steady_timing", "stopped_row", "verdict_for_failure"]

@@ -17,10 +17,18 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import entry_point_modules
 from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.gpus import JobPlan
-from graphdoctor.parent.launch import launch_env, multi_gpu_placement, run_launched, under_user_torchrun
+from graphdoctor.parent.launch import fold_launch, launch_env, multi_gpu_placement, run_launched, under_user_torchrun
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.resume import checkpoint_dir, clear_checkpoint, first_process, resumed_process, saves, stitched
-from graphdoctor.parent.runner import child_env, python_command, run_isolated, with_port_retries
+from graphdoctor.parent.runner import (
+    STDERR_TAIL_BYTES,
+    ProcessResult,
+    child_env,
+    python_command,
+    read_stacks,
+    run_isolated,
+    with_port_retries,
+)
 from graphdoctor.protocol.events import (
     read_events,
 )
@@ -46,6 +54,18 @@ def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = No
                          log_path=workdir / f"log-{spec.name}.txt",
                          env=env if env is not None else child_env(spec.config.env),
                          stacks_prefix=workdir / f"stacks-{spec.name}")
+    return record_from_events(spec, read_events(spec.events_path), ended)
+
+
+def fold_stopped(spec: ChildSpec, workdir: Path, signal_name: str) -> RunRecord:
+    """The record of a child that the parent's stop ended before run_child returned: its events so far, its
+    stacks (stop_running asked for them) and its log's tail, with status `stopped`."""
+    log = workdir / f"log-{spec.name}.txt"
+    tail = log.read_bytes()[-STDERR_TAIL_BYTES:].decode("utf-8", "replace") if log.is_file() else ""
+    ended = ProcessResult(returncode=None, timed_out=False, wall_s=0.0, log_tail=tail,
+                          stacks=read_stacks(workdir / f"stacks-{spec.name}"), stopped=signal_name)
+    if spec.placement.launcher:
+        return fold_launch(spec, ended)
     return record_from_events(spec, read_events(spec.events_path), ended)
 
 
@@ -126,6 +146,10 @@ class ChildSession:
         self.child_wall_s = 0.0
         self.import_dir = user_import_dir(config)
         self._lock = threading.Lock()
+        self.started: list[tuple[ChildRequest, ChildSpec]] = []
+        """Every child started, in order, with the request it serves (stopped_records reads them)."""
+        self.finished: dict[str, RunRecord] = {}
+        """The record of every child that ended (failing, timed out or stopped too), by name."""
         self._slots: queue.Queue[str | None] = queue.Queue()
         devices: list[str | None] = list(self.plan.gpus) or [None]
         for i in range(max(self.plan.jobs, 1)):
@@ -177,7 +201,11 @@ class ChildSession:
                 if self.board is not None:
                     self.board.child_started(spec.name, request.impl, request.describe(), progress_events(spec),
                                              total_steps(spec))
+                with self._lock:
+                    self.started.append((request, spec))
                 record = run_child(spec, self.workdir, env=env)
+                with self._lock:
+                    self.finished[spec.name] = record
                 if self.board is not None:
                     self.board.child_finished(spec.name, record.status, record.wall_s)
                 return record
@@ -196,6 +224,17 @@ class ChildSession:
         with self._lock:
             self.child_wall_s += record.wall_s + sum(r.wall_s for r in failed)
         return record
+
+    def stopped_records(self, requests: list[ChildRequest], signal_name: str) -> dict[ChildRequest, RunRecord]:
+        """After a stop (graphdoctor.parent.stopping): the record of each request's last started child, as it
+        ended (a worker thread's child was folded as `stopped` when the stop ended it) or, for the child the
+        stop interrupted in this thread, folded here from its events and stacks. Requests whose child never
+        started are left out."""
+        records: dict[ChildRequest, RunRecord] = {}
+        for request, spec in self.started:
+            if request in requests:
+                records[request] = self.finished.get(spec.name) or fold_stopped(spec, self.workdir, signal_name)
+        return records
 
     def _with_checkpoint(self, spec: ChildSpec, process: Callable[[ChildSpec], RunRecord],
                          resumed_spec: Callable[[], ChildSpec]) -> RunRecord:
@@ -224,4 +263,5 @@ class ChildSession:
             return list(pool.map(self.run_request, requests))
 
 
-__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "port_taken", "run_child", "user_import_dir"]
+__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "fold_stopped", "port_taken", "run_child",
+           "user_import_dir"]

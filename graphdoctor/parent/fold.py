@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from graphdoctor.parent.diagnose import diagnose, is_capture_error
-from graphdoctor.parent.hangs import teardown_exits, timeout_outcome
+from graphdoctor.parent.hangs import stopped_outcome, teardown_exits, timeout_outcome
 from graphdoctor.parent.runner import ProcessResult
 from graphdoctor.protocol.events import (
     Checkpoint,
@@ -66,6 +66,8 @@ def _outcome(spec: ChildSpec, logs: dict[int, EventLog], end: End | None, error:
     last_step = max(steps) if steps else -1
     if ended.timed_out:
         return timeout_outcome(spec.config.timeout_s, logs, ended.stacks, ended.group_gone, ended.left_running)
+    if ended.stopped is not None and end is None:
+        return stopped_outcome(ended.stopped, logs, ended.stacks)
     if error is not None:
         frames = list(error.frames)
         diagnosis = diagnose(error.error_type, error.message, frames, module=error.module,

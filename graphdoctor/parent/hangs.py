@@ -7,6 +7,7 @@ Pure Python over text and events, so it is tested on CPU with real dumps of real
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import re
 from collections.abc import Mapping, Sequence
@@ -138,6 +139,26 @@ def timeout_outcome(timeout_s: float, logs: Mapping[int, EventLog], stacks: Sequ
         group_gone: whether the runner found no process of the group left (None: not checked).
         left_running: the processes it found still running.
     """
+    gone = {True: "no process left", False: f"{len(left_running)} process(es) left running: "
+            + "; ".join(left_running), None: ""}[group_gone]
+    diag, waiting = _ended_outside(f"no result within {timeout_s:.0f} s; killed", logs, stacks, gone)
+    if waiting:
+        return "hang", dataclasses.replace(diag, error_type="hang", rule=HANG_RULE, fix=rule_fix(HANG_RULE))
+    return "timeout", diag
+
+
+def stopped_outcome(signal_name: str, logs: Mapping[int, EventLog],
+                    stacks: Sequence[tuple[str, str]]) -> tuple[str, Diagnosis]:
+    """`stopped`: the parent got `signal_name` and ended this child before its result, with every rank's
+    phase, last finished step and stack at that moment (as timeout_outcome gives them)."""
+    diag, _ = _ended_outside(f"stopped by {signal_name} with graphdoctor before its result", logs, stacks, "")
+    return "stopped", dataclasses.replace(diag, error_type="stopped")
+
+
+def _ended_outside(why: str, logs: Mapping[int, EventLog], stacks: Sequence[tuple[str, str]],
+                   gone: str) -> tuple[Diagnosis, bool]:
+    """The diagnosis of a child ended from outside (`timeout` as its error type), and whether a rank
+    waited in a collective or a CUDA synchronize."""
     dumped = dict(stacks)
     labels = sorted({f"rank{r}" for r in logs} | {k for k in dumped if _rank_of(k) is not None},
                     key=lambda k: _rank_of(k) or 0) + [k for k in dumped if _rank_of(k) is None]
@@ -145,17 +166,14 @@ def timeout_outcome(timeout_s: float, logs: Mapping[int, EventLog], stacks: Sequ
                              else None) for k in labels)
     waiting = [r for r in ranks if r.waiting_in is not None and _rank_of(r.label) is not None]
     parts = [_rank_words(r) for r in ranks if _rank_of(r.label) is not None]
-    gone = {True: "no process left", False: f"{len(left_running)} process(es) left running: "
-            + "; ".join(left_running), None: ""}[group_gone]
-    message = f"no result within {timeout_s:.0f} s; killed; " + "; ".join(p for p in (*parts, gone) if p)
+    message = f"{why}; " + "; ".join(p for p in (*parts, gone) if p)
     first = waiting[0] if waiting else (ranks[0] if ranks else None)
     steps = [r.last_step for r in ranks if _rank_of(r.label) is not None]
-    diag = Diagnosis(error_type="hang" if waiting else "timeout", message=message,
+    diag = Diagnosis(error_type="timeout", message=message,
                      step=(min(steps) + 1) if steps else None, phase=first.phase if first else None,
-                     location=first.user_frame.split(" in ")[0] if first and first.user_frame else None, fix=rule_fix(HANG_RULE) if waiting else None,
-                     rule=HANG_RULE if waiting else None,
+                     location=first.user_frame.split(" in ")[0] if first and first.user_frame else None,
                      traceback_tail=list(first.frames[:8]) if first else [], stacks=ranks)
-    return ("hang" if waiting else "timeout"), diag
+    return diag, bool(waiting)
 
 
 def _rank_words(stack: RankStack) -> str:
@@ -189,4 +207,4 @@ def teardown_exits(logs: Mapping[int, EventLog], stacks: Sequence[tuple[str, str
 
 
 __all__ = ["HANG_RULE", "Thread", "main_thread", "parse_dump", "phase_and_step", "rank_stack",
-           "teardown_exits", "timeout_outcome", "waiting_in"]
+           "teardown_exits", "stopped_outcome", "timeout_outcome", "waiting_in"]

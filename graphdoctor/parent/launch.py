@@ -79,7 +79,7 @@ def rank_result(ended: ProcessResult, has_end: bool) -> ProcessResult:
 
 def fold_launch(spec: ChildSpec, ended: ProcessResult) -> RunRecord:
     """Read every rank's events and fold them (parent.ranks.fold_ranks)."""
-    from graphdoctor.parent.hangs import teardown_exits, timeout_outcome
+    from graphdoctor.parent.hangs import stopped_outcome, teardown_exits, timeout_outcome
     from graphdoctor.parent.ranks import fold_ranks
 
     nproc = spec.placement.world_size
@@ -94,6 +94,9 @@ def fold_launch(spec: ChildSpec, ended: ProcessResult) -> RunRecord:
     if ended.timed_out:  # one diagnosis from every rank's phase, last step and stack (hang or timeout)
         status, diagnosis = timeout_outcome(spec.config.timeout_s, logs, ended.stacks, ended.group_gone,
                                             ended.left_running)
+        return dataclasses.replace(folded, status=status, diagnosis=diagnosis, teardown=teardown)
+    if ended.stopped is not None and any(log.first(End) is None for log in logs.values()):
+        status, diagnosis = stopped_outcome(ended.stopped, logs, ended.stacks)
         return dataclasses.replace(folded, status=status, diagnosis=diagnosis, teardown=teardown)
     return dataclasses.replace(folded, teardown=teardown)
 

@@ -13,9 +13,10 @@ import math
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.types import Diagnosis, StepPrints, StepRecord, TensorDiff
 
-RANK_STATUS_ORDER: tuple[str, ...] = ("ok", "crashed", "timeout", "unavailable", "error")
+RANK_STATUS_ORDER: tuple[str, ...] = ("ok", "stopped", "crashed", "timeout", "unavailable", "error")
 """Which rank's status stands for the run, last wins: a rank that reported an error explains a run
-whose other ranks were torn down after it (crashed) or waited for it (timeout)."""
+whose other ranks were torn down after it (crashed) or waited for it (timeout); a rank the stopped parent
+ended (stopped) stands over ranks that had finished."""
 
 
 def rank_prefix(rank: int) -> str:

@@ -43,6 +43,10 @@ KILL_GRACE_S = 10.0
 STACKS_WAIT_S = 3.0
 """How long the processes of a timed-out child have to write their stacks after SIGUSR1."""
 
+STOP_STACKS_WAIT_S = 2.0
+"""How long every running child together has to write its stacks when the parent is stopped (CI runners
+send SIGKILL a few seconds after SIGTERM)."""
+
 GROUP_GONE_WAIT_S = 5.0
 """How long the runner waits for a killed child's processes to be gone (SIGKILL again meanwhile)."""
 
@@ -52,11 +56,13 @@ MAX_STACKS_BYTES = 65536
 PORT_RETRIES = 2
 """Re-runs of a child whose rendezvous port was taken between picking and binding it."""
 
-_running: dict[int, tuple[subprocess.Popen[bytes], str]] = {}
-"""Every child started by run_isolated and not yet ended, by pid (with its token)."""
+_running: dict[int, tuple[subprocess.Popen[bytes], str, Path | None]] = {}
+"""Every child started by run_isolated and not yet ended, by pid (with its token and stacks prefix)."""
 _running_lock = threading.Lock()
 _stopping = threading.Event()
 """Set by stop_running: the parent is stopping, no child may start."""
+_stopped_by: list[str] = []
+"""The name of the signal that stopped the parent (stop_running), for the records of the children it ended."""
 
 @dataclass(frozen=True, slots=True)
 class ProcessResult:
@@ -79,6 +85,8 @@ class ProcessResult:
     its token: torchrun's ranks run in sessions of their own) was left running; None: not checked."""
     left_running: tuple[str, ...] = ()
     """After a timeout: `pid state command` of each of its processes still running."""
+    stopped: str | None = None
+    """The signal (`SIGTERM`, ...) that stopped the parent and with it this child before it ended."""
 
     def describe_exit(self) -> str:
         """`exited with code N`, `killed by SIGKILL`, ... for messages."""
@@ -129,6 +137,7 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
     path = Path(tempfile.mkstemp(prefix="graphdoctor-", suffix=".log")[1]) if own_log else Path(log_path)  # type: ignore[arg-type]
     start = time.perf_counter()
     timed_out = False
+    stopped: str | None = None
     left: tuple[str, ...] | None = None
     token = new_token()
     # PARENT_PID_ENV: the child dies with this process (graphdoctor.child.stacks.die_with_parent).
@@ -139,9 +148,11 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
             old.unlink(missing_ok=True)
     try:
         with open(path, "wb") as log:
-            proc = _start(argv, log, env, capture_stdout, token)
+            proc = _start(argv, log, env, capture_stdout, token, stacks_prefix)
             try:
                 out, _ = proc.communicate(timeout=timeout_s)
+                if _stopping.is_set():  # ended by stop_running (its stacks asked for first)
+                    stopped = _stopped_by[-1] if _stopped_by else "stop"
             except subprocess.TimeoutExpired:
                 timed_out = True
                 if stacks_prefix is not None:
@@ -163,11 +174,11 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
     stdout = out.decode("utf-8", "replace") if capture_stdout and out else ""
     return ProcessResult(returncode=proc.returncode, timed_out=timed_out, wall_s=wall_s, log_tail=tail,
                          stdout=stdout, stacks=read_stacks(stacks_prefix) if stacks_prefix else (),
-                         group_gone=None if left is None else not left, left_running=left or ())
+                         group_gone=None if left is None else not left, left_running=left or (), stopped=stopped)
 
 
 def _start(argv: list[str], log: IO[bytes], env: Mapping[str, str], capture_stdout: bool,
-           token: str) -> subprocess.Popen[bytes]:
+           token: str, stacks_prefix: Path | None) -> subprocess.Popen[bytes]:
     """Start one child in a session of its own and register it for stop_running."""
     with _running_lock:
         if _stopping.is_set():
@@ -175,28 +186,33 @@ def _start(argv: list[str], log: IO[bytes], env: Mapping[str, str], capture_stdo
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else log,
                                 stderr=log if capture_stdout else subprocess.STDOUT, env=dict(env),
                                 start_new_session=True)
-        _running[proc.pid] = (proc, token)
+        _running[proc.pid] = (proc, token, stacks_prefix)
     return proc
 
 
-def stop_running() -> None:
-    """Kill every running child's processes (SIGTERM to all of them at once, SIGKILL after KILL_GRACE_S)
-    and let no new child start: the parent is stopping (graphdoctor.parent.stopping)."""
+def stop_running(signal_name: str = "stop") -> None:
+    """Ask every running child for its stacks (all at once, at most STOP_STACKS_WAIT_S), then kill their
+    processes (SIGTERM to all of them at once, SIGKILL after KILL_GRACE_S) and let no new child start: the
+    parent is stopping (graphdoctor.parent.stopping). Their results say `stopped` by `signal_name`."""
     # No lock here: this runs in the signal handler, maybe while the main thread holds _running_lock in
     # _start; list() of the values is one step under the GIL. A child started but not yet registered
     # when the signal came is not reached here; it gets SIGTERM from the kernel as this process exits
     # (graphdoctor.child.stacks.die_with_parent).
+    _stopped_by.append(signal_name)
     _stopping.set()
     running = list(_running.values())
-    for proc, token in running:
+    _await_stacks([(proc.pid, token, prefix) for proc, token, prefix in running if prefix is not None],
+                  STOP_STACKS_WAIT_S)
+    for proc, token, _ in running:
         signal_all(proc.pid, token, signal.SIGTERM)
-    for proc, token in running:
+    for proc, token, _ in running:
         kill_all(proc, token, KILL_GRACE_S)
 
 
 def allow_starts() -> None:
     """Children may start again (after a stop handled in-process: graphdoctor.parent.stopping)."""
     _stopping.clear()
+    _stopped_by.clear()
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -223,10 +239,18 @@ def stack_files(prefix: Path) -> list[Path]:
 def request_stacks(pgid: int, token: str | None, prefix: Path) -> None:
     """SIGUSR1 to every process of the child; wait (at most STACKS_WAIT_S) until every stacks file registered
     before the signal has grown and stopped growing."""
-    before = {p: p.stat().st_size for p in stack_files(prefix)}
-    if not signal_all(pgid, token, signal.SIGUSR1):
-        return
-    deadline = time.monotonic() + STACKS_WAIT_S
+    _await_stacks([(pgid, token, prefix)], STACKS_WAIT_S)
+
+
+def _await_stacks(children: list[tuple[int, str | None, Path]], wait_s: float) -> None:
+    """SIGUSR1 to every process of each child at once; wait (at most `wait_s` for all of them) until every
+    stacks file registered before the signals has grown and stopped growing."""
+    before: dict[Path, int] = {}
+    for pgid, token, prefix in children:
+        files = {p: p.stat().st_size for p in stack_files(prefix)}
+        if signal_all(pgid, token, signal.SIGUSR1):
+            before.update(files)
+    deadline = time.monotonic() + wait_s
     last: dict[Path, int] = {}
     while before and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -21,8 +21,9 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    stop_running()
-    raise Stopped(signum)
+    stopped = Stopped(signum)
+    stop_running(stopped.signal_name)
+    raise stopped
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ class RunRecord:
     """Dropout the run used."""
 
     status: str
-    """ok | error | hang | timeout | crashed | unavailable."""
+    """ok | error | hang | timeout | crashed | unavailable | stopped (graphdoctor was stopped first)."""
 
     steps: tuple[StepRecord, ...] = ()
     """Recorded steps, in order (possibly fewer than asked when the run failed)."""

@@ -96,6 +96,9 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
                      f"{env.megatron_core or '?'} | world size {env.world_size}")
     if cfg.nproc_per_node > 1:
         lines.append(placement_line(cfg))
+    if report.stopped:
+        lines.append(f"STOPPED by {report.stopped} before the diff finished: a partial report (each row says "
+                     "how far its runs got)")
     table = tabulate(summary_rows(report), headers=[
         "impl", "verdict", "first divergence", "max abs", "max rel", "eager ms", "graphed ms",
         "speedup"], tablefmt="simple")

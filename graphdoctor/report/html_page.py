@@ -79,7 +79,8 @@ footer{color:var(--muted);font-size:12px;margin:18px 0}
 }
 """
 
-_VERDICT_CLASS = {"match": "ok", "ok": "ok", "rng-divergence": "warn", "unavailable": "na", "skipped": "na"}
+_VERDICT_CLASS = {"match": "ok", "ok": "ok", "rng-divergence": "warn", "unavailable": "na", "skipped": "na",
+                  "stopped": "na"}
 _VERDICT_MARK = {"ok": "\u2713", "warn": "\u2248", "bad": "\u2717", "na": "\u2013"}
 
 
