@@ -23,7 +23,7 @@ from graphdoctor.child.reported import checked_forward_step
 from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import TE_LAYER_SPECS, build_layer_spec, resolve_entry_point
 from graphdoctor.errors import MissingDependencyError
-from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement, free_port, megatron_impl
+from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement, megatron_impl
 
 
 @dataclass(slots=True)
@@ -395,7 +395,7 @@ def build_probe_model(config: DiffConfig, *, device: str = "cuda") -> tuple[torc
     require_transformer_engine(config, EAGER)
     config = rank_setup.one_gpu(config)  # the probes capture layers in one process
     if device == "cuda":
-        init_distributed(Placement(master_port=free_port()))
+        init_distributed(Placement())
         seed_everything(config.seed, EAGER, uses_te_spec(config), graph_safe=True)
     tconfig = transformer_config(config, EAGER, config.dropout)
     with track_hook_registrations() as registrations:

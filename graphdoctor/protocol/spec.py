@@ -2,7 +2,8 @@
 written by the parent as one JSON file and read back by the child with the same types.
 
 Distributed placement comes from torchrun's environment when present (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR, MASTER_PORT); every child of one rank gets its own rendezvous port so runs never collide.
+MASTER_ADDR, MASTER_PORT); every child of one rank gets its own rendezvous port so runs never collide. A
+child alone (one process) needs no port: its process group keeps its store in memory.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import enum
 import json
 import os
-import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,18 +96,12 @@ class Placement:
         return self.world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size)
 
 
-def free_port() -> int:
-    """An unused TCP port on this host (for single-process runs)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def placement_for_child(child_index: int, *, tp: int = 1, pp: int = 1) -> Placement:
     """Placement of the `child_index`-th child of this process.
 
     Under torchrun every rank computes the same port (MASTER_PORT + 1 + child_index), so the ranks'
-    children of one run meet; alone, a free port is picked.
+    children of one run meet; alone, no port is needed (the child keeps its store in memory:
+    graphdoctor.child.megatron_setup.init_distributed).
     """
     env = os.environ
     if "WORLD_SIZE" in env and "RANK" in env:
@@ -119,8 +113,7 @@ def placement_for_child(child_index: int, *, tp: int = 1, pp: int = 1) -> Placem
             master_port=base + 1 + child_index,
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         )
-    return Placement(master_port=free_port(), tensor_model_parallel_size=tp,
-                     pipeline_model_parallel_size=pp)
+    return Placement(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
 
 
 def rank_path(path: str, rank: int, world_size: int) -> str:
@@ -330,7 +323,6 @@ __all__ = [
     "ProbeJob",
     "ProtocolError",
     "Role",
-    "free_port",
     "gpu_turn_path",
     "impl_name",
     "megatron_impl",
