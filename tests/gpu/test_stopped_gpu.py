@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _steps_done(workdir: Path) -> int:
-    """The most training steps any child has finished so far (from its events file)."""
+    """The last training step the eager reference has finished so far (from its events file)."""
     done = -1
-    for events in workdir.glob("events-*.jsonl"):
+    for events in workdir.glob("events-eager-reference-*.jsonl"):
         for line in events.read_text(errors="replace").splitlines():
             if line.startswith('{"event": "step"'):
                 done = max(done, int(json.loads(line)["step"]))
@@ -54,7 +54,7 @@ def test_sigterm_mid_run_writes_the_partial_report_and_leaves_nothing(tmp_path: 
         while _steps_done(workdir) < 5 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()[0]
-        assert _steps_done(workdir) >= 5, "no child reached step 5 in 240 s"
+        assert _steps_done(workdir) >= 5, "the eager reference did not reach step 5 in 240 s"
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
