@@ -63,7 +63,7 @@ class _Group(click.Group):
             with stop_children_on_signals():
                 result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             code = result if isinstance(result, int) else EXIT_OK
-        except Stopped as exc:  # SIGTERM/SIGHUP: the children are killed already (parent.stopping)
+        except Stopped as exc:  # SIGTERM/SIGHUP/SIGINT: the children are killed already (parent.stopping)
             code = _fail(f"stopped by {exc.signal_name}: every child process was ended", exc.exit_code)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_TOOL_ERROR)

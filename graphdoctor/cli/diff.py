@@ -107,7 +107,7 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     try:
         with progress_board(quiet) as board:
             report = diff(config, workdir=workdir, progress=board)
-    except Stopped as stop:  # SIGTERM/SIGHUP: the partial report still goes where it was asked to
+    except Stopped as stop:  # SIGTERM/SIGHUP/SIGINT: the partial report still goes where it was asked to
         if stop.report is not None:
             write_outputs(stop.report, json_path, html_path, verbose)
         raise

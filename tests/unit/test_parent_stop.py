@@ -39,16 +39,21 @@ time.sleep(300)
 
 PARENT = """\
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from graphdoctor.child.stacks import launcher_command
 from graphdoctor.parent.runner import python_command, run_isolated
 from graphdoctor.parent.stopping import Stopped, stop_children_on_signals
 
-child, ready, launched = sys.argv[1], sys.argv[2], sys.argv[3] == "launched"
+child, ready, how = sys.argv[1], sys.argv[2], sys.argv[3]
 argv = (launcher_command("--standalone", "--nproc-per-node=2", "--monitor-interval=0.2", child, ready)
-        if launched else [sys.executable, "-P", child, ready])
+        if how == "launched" else [sys.executable, "-P", child, ready])
 try:
     with stop_children_on_signals():
-        run_isolated(argv, timeout_s=240)
+        if how == "pool":  # as a diff's session runs children: worker threads, the main thread waiting
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(lambda i: run_isolated([*argv[:-1], f"{ready}.w{i}"], timeout_s=240), range(2)))
+        else:
+            run_isolated(argv, timeout_s=240)
 except Stopped as exc:
     raise SystemExit(exc.exit_code)
 """
@@ -75,7 +80,7 @@ def _ours(token: str, but: int | None = None) -> list[str]:
     return found
 
 
-def _start(tmp_path: Path, launched: bool) -> tuple[subprocess.Popen[bytes], str, list[str]]:
+def _start(tmp_path: Path, launched: bool, *, pool: bool = False) -> tuple[subprocess.Popen[bytes], str, list[str]]:
     """The parent, once its child's processes are all up: (parent, token, their `pid command`)."""
     token = f"gd-stop-{uuid.uuid4().hex}"
     _TOKENS.append(token)
@@ -84,10 +89,13 @@ def _start(tmp_path: Path, launched: bool) -> tuple[subprocess.Popen[bytes], str
     ready = tmp_path / f"{token}-ready"
     parent_script = tmp_path / "parent.py"
     parent_script.write_text(PARENT)
-    parent = subprocess.Popen([sys.executable, "-P", str(parent_script), str(child), str(ready),
-                               "launched" if launched else "one"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    expected = [Path(f"{ready}.{r}") for r in range(2 if launched else 1)]
+    how = "launched" if launched else "pool" if pool else "one"
+    # SIGINT at its default (a CI shell starts background jobs with it ignored, which the parent would keep)
+    parent = subprocess.Popen([sys.executable, "-P", str(parent_script), str(child), str(ready), how],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    expected = ([Path(f"{ready}.w{i}.0") for i in range(2)] if pool else
+                [Path(f"{ready}.{r}") for r in range(2 if launched else 1)])
     deadline = time.monotonic() + 90
     while not all(p.exists() for p in expected):
         assert parent.poll() is None, f"parent exited early: {parent.returncode}"
@@ -112,7 +120,7 @@ def _gone_within(token: str, seconds: float) -> list[str]:
     return left
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_stopped_parent_kills_the_launcher_and_every_rank_and_exits_128_plus_the_signal(
         tmp_path: Path, sig: signal.Signals) -> None:
     parent, token, before = _start(tmp_path, launched=True)
@@ -120,6 +128,17 @@ def test_a_stopped_parent_kills_the_launcher_and_every_rank_and_exits_128_plus_t
     assert len(before) == 3, before  # the launcher and its two ranks
     parent.send_signal(sig)
     assert parent.wait(timeout=30) == 128 + sig
+    assert _gone_within(token, 5) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_ends_children_run_by_worker_threads_at_once(tmp_path: Path, sig: signal.Signals) -> None:
+    """Two children run by worker threads while the main thread waits, as in a diff: before SIGINT was a stop
+    signal, Ctrl-C raised KeyboardInterrupt there and the parent waited out its children's timeout."""
+    parent, token, before = _start(tmp_path, launched=False, pool=True)
+    assert len(before) == 2, before
+    parent.send_signal(sig)
+    assert parent.wait(timeout=30) == 128 + sig  # the children's limit is 240 s
     assert _gone_within(token, 5) == []
 
 
