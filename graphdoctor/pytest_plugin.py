@@ -118,11 +118,19 @@ def graphdoctor_diff(request: pytest.FixtureRequest) -> Callable[..., Any]:
 
     def run(**overrides: Any) -> Any:
         from graphdoctor.diff import diff
+        from graphdoctor.parent.stopping import Stopped, stop_children_on_signals
 
         why = skip_reason({**base, **overrides}, num_gpus)
         if why is not None:
             pytest.skip(why)
-        report = diff(session.config_for(_marker_fields(request), overrides))
+        try:
+            # Ctrl-C or SIGTERM ends the diff's children at once (their sessions never get the terminal's
+            # SIGINT), then pytest stops as on its own Ctrl-C.
+            with stop_children_on_signals():
+                report = diff(session.config_for(_marker_fields(request), overrides))
+        except Stopped as stop:
+            raise KeyboardInterrupt(f"graphdoctor: stopped by {stop.signal_name}: every child process was "
+                                    "ended") from stop
         verdicts = session.record(request.node.nodeid, report)
         request.node.user_properties.append((USER_PROPERTY, verdicts.line()))
         return report
