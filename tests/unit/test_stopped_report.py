@@ -215,3 +215,31 @@ def test_the_cli_writes_the_partial_report_and_exits_128_plus_the_signal(tmp_pat
     assert data["stopped"] == "SIGTERM" and {r["verdict"] for r in data["impls"]} == {"stopped"}
     assert page.is_file() and "STOPPED by SIGTERM" in result.output
     assert "stopped by SIGTERM: every child process was ended" in result.output
+
+
+def test_a_stopped_diff_run_builds_its_report_from_the_children_it_started(tmp_path: Path) -> None:
+    """DiffRun.stopped_report over a real session's files: the eager reference and one implementation, each
+    a real process stopped after its first step (the main-thread path: folded from events, stacks, log)."""
+    from graphdoctor.diff import DiffRun
+    from graphdoctor.parent.children import ChildSession
+    from graphdoctor.protocol.spec import EAGER
+
+    config = DiffConfig(impls=("local",), dropout=0.0, timeout_s=120.0)
+    session = ChildSession(config, tmp_path)
+    run = DiffRun(session)
+    run.first = [run.request(EAGER, 0.0, Role.REFERENCE), run.request("local", 0.0, Role.GRAPHED)]
+    for request in run.first:
+        spec = session.spec(request)
+        _stop_while_running(tmp_path, dataclasses.replace(spec, events_path=str(tmp_path / f"run-{spec.name}.jsonl")),
+                            "sleep")
+        shutil.copy(tmp_path / f"run-{spec.name}.rank0.jsonl", spec.events_path)
+        session.started.append((request, spec))
+    report = run.stopped_report("SIGTERM")
+    assert report.stopped == "SIGTERM" and report.exit_code() == 143
+    assert report.reference.status == "stopped" and report.reference.diagnosis is not None
+    assert report.reference.diagnosis.stacks and [s.step for s in report.reference.steps] == [0]
+    (local,) = report.results
+    assert local.verdict is Verdict.STOPPED
+    assert local.notes == ("stopped by SIGTERM: eager finished step 0, local finished step 0; equal through step 0",)
+    assert "STOPPED by SIGTERM" in render_text(report)
+    _nothing_left(str(tmp_path))
