@@ -7,7 +7,7 @@
 # tests/gpu/run_multi_gpu_acceptance.sh; they take every visible GPU), advise-core | advise-moe | advise-te
 # (tests/gpu/run_advise_acceptance.sh), scale (tests/benchmarks/diff_scale.py at default,0.5b,1.3b),
 # schedule-cost (diff_scale.py --sizes schedule: issue 20's schedule with and without comparison).
-# te, moe-te, advise-te and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
+# te, moe-te, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
 # the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
 set -u
@@ -25,7 +25,7 @@ start_part() {  # part, gpu
     local pin=()
     [ -n "$gpu" ] && pin=(env CUDA_VISIBLE_DEVICES="$gpu")
     case "$part" in  # Transformer Engine only where a part needs it (tests/gpu/te_env.sh installs it in /tmp/te-site)
-        te|moe-te|advise-te|mg-te|mg-*+te*|mg-te+*) export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} ;;
+        te|moe-te|advise-te|advise-moe|mg-te|mg-*+te*|mg-te+*) export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} ;;
     esac
     case "$part" in
         core|i15|i20|te|moe-te) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;

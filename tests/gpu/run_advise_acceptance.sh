@@ -2,7 +2,8 @@
 # Issue 18 acceptance on one H200, one device call per part (each under 10 minutes), with logs, terminal
 # tables and JSON documents under $OUT (GD_REPORT_DIR keeps every advise the tests run):
 #   core: dense local spec fp32 (test and the CLI) and graph_layers with local, Transformer Engine not staged;
-#   moe:  the MoE model (tests/gpu/advise_moe.yaml), rejected scopes with their rules;
+#   moe:  the MoE model (tests/gpu/advise_moe.yaml), rejected scopes with their rules, and with Transformer Engine
+#         staged the transformer_engine scopes ranked beside the others (device_call.sh gives it TE);
 #   te:   Transformer Engine staged: the TE spec in bf16 (bisection to attention), graph_layers with TE.
 #   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/run_advise_acceptance.sh core|moe|te
 set -u

@@ -87,6 +87,17 @@ def test_advise_moe_lists_rejected_scopes_with_rules() -> None:
     for result in report.candidates:
         if result.status == RAN:
             assert result.verdict is not None
+    by_label = {r.candidate.label: r for r in report.candidates}
+    for label in ("full_iteration whole step", "local whole layer"):  # the dispatcher's host copy is captured
+        failed = by_label[label]
+        if failed.status == RAN:
+            assert failed.verdict == Verdict.CAPTURE_FAILED, text
+            assert failed.result is not None and failed.result.diagnosis is not None
+            assert failed.result.diagnosis.rule == "GD217", text
+    scoped = by_label["transformer_engine attn+moe_router+moe_preprocess"]
+    if _TE_OK and scoped.status == RAN:
+        # the scope stops before token dispatch (docs/moe.md: it matches under diff too)
+        assert scoped.verdict == Verdict.MATCH, text
 
 
 def _graph_launches(report: DiffReport) -> int:
