@@ -117,9 +117,10 @@ class RecomputeWithoutTransformerEngine(Rule):
     fix_template = "Install Transformer Engine or recompute other modules (core_attn, mlp)"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.facts.te_version is not None:
-            return
         selective = selective_recompute(ctx)
-        needing = [m for m in selective[0] if m in RECOMPUTE_NEEDING_TE] if selective else []
-        if selective and needing:
-            yield Hit(tuple(dict.fromkeys(selective[1])), {"modules": ", ".join(needing)})
+        if ctx.facts.te_version is not None or selective is None:
+            return
+        modules, keys = selective
+        needing = [m for m in modules if m in RECOMPUTE_NEEDING_TE]
+        if needing:
+            yield Hit(tuple(dict.fromkeys(keys)), {"modules": ", ".join(needing)})
