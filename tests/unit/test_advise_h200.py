@@ -67,3 +67,46 @@ def test_moe_capture_failure_in_a_candidate_is_diagnosed_gd217_at_the_dispatcher
     rejected = {r.candidate.label: {x.rule for x in r.rejections} for r in report.candidates if r.status == REJECTED}
     assert {"GD204"} <= rejected["local mlp"] and {"GD205"} <= rejected["local moe"]
     assert report.exit_code() == 1
+
+
+def test_moe_with_transformer_engine_ranks_the_scopes_before_dispatch_and_lists_the_rejected() -> None:
+    """Recorded at acbe7a7 with Transformer Engine 2.20.2 staged: the candidates that graph past the token
+    dispatcher fail capture there (GD217, recorded so), the scopes Megatron or the catalogue refuse are
+    listed with their rules, and the four TE scopes that stop before dispatch all match and are ranked."""
+    report = _load("h200_advise_moe_dropless_te.json")
+    text = render_text(report)
+    failed = [r for r in report.candidates if r.status == RAN and r.verdict == Verdict.CAPTURE_FAILED]
+    assert [r.candidate.label for r in failed] == [
+        "full_iteration whole step",
+        "local whole layer",
+        "transformer_engine whole layer",
+    ]
+    for candidate_result in failed:
+        assert candidate_result.result is not None and candidate_result.result.diagnosis is not None
+        assert candidate_result.result.diagnosis.rule == "GD217"
+        assert candidate_result.result.diagnosis.location == "megatron/core/transformer/moe/token_dispatcher.py:317"
+    matched = [r for r in report.candidates if r.status == RAN and r.verdict == Verdict.MATCH]
+    assert {r.candidate.impl for r in matched} == {"transformer_engine"}
+    assert {r.candidate.label for r in matched} == {
+        "transformer_engine attn",
+        "transformer_engine moe_router",
+        "transformer_engine moe_router+moe_preprocess",
+        "transformer_engine attn+moe_router+moe_preprocess",
+    }
+    rejected = {r.candidate.label: {x.rule for x in r.rejections} for r in report.candidates if r.status == REJECTED}
+    assert set(rejected) == {
+        "local attn",
+        "local mlp",
+        "local moe_router",
+        "local moe",
+        "transformer_engine mlp",
+        "transformer_engine moe",
+    }
+    assert {"GD204"} <= rejected["transformer_engine mlp"] and {"GD205"} <= rejected["transformer_engine moe"]
+    recommended = report.recommendation.candidate
+    assert recommended is not None and recommended.impl == "transformer_engine"
+    assert set(recommended.modules) <= {"attn", "moe_router", "moe_preprocess"}
+    assert "--cuda-graph-impl transformer_engine --cuda-graph-modules" in text
+    for label in rejected:
+        assert f"rejected: {label}:" in text
+    assert report.exit_code() == 0
