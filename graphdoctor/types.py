@@ -50,7 +50,7 @@ class Verdict(enum.StrEnum):
     """The eager reference itself failed, so nothing could be compared."""
 
     STOPPED = "stopped"
-    """graphdoctor was stopped (SIGTERM, SIGHUP) before this implementation's comparison finished; the
+    """graphdoctor was stopped (SIGTERM, SIGHUP, SIGINT) before this implementation's comparison finished; the
     report says how far eager and graphed got, the first difference seen by then, and each stopped run's
     stacks."""
 
