@@ -36,8 +36,8 @@ from graphdoctor.advise_rank import (
 from graphdoctor.advise_session import AdviseSession, CandidateRun, CandidateView, SharedEager, is_not_run
 from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import TE_LAYER_SPECS
-from graphdoctor.errors import MissingDependencyError, UsageError
-from graphdoctor.parent.children import ChildRequest
+from graphdoctor.errors import MissingDependencyError, Stopped, UsageError, stopped_exit_code
+from graphdoctor.parent.children import ChildRequest, never_started
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.protocol.record import RunRecord
@@ -85,6 +85,9 @@ class AdviseReport:
     wall_s: float = 0.0
     child_wall_s: float = 0.0
     jobs: str = ""
+    stopped: str | None = None
+    """The signal that stopped graphdoctor before advise finished (`SIGTERM`, ...): a partial report, with
+    no recommendation."""
 
     @property
     def candidates(self) -> tuple[CandidateResult, ...]:
@@ -101,7 +104,10 @@ class AdviseReport:
         return next((r for r in self.results if r.candidate.key == candidate.key), None)
 
     def exit_code(self) -> int:
-        """0 when a candidate passed (recommended, or none measurably faster), 1 when none did."""
+        """0 when a candidate passed (recommended, or none measurably faster), 1 when none did; 128 + the
+        signal's number when a signal stopped advise (as the process exits)."""
+        if self.stopped is not None:
+            return stopped_exit_code(self.stopped)
         return exit_code(list(self.results), self.config.strict_rng)
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,7 +115,7 @@ class AdviseReport:
         env = self.reference.env if self.reference is not None else None
         return {"config": self.config.to_dict(), "env": env.to_dict() if env else {},
                 "exit_code": self.exit_code(), "wall_s": self.wall_s, "child_wall_s": self.child_wall_s,
-                "jobs": self.jobs, "budget": self.budget.to_dict(),
+                "jobs": self.jobs, "stopped": self.stopped, "budget": self.budget.to_dict(),
                 "recommendation": self.recommendation.to_dict(),
                 "candidates": [r.to_dict() for r in self.results],
                 "not_run": [r.candidate.key for r in self.not_run],
@@ -127,7 +133,7 @@ class AdviseReport:
                    bisections=tuple(Bisection.from_dict(b) for b in data.get("bisections", ())),
                    budget=Budget.from_dict(data.get("budget") or {}), notes=tuple(data.get("notes", ())),
                    wall_s=float(data.get("wall_s", 0.0)), child_wall_s=float(data.get("child_wall_s", 0.0)),
-                   jobs=str(data.get("jobs", "")))
+                   jobs=str(data.get("jobs", "")), stopped=str(data["stopped"]) if data.get("stopped") else None)
 
 
 def screened_results(screenings: list[Screening], max_candidates: int) -> tuple[list[Screening], list[CandidateResult]]:
@@ -162,6 +168,8 @@ class AdviseRun:
         self.results: dict[str, CandidateResult] = {}
         self.runs_left = max_candidates
         self.reference: RunRecord | None = None
+        self.first: list[ChildRequest] = []
+        """The first children: eager (and its control), then every candidate's graphed run (stopped_report)."""
 
     def run(self) -> AdviseReport:
         """Everything, as an AdviseReport (wall_s filled in by advise())."""
@@ -193,7 +201,8 @@ class AdviseRun:
             eager.append(ChildRequest(EAGER, 0.0, Role.REFERENCE, self.session.workdir))
         graphed = [self.view(runs[s.candidate.key]).tag(runs[s.candidate.key].request(
             s.candidate.impl, cfg.dropout, Role.GRAPHED, taps=taps)) for s in to_run]
-        first = self.session.run_many([*eager, *graphed])
+        self.first = [*eager, *graphed]
+        first = self.session.run_many(self.first)
         self.reference = first[0]
         if len(eager) > 1 and not is_not_run(first[1]):
             self.shared.control_reference = first[1]
@@ -224,6 +233,35 @@ class AdviseRun:
             return CandidateResult(screening.candidate, NOT_RUN, result=result, warnings=screening.warnings,
                                    reason=f"{cut.diagnosis.message} before its control pair")
         return CandidateResult(screening.candidate, RAN, result=result, warnings=screening.warnings)
+
+    def stopped_report(self, signal_name: str) -> AdviseReport:
+        """The partial report of an advise stopped by `signal_name`: every candidate judged before the stop
+        as judged, every other one not run (with the steps its graphed child finished, where it started),
+        the eager reference as the stop left it, and no recommendation."""
+        records = self.session.stopped_records(self.first, signal_name)
+        reference = self.reference or (records.get(self.first[0]) if self.first else None) \
+            or never_started(EAGER, self.config.dropout, signal_name)
+        graphed = {getattr(r, "key", ""): records.get(r) for r in self.first if r.impl != EAGER}
+        _, others = screened_results(self.screenings, self.max_candidates)
+        screened = {r.candidate.key: r for r in others}
+        results = []
+        for s in self.screenings:
+            key = s.candidate.key
+            known = self.results.get(key) or screened.get(key)
+            if known is None:
+                record = graphed.get(key)
+                where = "" if record is None else f" ({record.status} after {len(record.steps)} steps)"
+                known = CandidateResult(s.candidate, NOT_RUN, reason=f"not run: stopped by {signal_name}{where}",
+                                        warnings=s.warnings)
+            results.append(known)
+        results += [r for r in self.results.values() if r.bisection]
+        done = sum(r.status == RAN for r in results if not r.bisection)
+        runnable = sum(r.status in (RAN, NOT_RUN) for r in results if not r.bisection)
+        why = f"stopped by {signal_name} after {done} of {runnable} runnable candidates were judged: no recommendation"
+        return AdviseReport(config=self.config, results=tuple(results), recommendation=Recommendation(None, reason=why),
+                            reference=reference, budget=Budget(self.max_candidates, self.session.budget_s),
+                            child_wall_s=self.session.child_wall_s, jobs=self.session.plan.reason,
+                            stopped=signal_name)
 
     def candidate_run(self, candidate: Candidate, config: DiffConfig) -> CandidateRun:
         """A DiffRun for one candidate on the shared session."""
@@ -305,6 +343,8 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
         NoGPUError: no CUDA GPU is visible.
         UsageError: max_candidates < 1 or time_budget_s <= 0.
         MissingDependencyError: the TE layer spec without an importable Transformer Engine.
+        Stopped: a stop signal (graphdoctor.parent.stopping); its `report` is the partial AdviseReport
+            (AdviseRun.stopped_report).
     """
     from graphdoctor.availability import require_gpu, te_available
     from graphdoctor.diff import TE_INSTALL_HINT
@@ -332,7 +372,13 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
         session = AdviseSession(config, base, progress, plan, deadline=deadline)
         session.budget_s = time_budget_s
         session.note(plan.reason)
-        report = AdviseRun(session, screenings, max_candidates=max_candidates, facts=facts, env=env).run()
+        run = AdviseRun(session, screenings, max_candidates=max_candidates, facts=facts, env=env)
+        try:
+            report = run.run()
+        except Stopped as stop:  # the children are ended already; the report says how far advise got
+            stop.report = dataclasses.replace(run.stopped_report(stop.signal_name),
+                                              wall_s=time.perf_counter() - started)
+            raise
     finally:
         if own_dir:
             shutil.rmtree(base, ignore_errors=True)

@@ -17,8 +17,9 @@ from typing import Any
 
 from graphdoctor.availability import require_gpu, why_unavailable
 from graphdoctor.config import DiffConfig
+from graphdoctor.errors import Stopped, stopped_exit_code
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
-from graphdoctor.parent.children import ChildSession
+from graphdoctor.parent.children import ChildRequest, ChildSession, never_started
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
@@ -36,6 +37,8 @@ class CountReport:
     runs: tuple[RunRecord, ...]
     unavailable: dict[str, str]
     wall_s: float = 0.0
+    stopped: str | None = None
+    """The signal that stopped graphdoctor before every run finished (`SIGTERM`, ...): a partial report."""
 
     def sections(self) -> list[tuple[str, LaunchComparison]]:
         """(impl, eager and graphed launches side by side) per graphed run that profiled."""
@@ -44,7 +47,10 @@ class CountReport:
                 if run.launches is not None]
 
     def exit_code(self) -> int:
-        """0 when every run finished, else 1 (unavailable implementations are not failures)."""
+        """0 when every run finished, else 1 (unavailable implementations are not failures); 128 + the
+        signal's number when a signal stopped the count (as the process exits)."""
+        if self.stopped is not None:
+            return stopped_exit_code(self.stopped)
         return 0 if all(r.status == "ok" for r in (self.eager, *self.runs)) else 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,13 +62,14 @@ class CountReport:
             "config": self.config.to_dict(),
             "env": self.eager.env.to_dict() if self.eager.env else {},
             "wall_s": self.wall_s,
-            "eager": {"status": self.eager.status,
+            "stopped": self.stopped,
+            "eager": {"status": self.eager.status, "steps_done": len(self.eager.steps),
                       "launches": self.eager.launches.to_dict() if self.eager.launches else None,
                       "diagnosis": self.eager.diagnosis.to_dict() if self.eager.diagnosis else None},
-            "impls": [{"impl": r.impl, "status": r.status, "launches": sections.get(r.impl),
+            "impls": [{"impl": r.impl, "status": r.status, "steps_done": len(r.steps), "launches": sections.get(r.impl),
                        "diagnosis": r.diagnosis.to_dict() if r.diagnosis else None}
                       for r in self.runs]
-                     + [{"impl": impl, "status": "unavailable", "launches": None,
+                     + [{"impl": impl, "status": "unavailable", "steps_done": 0, "launches": None,
                          "diagnosis": {"message": why}} for impl, why in self.unavailable.items()],
             "exit_code": self.exit_code(),
         }
@@ -82,6 +89,8 @@ def count(config: DiffConfig, *, workdir: str | Path | None = None,
 
     Raises:
         NoGPUError: no CUDA GPU is visible.
+        Stopped: a stop signal (graphdoctor.parent.stopping); its `report` is the partial CountReport:
+            every run as the stop left it (`stopped`, with the steps it finished and its stacks).
     """
     require_gpu("graphdoctor count (live)")
     started = time.perf_counter()
@@ -91,20 +100,24 @@ def count(config: DiffConfig, *, workdir: str | Path | None = None,
     base.mkdir(parents=True, exist_ok=True)
     if config.trace_dir:
         Path(config.trace_dir).mkdir(parents=True, exist_ok=True)
+    unavailable = {impl: why for impl in config.impls if (why := why_unavailable(impl, config)) is not None}
+    requests = [ChildRequest(impl, config.dropout, Role.COUNT, base)
+                for impl in (EAGER, *(i for i in config.impls if i not in unavailable))]
     try:
         session = ChildSession(config, base, progress)
-        eager = session.run(EAGER, config.dropout, Role.COUNT, base)
-        runs, unavailable = [], {}
-        for impl in config.impls:
-            why_not = why_unavailable(impl, config)
-            if why_not is not None:
-                unavailable[impl] = why_not
-                continue
-            runs.append(session.run(impl, config.dropout, Role.COUNT, base))
+        try:
+            records = [session.run_request(request) for request in requests]
+        except Stopped as stop:  # the children are ended already; the report says how far they got
+            done = session.stopped_records(requests, stop.signal_name)
+            records = [done.get(r) or never_started(r.impl, r.dropout, stop.signal_name) for r in requests]
+            stop.report = CountReport(config=config, eager=records[0], runs=tuple(records[1:]),
+                                      unavailable=unavailable, wall_s=time.perf_counter() - started,
+                                      stopped=stop.signal_name)
+            raise
     finally:
         if own_dir:
             shutil.rmtree(base, ignore_errors=True)
-    return CountReport(config=config, eager=eager, runs=tuple(runs), unavailable=unavailable,
+    return CountReport(config=config, eager=records[0], runs=tuple(records[1:]), unavailable=unavailable,
                        wall_s=time.perf_counter() - started)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,8 +23,8 @@ from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed, stopped_row
 from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import TE_LAYER_SPECS
-from graphdoctor.errors import MissingDependencyError, Stopped
-from graphdoctor.parent.children import ChildRequest, ChildSession
+from graphdoctor.errors import MissingDependencyError, Stopped, stopped_exit_code
+from graphdoctor.parent.children import ChildRequest, ChildSession, never_started
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.static import moe_static_findings, with_static_findings
@@ -78,7 +77,7 @@ class DiffReport:
         2: the reference hit a usage error; else 1 (a teardown-hang is a finding even when the results
         match); 128 + the signal's number when a signal stopped the diff (as the process exits)."""
         if self.stopped is not None:
-            return 128 + signal.Signals.__members__.get(self.stopped, signal.SIGTERM).value
+            return stopped_exit_code(self.stopped)
         if self.reference.status == "error" and getattr(self.reference.diagnosis, "error_type", "") == "UsageError":
             return 2
         if any(e.hung for run in (self.reference, *(r for res in self.results for r in res.runs))
@@ -243,8 +242,7 @@ class DiffRun:
         records = self.session.stopped_records(self.first, signal_name)
         reference = records.get(self.first[0]) if self.first else None
         if reference is None:
-            reference = RunRecord(impl=EAGER, dropout=cfg.dropout, status="stopped", diagnosis=Diagnosis(
-                error_type="stopped", message=f"stopped by {signal_name} with graphdoctor before it started"))
+            reference = never_started(EAGER, cfg.dropout, signal_name)
         graphed = {request.impl: records.get(request) for request in self.first[1:]}
         rows = []
         for impl in cfg.impls:

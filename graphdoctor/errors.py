@@ -53,6 +53,12 @@ def where_from(source: str) -> Iterator[None]:
         raise type(exc)(f"{source}: {exc}") from None
 
 
+def stopped_exit_code(signal_name: str) -> int:
+    """128 + the number of the signal named `signal_name` (`SIGTERM`, ...; an unknown name counts as
+    SIGTERM): the exit code of a command a signal stopped, and of its partial report."""
+    return 128 + signal.Signals.__members__.get(signal_name, signal.SIGTERM).value
+
+
 class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt: a signal, not an error
     """The parent got a stop signal; its children are killed already. A BaseException on purpose, like
     KeyboardInterrupt: no `except Exception` on the way up may treat it as one failed child and go on."""
@@ -85,5 +91,6 @@ __all__ = [
     "Stopped",
     "UsageError",
     "exception_chain",
+    "stopped_exit_code",
     "where_from",
 ]

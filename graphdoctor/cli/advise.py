@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from graphdoctor.cli.diff import build_config, progress_board
 from graphdoctor.options import DIFF_OPTIONS, click_options
+
+if TYPE_CHECKING:
+    from graphdoctor.advise import AdviseReport
 
 
 @click.command("advise")
@@ -69,11 +72,24 @@ def advise_command(config_path: str | None, max_candidates: int, time_budget_s: 
 
         raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
     from graphdoctor.advise import advise
+    from graphdoctor.errors import Stopped
+
+    try:
+        with progress_board(quiet) as board:
+            report = advise(config, max_candidates=max_candidates, time_budget_s=time_budget_s,
+                            workdir=Path(workdir) if workdir else None, progress=board)
+    except Stopped as stop:  # SIGTERM/SIGHUP/SIGINT: the partial report still goes where it was asked to
+        if stop.report is not None:
+            _write_outputs(stop.report, json_path, html_path)
+        raise
+    _write_outputs(report, json_path, html_path)
+    sys.exit(report.exit_code())
+
+
+def _write_outputs(report: AdviseReport, json_path: str | None, html_path: str | None) -> None:
+    """The JSON report first, the terminal summary, then the page."""
     from graphdoctor.report.advise import render_text, write_json
 
-    with progress_board(quiet) as board:
-        report = advise(config, max_candidates=max_candidates, time_budget_s=time_budget_s,
-                        workdir=Path(workdir) if workdir else None, progress=board)
     if json_path:
         write_json(report, json_path)
     click.echo(render_text(report))
@@ -85,7 +101,6 @@ def advise_command(config_path: str | None, max_candidates: int, time_budget_s: 
 
         write_html(render_html(report), html_path)
         click.echo(f"page written to {html_path}")
-    sys.exit(report.exit_code())
 
 
 COMMANDS = [advise_command]

@@ -34,6 +34,7 @@ from graphdoctor.protocol.events import (
 )
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, rank_path, run_name
+from graphdoctor.types import Diagnosis
 
 CHILD_MODULE = "graphdoctor.child"
 """What the parent runs: `python -P -m graphdoctor.child SPEC.json`."""
@@ -67,6 +68,12 @@ def fold_stopped(spec: ChildSpec, workdir: Path, signal_name: str) -> RunRecord:
     if spec.placement.launcher:
         return fold_launch(spec, ended)
     return record_from_events(spec, read_events(spec.events_path), ended)
+
+
+def never_started(impl: str, dropout: float, signal_name: str) -> RunRecord:
+    """The record of a child that a stop (graphdoctor.parent.stopping) kept from starting: status `stopped`."""
+    return RunRecord(impl=impl, dropout=dropout, status="stopped", diagnosis=Diagnosis(
+        error_type="stopped", message=f"stopped by {signal_name} with graphdoctor before it started"))
 
 
 def progress_events(spec: ChildSpec) -> str:
@@ -181,13 +188,9 @@ class ChildSession:
                          stop_after=request.stop_after, gpu_turn=gpu_turn,
                          fingerprints=request.fingerprints, resumed=resumed)
 
-    def run(self, impl: str, dropout: float, role: Role, ref_dir: Path, *, hunt: bool = False,
-            taps: bool = False) -> RunRecord:
-        """Run one child (again, on a new port, when its port was taken) and account its time."""
-        return self.run_request(ChildRequest(impl, dropout, role, ref_dir, hunt=hunt, taps=taps))
-
     def run_request(self, request: ChildRequest) -> RunRecord:
-        """Run one request on the next free GPU slot."""
+        """Run one request on the next free GPU slot (again, on a new port, when its port was taken) and
+        account its time."""
         device = self._slots.get()
         try:
             turn = gpu_turn_path(device if device is not None else "0") if self.plan.shared else None
@@ -263,5 +266,5 @@ class ChildSession:
             return list(pool.map(self.run_request, requests))
 
 
-__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "fold_stopped", "port_taken", "run_child",
+__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "fold_stopped", "never_started", "port_taken", "run_child",
            "user_import_dir"]

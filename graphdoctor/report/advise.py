@@ -152,7 +152,8 @@ def render_text(report: AdviseReport) -> str:
             lines.append(f"rejected: {result.candidate.label}: {rejection.rule} {_short(rejection.message, 160)}{fix}")
     if report.not_run:
         names = ", ".join(r.candidate.label for r in report.not_run)
-        lines.append(f"not run ({', '.join(report.budget.exhausted) or 'budget'}): {names}")
+        why = f"stopped by {report.stopped}" if report.stopped else ", ".join(report.budget.exhausted) or "budget"
+        lines.append(f"not run ({why}): {names}")
     lines += [f"note: {note}" for note in report.notes]
     jobs = f"{report.jobs}; " if report.jobs else ""
     lines.append(f"wall {report.wall_s:.1f} s (children {report.child_wall_s:.1f} s); {jobs}exit code {report.exit_code()}")

@@ -33,6 +33,8 @@ def render_count_text(report: CountReport) -> str:
             lines.append(f"{run.impl}: {run.status}: {run.diagnosis.message}")
     for impl, why in report.unavailable.items():
         lines.append(f"{impl}: unavailable: {why}")
+    if report.stopped is not None:
+        lines.append(f"stopped by {report.stopped}: a partial count, the runs as the stop left them")
     lines.append(f"wall {report.wall_s:.1f} s; exit code {report.exit_code()}")
     return "\n".join(lines)
 

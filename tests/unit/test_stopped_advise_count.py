@@ -1,0 +1,88 @@
+"""advise and live count stopped by a signal still write their report (docs/advise.md, docs/launches.md): the
+partial report is built from real H200 records and results (fixtures/data), as a stop would have left them;
+it says `stopped`, exits as the process does (128 + the signal), recommends nothing, and round-trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from graphdoctor.advise import AdviseReport, AdviseRun, plan
+from graphdoctor.advise_rank import NOT_RUN, RAN, REJECTED
+from graphdoctor.advise_session import AdviseSession
+from graphdoctor.count import CountReport
+from graphdoctor.errors import stopped_exit_code
+from graphdoctor.parent.children import never_started
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.spec import EAGER
+from graphdoctor.report.advise import render_text
+from graphdoctor.report.count import render_count_text, write_count_json
+from graphdoctor.rules.facts import EnvironmentFacts
+from tests.unit.test_count_live import recorded
+
+DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "advise"
+
+
+def _advise_run(tmp_path: Path) -> tuple[AdviseRun, AdviseReport]:
+    """An AdviseRun on the recorded dense fp32 advise's configuration, nothing run yet."""
+    recorded_report = AdviseReport.from_dict(json.loads((DATA / "h200_advise_dense_fp32.json").read_text()))
+    facts = EnvironmentFacts(torch_version="2.11.0", gpu_capability=(9, 0), te_version=None)
+    screenings = plan(recorded_report.config, facts=facts)
+    session = AdviseSession(recorded_report.config, tmp_path)
+    return AdviseRun(session, screenings, max_candidates=32, facts=facts, env={}), recorded_report
+
+
+def test_signal_names_give_the_shell_exit_codes() -> None:
+    assert stopped_exit_code("SIGTERM") == 143 and stopped_exit_code("SIGINT") == 130
+    assert stopped_exit_code("SIGHUP") == 129 and stopped_exit_code("no such signal") == 143
+
+
+def test_advise_stopped_after_one_candidate_keeps_it_and_recommends_nothing(tmp_path: Path) -> None:
+    run, recorded_report = _advise_run(tmp_path)
+    judged = recorded_report.result_of(next(s.candidate for s in run.screenings if s.candidate.key == "full_iteration"))
+    assert judged is not None and judged.status == RAN
+    run.reference, run.results = recorded_report.reference, {"full_iteration": judged}
+    report = run.stopped_report("SIGTERM")
+    by_key = {r.candidate.key: r for r in report.results}
+    assert by_key["full_iteration"] is judged
+    assert by_key["local-layer"].status == NOT_RUN and by_key["local-layer"].reason == "not run: stopped by SIGTERM"
+    assert {by_key[k].status for k in ("local-attn", "local-mlp")} == {REJECTED}  # screening needs no run
+    assert report.recommendation.candidate is None
+    assert report.recommendation.reason == "stopped by SIGTERM after 1 of 2 runnable candidates were judged: " \
+                                           "no recommendation"
+    assert report.exit_code() == 143 and report.stopped == "SIGTERM"
+    text = render_text(report)
+    assert "recommendation: none: stopped by SIGTERM" in text and "not run (stopped by SIGTERM): " in text
+    again = AdviseReport.from_dict(report.to_dict())
+    assert again.stopped == "SIGTERM" and again.exit_code() == 143
+    assert [r.status for r in again.results] == [r.status for r in report.results]
+
+
+def test_advise_stopped_before_anything_ran_has_a_stopped_reference(tmp_path: Path) -> None:
+    run, _ = _advise_run(tmp_path)
+    report = run.stopped_report("SIGINT")
+    assert report.reference is not None and report.reference.status == "stopped"
+    assert report.reference.diagnosis is not None and "before it started" in report.reference.diagnosis.message
+    assert all(r.status in (NOT_RUN, REJECTED) for r in report.results)
+    assert report.exit_code() == 130
+
+
+def test_count_stopped_mid_run_reports_each_run_as_left(tmp_path: Path) -> None:
+    full = recorded()
+    cut = dataclasses.replace(full.runs[0], status="stopped", steps=full.runs[0].steps[:3])
+    report = dataclasses.replace(full, runs=(cut, never_started(full.runs[1].impl, 0.1, "SIGTERM")),
+                                 stopped="SIGTERM")
+    text = render_count_text(report)
+    assert "stopped by SIGTERM: a partial count, the runs as the stop left them" in text
+    assert f"{full.runs[1].impl}: stopped: stopped by SIGTERM with graphdoctor before it started" in text
+    assert text.rstrip().endswith("exit code 143")
+    data = json.loads(write_count_json(report, tmp_path / "c.json").read_text())
+    assert data["stopped"] == "SIGTERM" and data["exit_code"] == 143
+    assert [(e["status"], e["steps_done"]) for e in data["impls"]][:2] == [("stopped", 3), ("stopped", 0)]
+    assert CountReport(config=full.config, eager=full.eager, runs=full.runs, unavailable={}).exit_code() == 0
+
+
+def test_never_started_record_round_trips() -> None:
+    record = never_started(EAGER, 0.0, "SIGHUP")
+    assert RunRecord.from_dict(record.to_dict()) == record
