@@ -47,6 +47,9 @@ PIPELINE_FIELDS = frozenset({"account_for_embedding_in_pipeline_split", "account
 TOKENIZER_DESTS = frozenset({"tokenizer_type", "vocab_file", "merge_file", "tokenizer_model"})
 MEGATRON_DROPOUT = 0.1
 """Megatron-LM's default --hidden-dropout and --attention-dropout."""
+MEGATRON_EVAL_INTERVAL, MEGATRON_EVAL_ITERS = 1000, 100
+"""Megatron-LM's default --eval-interval and --eval-iters (megatron/training/arguments.py)."""
+EVAL_DESTS = frozenset({"eval_interval", "eval_iters"})
 DEFAULT_VOCAB_DIVISOR = 128
 """Megatron-LM's default --make-vocab-size-divisible-by."""
 
@@ -59,7 +62,9 @@ CATEGORIES: dict[str, str] = {
     "builder": "model builder (diff's GPTModel keeps its defaults: learned absolute positions, tied embeddings)",
     "function": "function- or enum-valued (a child run takes plain values)",
     "inference": "inference",
-    "other": "training loop, data, logging, checkpointing",
+    "checkpoint": "checkpointing (diff neither reads nor writes the line's checkpoints; --save-at S --resume saves "
+                  "one after step S and resumes from it in a fresh process, eager and graphed alike)",
+    "other": "training loop, data, logging",
 }
 """Why a flag does not apply, in the order the note lists them."""
 
@@ -134,7 +139,7 @@ def _route(use: FlagUse, spec: MegatronFlag, value: Any, state: _Reading) -> Non
                                          "make_vocab_size_divisible_by", "group_query_attention",
                                          "num_query_groups", "swiglu", "bias_gelu_fusion", "bias_swiglu_fusion",
                                          "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                         "context_parallel_size") or dest in TOKENIZER_DESTS:
+                                         "context_parallel_size") or dest in TOKENIZER_DESTS or dest in EVAL_DESTS:
         state.given[dest] = value
         state.sources.setdefault(dest, use.flag)
         if dest.endswith("parallel_size"):
@@ -173,6 +178,8 @@ def _route_other(use: FlagUse, spec: MegatronFlag, value: Any, state: _Reading) 
         state.skip("ddp", use.flag)
     elif spec.group == "distributed init":
         state.skip("distributed", use.flag)
+    elif spec.group == "checkpointing":
+        state.skip("checkpoint", use.flag)
     elif dest in transformer:
         if spec.kind == "enum":
             if value != enum_default_name(dest):
@@ -255,6 +262,7 @@ def _combine(state: _Reading) -> None:
     _microbatches(state)
     _vocab(state)
     _processes(state)
+    _evaluation(state)
     if "layer_spec" not in state.values:
         state.notes.append(("layer_spec", "no --transformer-impl: Megatron-LM builds Transformer Engine layers by "
                                           "default, diff its local spec (--layer-spec te to build TE layers)"))
@@ -349,6 +357,31 @@ def _microbatches(state: _Reading) -> None:
         state.notes.append(("num_microbatches", f"num_microbatches {global_batch // per_step}: global batch "
                                                 f"{global_batch} / (micro-batch {micro} x data-parallel "
                                                 f"{data_parallel}), what one rank runs per step"))
+
+
+def _evaluation(state: _Reading) -> None:
+    """eval_interval and eval_iters from --eval-interval and --eval-iters, with Megatron-LM's defaults for the
+    one not given. Megatron-LM evaluates every eval_interval iterations and once after training, and only
+    when eval_iters > 0 (its do_valid); diff's schedule does the same within its --steps."""
+    given = state.given
+    if not EVAL_DESTS & given.keys():
+        return
+    interval = given.get("eval_interval", MEGATRON_EVAL_INTERVAL)
+    iters = given.get("eval_iters", MEGATRON_EVAL_ITERS)
+    source = state.sources.get("eval_interval", state.sources.get("eval_iters", "--eval-interval"))
+    for dest, value in (("eval_interval", interval), ("eval_iters", iters)):
+        if value < 0:
+            raise UsageError(f"{state.sources[dest]}: got {value}, expected >= 0")
+    if not iters or not interval:
+        flag = "--eval-iters" if not iters else "--eval-interval"
+        state.values["eval_interval"], state.sources["eval_interval"] = 0, flag
+        state.notes.append(("eval_interval", f"{flag} 0: the line never evaluates; diff runs no evaluation"))
+        return
+    state.values["eval_interval"], state.sources["eval_interval"] = interval, source
+    state.values["eval_iters"], state.sources["eval_iters"] = iters, state.sources.get("eval_iters", source)
+    state.notes.append(("eval_interval", f"evaluation after every {interval} training steps and after the last, "
+                                         f"{iters} forward-only iterations each, as Megatron-LM would run them "
+                                         f"(--eval-interval K --eval-iters E to choose)"))
 
 
 def _vocab(state: _Reading) -> None:

@@ -74,7 +74,7 @@ EVAL_AND_LOGGING_ARGS=(
     --save-interval 10000
     --eval-interval 1000
     --save $CHECKPOINT_PATH
-    --eval-iters 0
+    --eval-iters 10
 )
 
 torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \

@@ -31,17 +31,21 @@ def test_gpt_example_parses_into_exact_fields() -> None:
     assert config == DiffConfig(
         impls=("local",), num_layers=4, hidden_size=512, num_attention_heads=8, seq_length=256,
         micro_batch_size=2, num_microbatches=2, vocab_size=4096, dtype="bf16", dropout=0.0, seed=1234,
-        cuda_graph_warmup_steps=2, layer_spec="local",
+        cuda_graph_warmup_steps=2, layer_spec="local", eval_interval=1000, eval_iters=10,
         transformer={"ffn_hidden_size": 2048, "init_method_std": 0.02},
         megatron_args=f"@{GPT}", launch_notes=config.launch_notes)
-    (note,) = config.launch_notes
+    evaluation, note = config.launch_notes
+    # Megatron-LM evaluates every --eval-interval iterations and after the last: within diff's 8 steps, once
+    assert evaluation.startswith("evaluation after every 1000 training steps and after the last, 10 forward-only")
     # The tensor- and pipeline-parallel sizes (1 here) and torchrun's --nproc_per_node are applied
     # since multi-GPU diff (docs/multi-gpu.md); the other launcher flags are not.
     assert note.startswith("flags that do not apply to diff: launcher (torchrun): --nnodes, "
                            "--master_addr, --master_port; DDP and optimizer")
     for flag in ("--lr", "--clip-grad", "--weight-decay", "--max-position-embeddings", "--train-iters",
-                 "--mock-data", "--save", "--eval-iters", "--tokenizer-type", "--split"):
+                 "--mock-data", "--save", "--save-interval", "--tokenizer-type", "--split"):
         assert len(re.findall(rf"{flag}(?=[,;]|$)", note)) == 1, flag
+    assert "checkpointing (diff neither reads nor writes the line's checkpoints; --save-at S --resume" in note
+    assert "--eval-iters" not in note and "--eval-interval" not in note  # applied
     # --attention-backend auto is TransformerConfig's default: nothing to apply, nothing to say
     assert "--attention-backend" not in note
 
@@ -61,6 +65,7 @@ def test_moe_example_maps_flags_into_transformer_config() -> None:
         # applied since multi-GPU diff (docs/multi-gpu.md): the placement and the DDP settings
         "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "overlap_grad_reduce": True,
         "use_distributed_optimizer": True,
+        "eval_interval": 0,  # --eval-iters 0: Megatron-LM never evaluates
     }
     notes = [text for _, text in line.notes]
     assert any("--tokenizer-type" in n and "needs --vocab-size" in n for n in notes)
@@ -236,3 +241,40 @@ def test_self_multiplying_scripts_are_bounded() -> None:
     assert use.values == () and use.unresolved == ("$A",)
     with pytest.raises(UsageError, match="expands to more than"):
         scan_launch_line("A=(" + " --x 1" * 1000 + ")\npython train.py" + " ${A[@]}" * 1000 + "\n")
+
+
+@pytest.mark.parametrize(("line", "interval", "iters"), [
+    ("--eval-interval 3 --eval-iters 2", 3, 2),
+    ("--eval-iters 5", 1000, 5),  # Megatron-LM's default interval: within diff's steps, the final evaluation only
+    ("--eval-interval 4", 4, 100),  # and its default --eval-iters
+])
+def test_evaluation_flags_set_the_schedule_with_megatron_defaults(line: str, interval: int, iters: int) -> None:
+    config = diff_config_from(None, megatron_args=f"--num-layers 2 {line}")
+    assert (config.eval_interval, config.eval_iters) == (interval, iters)
+    assert any(n.startswith(f"evaluation after every {interval} training steps") for n in config.launch_notes)
+
+
+@pytest.mark.parametrize("line", ["--eval-iters 0", "--eval-interval 0 --eval-iters 4"])
+def test_a_line_that_never_evaluates_runs_no_evaluation(line: str) -> None:
+    config = diff_config_from(None, megatron_args=line)
+    assert config.eval_interval == 0
+    assert any("the line never evaluates; diff runs no evaluation" in n for n in config.launch_notes)
+
+
+def test_explicit_evaluation_overrides_the_line_and_says_so() -> None:
+    config = diff_config_from(None, megatron_args="--eval-interval 1000 --eval-iters 10", eval_interval=2, eval_iters=1)
+    assert (config.eval_interval, config.eval_iters) == (2, 1)
+    assert any("eval_interval 2 (line: --eval-interval 1000)" in n and "eval_iters 1 (line: --eval-iters 10)" in n
+               for n in config.launch_notes)
+
+
+def test_negative_evaluation_values_are_refused() -> None:
+    with pytest.raises(UsageError, match=r"--eval-iters: got -1, expected >= 0"):
+        read_launch_line("--eval-iters -1")
+
+
+def test_checkpoint_flags_are_listed_as_checkpointing_even_with_unset_directories() -> None:
+    line = read_launch_line("--num-layers 2 --save $CKPT --load $CKPT --ckpt-format torch_dist")
+    note = line.notes[-1][1]
+    assert "; --save-at S --resume saves one after step S and resumes from it in a fresh process, eager and " \
+           "graphed alike): --save, --load, --ckpt-format" in note, note
