@@ -391,3 +391,69 @@ class NondeterministicTeAlgosAllowed(Rule):
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         if ctx.graph.enabled and ctx.env and ctx.env.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") != "0":
             yield Hit(("env.NVTE_ALLOW_NONDETERMINISTIC_ALGO",), {"value": ctx.env.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO")})
+
+
+class LocalGraphsWeakRefsWithTransformerEngine(Rule):
+    """## What it does
+    Flags `cuda_graph_impl: local` (or the legacy `enable_cuda_graph`) when Transformer Engine is importable
+    on the training machine: megatron-core 0.19.2 then replaces graph-memory-pool buffers of its per-layer
+    graphs by weak references, and graphed gradients differ from eager.
+
+    ## Why is this bad?
+    Megatron imports TE's `make_weak_ref` inside a `try` and sets `HAVE_TE_GRAPHS` when it imports
+    (`cuda_graphs.py:42-58`). `make_weakref` (`cuda_graphs.py:395`) then swaps every graph-pool tensor it is
+    given for a weak reference that does not own its memory: forward inputs and outputs after capture
+    (`_weakref_forward_buffers`, `:1079`) and each backward graph's static gradient inputs and outputs
+    (`:1544-1545`, "safe ... as any inuse input grads have a strong ref stored in 'bwd_cudagraph_buffer'",
+    which holds only where the input is another graph's output). Memory nobody owns can be handed to another
+    tensor while a graph still reads or writes it: the same class of bug as sgl-project/sglang#37606.
+    Measured on the H200 (megatron-core 0.19.2, TE 2.20.2, local spec, fp32, dropout 0, 2 layers): eager
+    repeated against eager is bitwise, the graphed run differs from the first replay, first in the gradient
+    w.r.t. the output of `decoder.layers.0` (embedding gradient max abs 0.0044, loss 4.3e-4). The same run
+    matches bitwise with TE not importable, with `HAVE_TE_GRAPHS` off, and with `make_weakref` keeping
+    strong references (`tests/gpu/test_te_weakref_gpu.py`); keeping them cost 0.4 MB of 212 MB allocated.
+
+    ## Example
+    ```yaml
+    # facts: te_version=2.20.2
+    transformer: {cuda_graph_impl: local}
+    ```
+
+    ## Use instead
+    ```yaml
+    # facts: te_version=2.20.2
+    transformer: {cuda_graph_impl: full_iteration}
+    ```
+
+    ## Fix
+    Keep strong references before the model is built (`import megatron.core.transformer.cuda_graphs as cg;
+    cg.make_weakref = lambda ten, inplace=True: ten`, the fallback `make_weakref` itself uses for dtypes TE
+    cannot weak-reference), or graph with `full_iteration` (`FullCudaGraphWrapper` takes no weak references);
+    then compare with `graphdoctor diff --impl local` on the training machine.
+
+    ## Known problems
+    Judges the training machine that `check --target` describes (without one, "not checked"). Written against
+    megatron-core 0.19.2; other versions are not told apart. How large the difference is depends on what the
+    allocator hands the freed memory to, so a run can also match; `graphdoctor diff` says which on your model.
+    """
+
+    code = "GD310"
+    name = "te-weak-refs-in-local-graphs"
+    severity = Severity.WARNING
+    fix = FixAvailability.SOMETIMES
+    machine_facts = ("te_version", "te_has_torch_extension")
+    machine_question = "is Transformer Engine importable there (transformer_engine with its PyTorch extension)?"
+    template = ("local CUDA graphs with Transformer Engine {te} importable: megatron-core 0.19.2's make_weakref "
+                "gives up ownership of graph-pool buffers (static gradients among them), and graphed gradients "
+                "can differ from eager")
+    fix_template = ("Keep strong references (cuda_graphs.make_weakref = lambda ten, inplace=True: ten) or graph "
+                    "with full_iteration; compare with graphdoctor diff --impl local")
+
+    def detect(self, ctx: CheckContext) -> Iterator[Hit]:
+        te = ctx.facts.te_version
+        if ctx.facts.unknown.intersection(self.machine_facts):
+            return  # OPTIMISTIC's TE would report: an unknown machine is "not checked" (engine._unchecked_hits)
+        if ctx.graph.impl != "local" or te is None or not ctx.facts.te_has_torch_extension:
+            return
+        legacy = "cuda_graph_impl" not in ctx.transformer and ctx.value("enable_cuda_graph")
+        yield Hit(("transformer.enable_cuda_graph",) if legacy else ("transformer.cuda_graph_impl",), {"te": te})

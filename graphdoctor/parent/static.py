@@ -1,5 +1,6 @@
 """Static catalogue findings beside diff's runtime verdicts (parent side): the MoE rules of `graphdoctor
-check` (GD201-GD217) and GD219 (what a `local` scope graphs in GPT layers) on one implementation's
+check` (GD201-GD217), GD219 (what a `local` scope graphs in GPT layers), the schedule rules, the ranks'
+environment rules and GD310 (Transformer Engine's weak references in `local` graphs) on one implementation's
 configuration, as notes on its row, and the MoE capture failure that GD217 explains, diagnosed with its
 rule, fix and the Megatron file:line."""
 
@@ -85,6 +86,22 @@ def local_scope_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     return _checked({"transformer": _row_transformer(config), "run": run}, [LOCAL_SCOPE_RULE])
 
 
+TE_WEAK_REFS_RULE = "GD310"
+"""`local` graphs with Transformer Engine importable: megatron-core 0.19.2's make_weakref gives up ownership of
+graph-pool buffers, and graphed gradients can differ from eager (measured on the H200)."""
+
+
+def installation_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
+    """GD310 on a `local` row, judged on this machine's Transformer Engine (the children's: they run here)."""
+    if impl != "local":
+        return []
+    from graphdoctor.rules.facts import EnvironmentFacts, te_facts
+
+    facts = EnvironmentFacts.unknown_machine().with_overrides(te_facts())
+    return _checked({"transformer": {**_row_transformer(config), "cuda_graph_impl": impl}}, [TE_WEAK_REFS_RULE],
+                    facts=facts)
+
+
 ENV_RULES: tuple[str, ...] = ("GD301", "GD302", "GD307")
 """The environment rules checked on a multi-GPU child's ranks' environment."""
 ENV_RULE_VARIABLES: tuple[str, ...] = ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_GRAPH_REGISTER", "CUDA_DEVICE_MAX_CONNECTIONS",
@@ -110,7 +127,8 @@ def with_static_findings(result: ImplResult, config: DiffConfig) -> ImplResult:
     file:line) as its location; any other capture failure without a location that died in Megatron's
     MoE code gets that frame as its location."""
     findings = (moe_static_findings(config, result.impl) + local_scope_static_findings(config, result.impl)
-                + schedule_static_findings(config, result.impl) + env_static_findings(config, result.impl))
+                + schedule_static_findings(config, result.impl) + env_static_findings(config, result.impl)
+                + installation_static_findings(config, result.impl))
     if findings:
         notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in findings)
         result = dataclasses.replace(result, notes=(*result.notes, *notes))
@@ -133,5 +151,5 @@ def _in_moe_code(location: str | None, tail: list[str]) -> bool:
     return any(MEGATRON_MOE_FRAME.search(text or "") for text in (location, *tail))
 
 
-__all__ = ["ENV_RULES", "LOCAL_SCOPE_RULE", "env_static_findings", "local_scope_static_findings",
-           "moe_static_findings", "schedule_static_findings", "with_static_findings"]
+__all__ = ["ENV_RULES", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings", "installation_static_findings",
+           "local_scope_static_findings", "moe_static_findings", "schedule_static_findings", "with_static_findings"]

@@ -217,7 +217,8 @@ def _unchecked_hits(rule: Rule, ctx: CheckContext) -> set[tuple[str, ...]]:
         if not values:
             continue
         worst = CheckContext(transformer=ctx.transformer, args=ctx.args, run=ctx.run, env=ctx.env,
-                             facts=replace(ctx.facts, **values), megatron_lm=ctx.megatron_lm)  # type: ignore[arg-type]
+                             facts=replace(ctx.facts, **values, unknown=ctx.facts.unknown - values.keys()),  # type: ignore[arg-type]
+                             megatron_lm=ctx.megatron_lm)
         out.update(hit.fields for hit in rule.detect(worst))
     return out
 

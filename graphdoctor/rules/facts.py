@@ -36,15 +36,22 @@ OPTIMISTIC: dict[str, object] = {
     "torch_has_graph_safe_rng": True,
     "apex_installed": True,
 }
-"""Values an unknown fact takes while rules run: none of them can make a rule report."""
+"""Values an unknown fact takes while rules run: none of them can make a rule report (a rule for which one
+of them could, GD310 with its TE, does not judge an unknown fact: EnvironmentFacts.unknown)."""
+
+TE_IMPORTABLE: dict[str, object] = {"te_version": "2.20.2", "te_has_torch_extension": True}
+"""A Transformer Engine that imports (the one measured on the H200): the worst case of the rules that a TE
+being importable triggers (GD310), which OPTIMISTIC's TE alone cannot decide."""
 
 PESSIMISTIC: tuple[dict[str, object], ...] = (
     {"te_version": None, "te_has_torch_extension": False},
     {"te_version": "0.0.1", "te_has_torch_extension": False},
+    TE_IMPORTABLE,
     {"torch_has_stale_capture_override": False, "torch_has_graph_safe_rng": False},
     {"apex_installed": False},
 )
-"""Worst cases tried for unknown facts: a rule that reports only under one of them is "not checked"."""
+"""Worst cases tried for unknown facts: a rule that reports only under one of them is "not checked". In each
+case its facts count as known (a rule that does not judge unknown facts, GD310, judges them there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +210,13 @@ def _te_torch_extension_present() -> bool:
     return False
 
 
+def te_facts() -> dict[str, object]:
+    """This machine's Transformer Engine facts (`te_version`, `te_has_torch_extension`), found by files and
+    metadata: neither TE nor torch is imported, and no GPU is touched (what diff's parent may read)."""
+    te_version = _te_version()
+    return {"te_version": te_version, "te_has_torch_extension": te_version is not None and _te_torch_extension_present()}
+
+
 def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
     """Detect the facts of this machine.
 
@@ -221,14 +235,12 @@ def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
     graph_safe = hasattr(torch.cuda.CUDAGraph, "register_generator_state") and hasattr(
         torch.Generator, "graphsafe_get_state"
     )
-    te_version = _te_version()
     try:
         nccl: str | None = ".".join(str(v) for v in torch.cuda.nccl.version())
     except (AttributeError, RuntimeError, TypeError):  # CPU-only torch builds have no NCCL
         nccl = None
     return EnvironmentFacts(
-        te_version=te_version,
-        te_has_torch_extension=te_version is not None and _te_torch_extension_present(),
+        **te_facts(),  # type: ignore[arg-type]
         torch_version=torch.__version__,
         torch_has_stale_capture_override=hasattr(torch.autograd.graph, "set_override_stale_capture_stream"),
         torch_has_graph_safe_rng=graph_safe,
@@ -239,4 +251,5 @@ def detect_facts(gpu_arch: Any = None) -> EnvironmentFacts:
     )
 
 
-__all__ = ["INSTALLATION_FACTS", "OPTIMISTIC", "PESSIMISTIC", "EnvironmentFacts", "detect_facts", "parse_gpu_arch", "version_tuple"]
+__all__ = ["INSTALLATION_FACTS", "OPTIMISTIC", "PESSIMISTIC", "TE_IMPORTABLE", "EnvironmentFacts", "detect_facts", "parse_gpu_arch", "te_facts",
+           "version_tuple"]

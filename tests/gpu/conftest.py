@@ -7,9 +7,9 @@ import importlib.util
 import pytest
 
 WITHOUT_TE_REASON = (
-    "Megatron-Core 0.19.2's local graphs differ from eager at dropout 0 when Transformer Engine is importable "
-    "(measured on the H200: tests/gpu/test_te_gpu.py::test_local_graphs_differ_from_eager_at_dropout_0_with_te_installed); "
-    "this verdict holds without TE"
+    "Megatron-Core 0.19.2's local graphs differ from eager at dropout 0 when Transformer Engine is importable: "
+    "its make_weakref gives up ownership of graph-pool buffers (GD310; measured on the H200: "
+    "tests/gpu/test_te_weakref_gpu.py); this verdict holds without TE"
 )
 
 

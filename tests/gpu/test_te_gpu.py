@@ -77,8 +77,9 @@ def test_local_graphs_differ_from_eager_at_dropout_0_with_te_installed() -> None
     then drops allocator ownership of graph-mempool buffers), local spec, fp32, dropout 0. Measured on the
     H200 (2026-11-30): the graphed run differs from eager from the first replay (step 1), first in the
     gradients, while eager repeated against eager is bitwise; without TE the same run matches
-    (test_diff_gpu.py::test_dropout0_matches_from_fingerprints_alone). This test pins that graphdoctor
-    reports it as a numeric divergence that the graphed run causes, not as noise or a match."""
+    (test_diff_gpu.py::test_dropout0_matches_from_fingerprints_alone), and with TE it matches once
+    make_weakref keeps strong references (test_te_weakref_gpu.py). This test pins that graphdoctor reports
+    it as a numeric divergence that the graphed run causes, not as noise or a match, with GD310 noted."""
     report = diff(DiffConfig(impls=("local",), dropout=0.0, num_layers=2, hidden_size=128, num_attention_heads=4,
                              seq_length=64, vocab_size=512, steps=6, cuda_graph_warmup_steps=2, timeout_s=300.0))
     keep(report, "local_dropout0_te_installed")
@@ -86,6 +87,7 @@ def test_local_graphs_differ_from_eager_at_dropout_0_with_te_installed() -> None
     assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
     assert local.divergence is not None and local.divergence.step >= 1, local.divergence
     assert any("eager repeated against eager is bitwise" in note for note in local.notes), local.notes
+    assert any(note.startswith("static GD310 ") for note in local.notes), local.notes
 
 
 def test_layernorm_recompute_in_local_graphs_is_noted_statically_and_compared() -> None:
