@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -36,10 +34,11 @@ from graphdoctor.advise_rank import (
 from graphdoctor.advise_session import AdviseSession, CandidateRun, CandidateView, SharedEager, is_not_run
 from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import TE_LAYER_SPECS
-from graphdoctor.errors import MissingDependencyError, Stopped, UsageError, stopped_exit_code
-from graphdoctor.parent.children import ChildRequest, never_started
+from graphdoctor.errors import MissingDependencyError, UsageError, stopped_exit_code
+from graphdoctor.parent.children import ChildRequest, never_started, work_directory
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
+from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
 from graphdoctor.rules.facts import EnvironmentFacts
@@ -363,25 +362,17 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
         config = config.replace(localize=False)
     facts, env = _machine(facts, config)
     screenings = [screen(c, config, facts=facts, env=env) for c in candidates_for(config)]
-    own_dir = workdir is None
-    base = Path(tempfile.mkdtemp(prefix="graphdoctor-advise-")) if workdir is None else Path(workdir)
-    base.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + time_budget_s if time_budget_s is not None else None
-    try:
+    with work_directory(workdir, "graphdoctor-advise-") as base:
         plan = plan_jobs(config)
         session = AdviseSession(config, base, progress, plan, deadline=deadline)
         session.budget_s = time_budget_s
         session.note(plan.reason)
         run = AdviseRun(session, screenings, max_candidates=max_candidates, facts=facts, env=env)
-        try:
+        # stopped: the children are ended already; the partial report says how far advise got
+        with partial_report_on_stop(lambda signal_name: dataclasses.replace(
+                run.stopped_report(signal_name), wall_s=time.perf_counter() - started)):
             report = run.run()
-        except Stopped as stop:  # the children are ended already; the report says how far advise got
-            stop.report = dataclasses.replace(run.stopped_report(stop.signal_name),
-                                              wall_s=time.perf_counter() - started)
-            raise
-    finally:
-        if own_dir:
-            shutil.rmtree(base, ignore_errors=True)
     notes = ("--cuda-graph-modules is not used: advise tries the scopes itself",) if config.cuda_graph_modules else ()
     return dataclasses.replace(report, wall_s=time.perf_counter() - started, notes=(*report.notes, *notes))
 

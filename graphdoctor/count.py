@@ -8,8 +8,6 @@ prologue fills, coverage and the graph census. No tensors are saved or compared.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +15,11 @@ from typing import Any
 
 from graphdoctor.availability import require_gpu, why_unavailable
 from graphdoctor.config import DiffConfig
-from graphdoctor.errors import Stopped, stopped_exit_code
+from graphdoctor.errors import stopped_exit_code
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
-from graphdoctor.parent.children import ChildRequest, ChildSession, never_started
+from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.progress import ProgressBoard
+from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
 
@@ -95,30 +94,27 @@ def count(config: DiffConfig, *, workdir: str | Path | None = None,
     require_gpu("graphdoctor count (live)")
     started = time.perf_counter()
     config = config.replace(launches=True, memory=False)
-    own_dir = workdir is None
-    base = Path(tempfile.mkdtemp(prefix="graphdoctor-count-")) if own_dir else Path(str(workdir))
-    base.mkdir(parents=True, exist_ok=True)
     if config.trace_dir:
         Path(config.trace_dir).mkdir(parents=True, exist_ok=True)
     unavailable = {impl: why for impl in config.impls if (why := why_unavailable(impl, config)) is not None}
-    requests = [ChildRequest(impl, config.dropout, Role.COUNT, base)
-                for impl in (EAGER, *(i for i in config.impls if i not in unavailable))]
-    try:
+    impls = (EAGER, *(i for i in config.impls if i not in unavailable))
+
+    def report(records: list[RunRecord], stopped: str | None = None) -> CountReport:
+        return CountReport(config=config, eager=records[0], runs=tuple(records[1:]), unavailable=unavailable,
+                           wall_s=time.perf_counter() - started, stopped=stopped)
+
+    with work_directory(workdir, "graphdoctor-count-") as base:
         session = ChildSession(config, base, progress)
-        try:
+        requests = [ChildRequest(impl, config.dropout, Role.COUNT, base) for impl in impls]
+
+        def stopped(signal_name: str) -> CountReport:  # the children are ended already: each run as left
+            done = session.stopped_records(requests, signal_name)
+            return report([done.get(r) or never_started(r.impl, r.dropout, signal_name) for r in requests],
+                          signal_name)
+
+        with partial_report_on_stop(stopped):
             records = [session.run_request(request) for request in requests]
-        except Stopped as stop:  # the children are ended already; the report says how far they got
-            done = session.stopped_records(requests, stop.signal_name)
-            records = [done.get(r) or never_started(r.impl, r.dropout, stop.signal_name) for r in requests]
-            stop.report = CountReport(config=config, eager=records[0], runs=tuple(records[1:]),
-                                      unavailable=unavailable, wall_s=time.perf_counter() - started,
-                                      stopped=stop.signal_name)
-            raise
-    finally:
-        if own_dir:
-            shutil.rmtree(base, ignore_errors=True)
-    return CountReport(config=config, eager=records[0], runs=tuple(records[1:]), unavailable=unavailable,
-                       wall_s=time.perf_counter() - started)
+    return report(records)
 
 
 __all__ = ["SCHEMA_VERSION", "CountReport", "count"]

@@ -23,11 +23,12 @@ from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed, stopped_row
 from graphdoctor.config import DiffConfig
 from graphdoctor.entry_points import TE_LAYER_SPECS
-from graphdoctor.errors import MissingDependencyError, Stopped, stopped_exit_code
-from graphdoctor.parent.children import ChildRequest, ChildSession, never_started
+from graphdoctor.errors import MissingDependencyError, stopped_exit_code
+from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.static import moe_static_findings, with_static_findings
+from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
@@ -172,23 +173,15 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
             raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "
                                          f"({why}); {TE_INSTALL_HINT}")
     started = time.perf_counter()
-    own_dir = workdir is None
-    base = Path(tempfile.mkdtemp(prefix="graphdoctor-")) if workdir is None else Path(workdir)
-    base.mkdir(parents=True, exist_ok=True)
-    try:
+    with work_directory(workdir, "graphdoctor-") as base:
         plan = plan_jobs(config)
         session = ChildSession(config, base, progress, plan)
         session.note(plan.reason)
         run = DiffRun(session)
-        try:
+        # stopped: the children are ended already; the partial report says how far they got
+        with partial_report_on_stop(lambda signal_name: dataclasses.replace(
+                run.stopped_report(signal_name), wall_s=time.perf_counter() - started)):
             report = run.run_all()
-        except Stopped as stop:  # the children are ended already; the report says how far they got
-            stop.report = dataclasses.replace(run.stopped_report(stop.signal_name),
-                                              wall_s=time.perf_counter() - started)
-            raise
-    finally:
-        if own_dir:
-            shutil.rmtree(base, ignore_errors=True)
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
 

@@ -5,10 +5,13 @@ names their files, and re-runs a child whose rendezvous port was taken.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import shutil
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +71,20 @@ def fold_stopped(spec: ChildSpec, workdir: Path, signal_name: str) -> RunRecord:
     if spec.placement.launcher:
         return fold_launch(spec, ended)
     return record_from_events(spec, read_events(spec.events_path), ended)
+
+
+@contextlib.contextmanager
+def work_directory(workdir: str | os.PathLike[str] | None, prefix: str) -> Iterator[Path]:
+    """The directory a command's children write their specs, events and logs into: `workdir` (made if
+    missing, kept), or a new temporary one named `prefix...`, removed when the command ends."""
+    own = workdir is None
+    base = Path(tempfile.mkdtemp(prefix=prefix)) if workdir is None else Path(workdir)
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        yield base
+    finally:
+        if own:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def never_started(impl: str, dropout: float, signal_name: str) -> RunRecord:
@@ -267,4 +284,4 @@ class ChildSession:
 
 
 __all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "fold_stopped", "never_started", "port_taken", "run_child",
-           "user_import_dir"]
+           "user_import_dir", "work_directory"]

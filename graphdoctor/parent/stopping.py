@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from graphdoctor.errors import Stopped
@@ -47,4 +47,15 @@ def stop_children_on_signals() -> Iterator[None]:
         allow_starts()  # a command stopped in-process (CliRunner, a test) leaves later commands free to run
 
 
-__all__ = ["STOP_SIGNALS", "Stopped", "stop_children_on_signals"]
+@contextlib.contextmanager
+def partial_report_on_stop(partial: Callable[[str], object]) -> Iterator[None]:
+    """Within: a Stopped (a stop signal, its children ended already) leaves with `partial(signal_name)` as its
+    report, the command's report of how far it got, which the CLI still writes (diff, advise, count)."""
+    try:
+        yield
+    except Stopped as stop:
+        stop.report = partial(stop.signal_name)
+        raise
+
+
+__all__ = ["STOP_SIGNALS", "Stopped", "partial_report_on_stop", "stop_children_on_signals"]

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 from pathlib import Path
+
+import pytest
 
 from graphdoctor.advise import AdviseReport, AdviseRun, plan
 from graphdoctor.advise_rank import NOT_RUN, RAN, REJECTED
 from graphdoctor.advise_session import AdviseSession
 from graphdoctor.count import CountReport
-from graphdoctor.errors import stopped_exit_code
-from graphdoctor.parent.children import never_started
+from graphdoctor.errors import Stopped, stopped_exit_code
+from graphdoctor.parent.children import never_started, work_directory
+from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER
 from graphdoctor.report.advise import render_text
@@ -86,3 +90,26 @@ def test_count_stopped_mid_run_reports_each_run_as_left(tmp_path: Path) -> None:
 def test_never_started_record_round_trips() -> None:
     record = never_started(EAGER, 0.0, "SIGHUP")
     assert RunRecord.from_dict(record.to_dict()) == record
+
+
+def test_a_stop_leaves_with_the_partial_report_and_nothing_else_gets_one() -> None:
+    with pytest.raises(Stopped) as stop:
+        with partial_report_on_stop(lambda signal_name: f"how far it got ({signal_name})"):
+            raise Stopped(signal.SIGHUP)
+    assert stop.value.report == "how far it got (SIGHUP)" and stop.value.exit_code == 129
+    with pytest.raises(ValueError):
+        with partial_report_on_stop(lambda signal_name: pytest.fail("built for an error that is no stop")):
+            raise ValueError("a failing child is not a stop")
+
+
+def test_work_directory_is_removed_only_when_it_made_it(tmp_path: Path) -> None:
+    with work_directory(None, "graphdoctor-test-") as made:
+        (made / "events-x.jsonl").write_text("{}\n")
+        assert made.is_dir() and made.name.startswith("graphdoctor-test-")
+    assert not made.exists()
+    given = tmp_path / "kept" / "work"
+    with pytest.raises(Stopped):
+        with work_directory(given, "graphdoctor-test-") as used:
+            assert used == given and used.is_dir()  # made when missing
+            raise Stopped(signal.SIGTERM)
+    assert given.is_dir()  # the user's --workdir stays, stop or not
