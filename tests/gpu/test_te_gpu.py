@@ -107,6 +107,6 @@ def test_layernorm_recompute_in_local_graphs_is_noted_statically_and_compared() 
     assert local.verdict in (Verdict.MATCH, Verdict.NUMERIC_DIVERGENCE), local
     if local.verdict == Verdict.NUMERIC_DIVERGENCE:
         # named: a layernorm weight, as GD220 reads it; GD310's weak references are not the cause (the same
-        # figures with strong references: fixtures/data/diff/h200_layernorm_recompute_te_*.json)
+        # figures with strong references: fixtures/data/diff/h200_layernorm_recompute_te_*_schema2.json)
         assert local.divergence is not None and local.divergence.tensor is not None, local.divergence
         print(f"layernorm recompute: first divergent tensor {local.divergence.tensor}")  # noqa: T201 - for the note

@@ -75,9 +75,9 @@ def test_diff_notes_it_on_local_rows_of_this_machine() -> None:
     assert installation_static_findings(DiffConfig(), "full_iteration") == []
 
 
-@pytest.mark.parametrize(("name", "verdict"), [("h200_te_weakref_unchanged.json", Verdict.NUMERIC_DIVERGENCE),
-                                               ("h200_te_weakref_strong_refs.json", Verdict.MATCH),
-                                               ("h200_te_weakref_no_te_graphs.json", Verdict.MATCH)])
+@pytest.mark.parametrize(("name", "verdict"), [("h200_te_weakref_unchanged_schema2.json", Verdict.NUMERIC_DIVERGENCE),
+                                               ("h200_te_weakref_strong_refs_schema2.json", Verdict.MATCH),
+                                               ("h200_te_weakref_no_te_graphs_schema2.json", Verdict.MATCH)])
 def test_recorded_h200_runs_differ_only_with_megatrons_weak_references(name: str, verdict: Verdict) -> None:
     report = DiffReport.from_dict(json.loads((DATA / name).read_text()))
     row = next(r for r in report.results if r.impl == "local")
@@ -96,7 +96,7 @@ def test_layernorm_recompute_divergence_is_not_the_weak_references() -> None:
     """The layernorm recompute's divergence (GD220) is the same with make_weakref keeping strong references: the
     same tensor, step and figures (two diffs at once on the H200, TE 2.20.2, local, fp32, dropout 0)."""
     rows = []
-    for name in ("h200_layernorm_recompute_te_unchanged.json", "h200_layernorm_recompute_te_strong.json"):
+    for name in ("h200_layernorm_recompute_te_unchanged_schema2.json", "h200_layernorm_recompute_te_strong_schema2.json"):
         report = DiffReport.from_dict(json.loads((DATA / name).read_text()))
         (row,) = report.results
         assert row.verdict == Verdict.NUMERIC_DIVERGENCE and row.divergence is not None
