@@ -341,7 +341,8 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
     Raises:
         NoGPUError: no CUDA GPU is visible.
         UsageError: max_candidates < 1 or time_budget_s <= 0.
-        MissingDependencyError: the TE layer spec without an importable Transformer Engine.
+        MissingDependencyError: the TE layer spec without an importable Transformer Engine; a setting this
+            machine's installation cannot build (GD308, GD309: parent.static.refuse_what_cannot_build).
         Stopped: a stop signal (graphdoctor.parent.stopping); its `report` is the partial AdviseReport
             (AdviseRun.stopped_report).
     """
@@ -352,6 +353,9 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
         raise UsageError(f"max_candidates: got {max_candidates}, expected >= 1")
     if time_budget_s is not None and time_budget_s <= 0:
         raise UsageError(f"time_budget_s: got {time_budget_s}, expected > 0")
+    from graphdoctor.parent.static import refuse_what_cannot_build
+
+    refuse_what_cannot_build(config)  # the eager reference could not build its model on this machine
     require_gpu("graphdoctor advise")
     if config.layer_spec in TE_LAYER_SPECS and not te_available()[0]:
         raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "

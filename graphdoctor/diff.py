@@ -27,7 +27,7 @@ from graphdoctor.errors import MissingDependencyError, stopped_exit_code
 from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
-from graphdoctor.parent.static import moe_static_findings, with_static_findings
+from graphdoctor.parent.static import moe_static_findings, refuse_what_cannot_build, with_static_findings
 from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
@@ -157,15 +157,7 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
             parallel with the local layer spec without Apex; selective recompute of layernorm, moe_act
             or gdn_norm_out without Transformer Engine (megatron-core 0.19.2).
     """
-    from graphdoctor.placement import (
-        apex_importable,
-        check_recompute_without_te,
-        check_sequence_parallel_norm,
-        te_findable,
-    )
-
-    check_sequence_parallel_norm(config, apex_importable())  # config facts: refused even without a GPU
-    check_recompute_without_te(config, te_findable())
+    refuse_what_cannot_build(config)  # this machine's installation: refused even without a GPU
     require_gpu()
     if config.layer_spec in TE_LAYER_SPECS:
         ok, why = te_available()

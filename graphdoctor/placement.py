@@ -2,8 +2,8 @@
 what the model and the schedule must allow for them. Pure; DiffConfig validates with it on creation,
 so a bad placement is refused (exit 2) before any GPU work. The GPU count is checked where the GPUs
 are counted (graphdoctor.parent.gpus.plan_jobs); sequence parallel's need of Apex or Transformer
-Engine, and selective recompute's need of Transformer Engine in megatron-core 0.19.2, by diff() before any
-GPU work (check_sequence_parallel_norm, check_recompute_without_te).
+Engine (GD308), and selective recompute's need of Transformer Engine in megatron-core 0.19.2 (GD309), by
+diff() before any GPU work, through those rules (graphdoctor.parent.static.installation_refusals).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from graphdoctor.errors import MissingDependencyError, UsageError
+from graphdoctor.errors import UsageError
 
 if TYPE_CHECKING:
     from graphdoctor.config import DiffConfig
@@ -81,21 +81,6 @@ def apex_importable() -> bool:
     return importlib.util.find_spec("apex") is not None
 
 
-def check_sequence_parallel_norm(config: DiffConfig, apex_found: bool) -> None:
-    """Refuse sequence parallel with the local layer spec when Apex is missing: megatron-core 0.19.2's local
-    GPT spec then uses WrappedTorchNorm (gpt_layer_specs.py:62-76), which asserts `sequence parallel not
-    supported by torch LayerNorm` when the first layer is built (torch_norm.py:50).
-
-    Raises:
-        MissingDependencyError: sequence_parallel, the local spec and `apex_found` False.
-    """
-    if config.sequence_parallel and config.layer_spec in LOCAL_LAYER_SPECS and not apex_found:
-        raise MissingDependencyError(
-            "sequence_parallel with the local layer spec needs Apex: without it megatron-core's local GPT spec "
-            "uses torch LayerNorm, which refuses sequence parallel; use --layer-spec te (Transformer Engine) "
-            "or install Apex")
-
-
 RECOMPUTE_NEEDING_TE: tuple[str, ...] = ("layernorm", "moe_act", "gdn_norm_out")
 """recompute_modules megatron-core 0.19.2 recomputes through `CheckpointWithoutOutput()` built with its
 default `fp8=False` (transformer_layer.py:633, :766; moe/experts.py:883; ssm/gated_delta_net/gdn.py:256):
@@ -108,21 +93,5 @@ def te_findable() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def check_recompute_without_te(config: DiffConfig, te_found: bool) -> None:
-    """Refuse selective recompute of RECOMPUTE_NEEDING_TE modules without Transformer Engine: in megatron-core
-    0.19.2 their first forward raises `NameError: name 'FP8GlobalStateManager' is not defined`, eager or
-    graphed (measured on the H200 with recompute_modules [layernorm]).
-
-    Raises:
-        MissingDependencyError: such a module recomputed selectively and `te_found` False.
-    """
-    needing = [m for m in config.recompute_modules if m in RECOMPUTE_NEEDING_TE]
-    if config.recompute_granularity == "selective" and needing and not te_found:
-        raise MissingDependencyError(
-            f"selective recompute of {', '.join(needing)} needs Transformer Engine in megatron-core 0.19.2 "
-            "(CheckpointWithoutOutput() calls FP8GlobalStateManager, tensor_parallel/random.py:693); "
-            "install Transformer Engine or recompute other modules (e.g. core_attn, mlp)")
-
-
 __all__ = ["LOCAL_LAYER_SPECS", "RECOMPUTE_NEEDING_TE", "apex_importable", "check_gpu_count", "check_placement",
-           "check_recompute_without_te", "check_sequence_parallel_norm", "data_parallel_size", "te_findable"]
+           "data_parallel_size", "te_findable"]

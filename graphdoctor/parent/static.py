@@ -13,8 +13,9 @@ from typing import Any
 
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
-from graphdoctor.errors import UsageError
+from graphdoctor.errors import MissingDependencyError, UsageError
 from graphdoctor.rules import all_rules, check, rule_fix
+from graphdoctor.rules.facts import EnvironmentFacts
 from graphdoctor.rules.finding import Finding
 from graphdoctor.types import Verdict
 
@@ -91,15 +92,53 @@ TE_WEAK_REFS_RULE = "GD310"
 graph-pool buffers, and graphed gradients can differ from eager (measured on the H200)."""
 
 
+def this_machine() -> EnvironmentFacts:
+    """The installation facts the rules about this machine read, where diff's children run: Transformer
+    Engine and Apex, found by files and metadata (nothing imported, no GPU touched); the rest unknown."""
+    from graphdoctor.placement import apex_importable
+    from graphdoctor.rules.facts import te_facts
+
+    return EnvironmentFacts.unknown_machine().with_overrides({**te_facts(), "apex_installed": apex_importable()})
+
+
 def installation_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     """GD310 on a `local` row, judged on this machine's Transformer Engine (the children's: they run here)."""
     if impl != "local":
         return []
-    from graphdoctor.rules.facts import EnvironmentFacts, te_facts
-
-    facts = EnvironmentFacts.unknown_machine().with_overrides(te_facts())
     return _checked({"transformer": {**_row_transformer(config), "cuda_graph_impl": impl}}, [TE_WEAK_REFS_RULE],
-                    facts=facts)
+                    facts=this_machine())
+
+
+INSTALLATION_REFUSALS: tuple[str, ...] = ("GD308", "GD309")
+"""Rules on what the installation allows the run's settings: an error from them on this machine is a run that
+cannot build its model (eager included), so diff refuses it before any GPU work."""
+
+
+def installation_refusals(config: DiffConfig, facts: EnvironmentFacts | None = None) -> list[Finding]:
+    """Errors of INSTALLATION_REFUSALS on the settings the children get: the run file's `transformer:` under
+    diff's own recompute settings and sequence parallel, diff's layer spec (None is Megatron's local spec),
+    judged on `facts` (default: this machine, this_machine())."""
+    from graphdoctor.placement import LOCAL_LAYER_SPECS
+
+    transformer = {**config.transformer, **config.recompute_settings()}
+    if config.sequence_parallel:
+        transformer["sequence_parallel"] = True
+    run = {"layer_spec": "local"} if config.layer_spec in LOCAL_LAYER_SPECS else {}
+    found = _checked({"transformer": transformer, "run": run}, INSTALLATION_REFUSALS,
+                     facts=facts if facts is not None else this_machine())
+    return [f for f in found if f.severity == "error"]
+
+
+def refuse_what_cannot_build(config: DiffConfig) -> None:
+    """Refuse, before any GPU work, a run whose model this machine's installation cannot build (diff, advise).
+
+    Raises:
+        MissingDependencyError: the first of installation_refusals(config), with its rule and fix.
+    """
+    refusals = installation_refusals(config)
+    if refusals:
+        first = refusals[0]
+        raise MissingDependencyError(f"{first.message} ({first.code}); fix: {first.fix}")
 
 
 ENV_RULES: tuple[str, ...] = ("GD301", "GD302", "GD307")
@@ -151,5 +190,6 @@ def _in_moe_code(location: str | None, tail: list[str]) -> bool:
     return any(MEGATRON_MOE_FRAME.search(text or "") for text in (location, *tail))
 
 
-__all__ = ["ENV_RULES", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings", "installation_static_findings",
-           "local_scope_static_findings", "moe_static_findings", "schedule_static_findings", "with_static_findings"]
+__all__ = ["ENV_RULES", "INSTALLATION_REFUSALS", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings",
+           "installation_refusals", "installation_static_findings", "local_scope_static_findings", "moe_static_findings",
+           "refuse_what_cannot_build", "schedule_static_findings", "this_machine", "with_static_findings"]

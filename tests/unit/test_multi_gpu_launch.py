@@ -20,7 +20,7 @@ from graphdoctor.cli import main
 from graphdoctor.compare.bitprint import BitFingerprinter, host_lanes
 from graphdoctor.compare.verdict import judge
 from graphdoctor.config import DiffConfig, diff_config_from
-from graphdoctor.errors import MissingDependencyError, UsageError
+from graphdoctor.errors import UsageError
 from graphdoctor.parent.children import ChildSession
 from graphdoctor.parent.gpus import Gpu, plan_jobs
 from graphdoctor.parent.launch import (
@@ -33,11 +33,13 @@ from graphdoctor.parent.launch import (
 )
 from graphdoctor.parent.ranks import RANK_STATUS_ORDER, split_rank
 from graphdoctor.parent.runner import ProcessResult
-from graphdoctor.placement import apex_importable, check_sequence_parallel_norm
+from graphdoctor.parent.static import installation_refusals
+from graphdoctor.placement import apex_importable
 from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Role, RunRecord, run_name
 from graphdoctor.protocol.events import End, RunEnv, Started, Step, Tensors
 from graphdoctor.protocol.spec import rank_path
 from graphdoctor.report.diff import placement_line
+from graphdoctor.rules.facts import EnvironmentFacts
 from graphdoctor.types import StepPrints, StepRecord, Verdict
 
 TP2 = {"nproc_per_node": 2, "tensor_model_parallel_size": 2}
@@ -315,19 +317,21 @@ def test_sequence_parallel_with_the_local_spec_and_no_apex_exits_2_before_any_gp
                                        "--sequence-parallel", "-q"])
     assert result.exit_code == 2
     line, = result.stderr.strip().splitlines()
-    assert "sequence_parallel with the local layer spec needs Apex" in line
-    assert "--layer-spec te" in line and "install Apex" in line
+    assert "sequence_parallel with the local layer spec" in line and "no Apex" in line and "(GD308)" in line
+    assert "Transformer Engine layer spec" in line and "install Apex" in line
 
 
 def test_sequence_parallel_is_refused_only_for_the_local_spec_without_apex() -> None:
+    def refused(config: DiffConfig, apex: bool) -> list[str]:
+        facts = EnvironmentFacts.unknown_machine().with_overrides({"apex_installed": apex, "te_version": "2.20.2"})
+        return [f.code for f in installation_refusals(config, facts)]
+
     sp = DiffConfig(nproc_per_node=2, tensor_model_parallel_size=2, sequence_parallel=True)
-    with pytest.raises(MissingDependencyError, match="needs Apex"):
-        check_sequence_parallel_norm(sp, apex_found=False)
-    with pytest.raises(MissingDependencyError, match="needs Apex"):
-        check_sequence_parallel_norm(sp.replace(layer_spec="local"), apex_found=False)
-    check_sequence_parallel_norm(sp, apex_found=True)  # FusedLayerNorm supports it
-    check_sequence_parallel_norm(sp.replace(layer_spec="te"), apex_found=False)  # TE's norms do
-    check_sequence_parallel_norm(sp.replace(sequence_parallel=False), apex_found=False)
+    assert refused(sp, apex=False) == ["GD308"]
+    assert refused(sp.replace(layer_spec="local"), apex=False) == ["GD308"]
+    assert refused(sp, apex=True) == []  # FusedLayerNorm supports it
+    assert refused(sp.replace(layer_spec="te"), apex=False) == []  # TE's norms do
+    assert refused(sp.replace(sequence_parallel=False), apex=False) == []
 
 
 def test_check_flags_sequence_parallel_with_the_local_spec_where_the_target_has_no_apex(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from graphdoctor.cli import main
-from graphdoctor.config import DiffConfig
-from graphdoctor.errors import MissingDependencyError
-from graphdoctor.placement import RECOMPUTE_NEEDING_TE, check_recompute_without_te, te_findable
+from graphdoctor.config import DiffConfig, diff_config_from, load_run_file
+from graphdoctor.parent.static import installation_refusals
+from graphdoctor.placement import RECOMPUTE_NEEDING_TE, te_findable
+from graphdoctor.rules.facts import EnvironmentFacts
 
 
 def test_the_flagged_modules_are_the_ones_megatron_builds_with_the_default_fp8() -> None:
@@ -30,16 +31,30 @@ def test_the_flagged_modules_are_the_ones_megatron_builds_with_the_default_fp8()
     assert set(RECOMPUTE_NEEDING_TE) == {"layernorm", "moe_act", "gdn_norm_out"}
 
 
+def _refused(config: DiffConfig, te: str | None) -> list[str]:
+    facts = EnvironmentFacts.unknown_machine().with_overrides({"te_version": te, "apex_installed": True})
+    return [f.code for f in installation_refusals(config, facts)]
+
+
 def test_refused_only_for_selective_recompute_of_those_modules_without_te() -> None:
     layernorm = DiffConfig(recompute_granularity="selective", recompute_modules=("layernorm", "core_attn"))
-    with pytest.raises(MissingDependencyError, match="selective recompute of layernorm needs Transformer Engine"):
-        check_recompute_without_te(layernorm, te_found=False)
-    with pytest.raises(MissingDependencyError, match="moe_act"):
-        check_recompute_without_te(layernorm.replace(recompute_modules=("moe_act",)), te_found=False)
-    check_recompute_without_te(layernorm, te_found=True)
-    check_recompute_without_te(layernorm.replace(recompute_modules=("core_attn", "mlp")), te_found=False)
-    check_recompute_without_te(DiffConfig(recompute_granularity="full", recompute_method="uniform",
-                                          recompute_num_layers=1), te_found=False)
+    assert _refused(layernorm, None) == ["GD309"]
+    assert _refused(layernorm.replace(recompute_modules=("moe_act",)), None) == ["GD309"]
+    assert _refused(layernorm, "2.20.2") == []
+    assert _refused(layernorm.replace(recompute_modules=("core_attn", "mlp")), None) == []
+    assert _refused(DiffConfig(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+                    None) == []
+
+
+def test_recompute_set_by_the_run_file_or_the_launch_line_is_refused_too(tmp_path: Path) -> None:
+    """diff's refusal reads the settings the children get, not only its own recompute flags: a run file's
+    `transformer:` and a launch line's --recompute-* land there (a twin of GD309 once missed them)."""
+    run = tmp_path / "run.yaml"
+    run.write_text("transformer:\n  recompute_granularity: selective\n  recompute_modules: [layernorm]\n",
+                   encoding="utf-8")
+    assert _refused(diff_config_from(load_run_file(run)), None) == ["GD309"]
+    line = diff_config_from(None, megatron_args="--recompute-granularity selective --recompute-modules moe_act")
+    assert _refused(line, None) == ["GD309"]
 
 
 @pytest.mark.skipif(te_findable(), reason="Transformer Engine is installed here")
@@ -48,7 +63,16 @@ def test_diff_exits_2_with_one_line_before_any_gpu_work() -> None:
                                        "--recompute-modules", "layernorm", "-q"])
     assert result.exit_code == 2, result.output
     line, = result.stderr.strip().splitlines()
-    assert "needs Transformer Engine" in line and "FP8GlobalStateManager" in line
+    assert "without Transformer Engine" in line and "FP8GlobalStateManager" in line and "(GD309)" in line
+
+
+@pytest.mark.skipif(te_findable(), reason="Transformer Engine is installed here")
+def test_advise_refuses_it_the_same_way() -> None:
+    result = CliRunner().invoke(main, ["advise", "--recompute-granularity", "selective",
+                                       "--recompute-modules", "gdn_norm_out", "-q"])
+    assert result.exit_code == 2, result.output
+    line, = result.stderr.strip().splitlines()
+    assert "selective recompute of gdn_norm_out without Transformer Engine" in line and "(GD309)" in line
 
 
 def test_check_flags_it_where_the_target_has_no_te(tmp_path: Path) -> None:
