@@ -442,7 +442,7 @@ class LocalGraphsWeakRefsWithTransformerEngine(Rule):
     severity = Severity.WARNING
     fix = FixAvailability.SOMETIMES
     machine_facts = ("te_version", "te_has_torch_extension")
-    machine_question = "is Transformer Engine importable there (transformer_engine with its PyTorch extension)?"
+    machine_question = "does Transformer Engine import there, with its PyTorch extension?"
     template = ("local CUDA graphs with Transformer Engine {te} importable: megatron-core 0.19.2's make_weakref "
                 "gives up ownership of graph-pool buffers (static gradients among them), and graphed gradients "
                 "can differ from eager")
