@@ -406,7 +406,10 @@ class LocalGraphsWeakRefsWithTransformerEngine(Rule):
     (`_weakref_forward_buffers`, `:1079`) and each backward graph's static gradient inputs and outputs
     (`:1544-1545`, "safe ... as any inuse input grads have a strong ref stored in 'bwd_cudagraph_buffer'",
     which holds only where the input is another graph's output). Memory nobody owns can be handed to another
-    tensor while a graph still reads or writes it: the same class of bug as sgl-project/sglang#37606.
+    tensor while a graph still reads or writes it: the same class of bug as sgl-project/sglang#37606. The
+    weak references came with NVIDIA/Megatron-LM#5451 (memory of partial graphs); 0.19.2 already carries
+    NVIDIA/Megatron-LM#5975 ("Fix CUDA graph correctness issues due to memory bugs": the saved-for-backward
+    observer, `cuda_graphs.py:128-137`, `:491-496`) and still differs.
     Measured on the H200 (megatron-core 0.19.2, TE 2.20.2, local spec, fp32, dropout 0, 2 layers): eager
     repeated against eager is bitwise, the graphed run differs from the first replay, first in the gradient
     w.r.t. the output of `decoder.layers.0` (embedding gradient max abs 0.0044, loss 4.3e-4). The same run
