@@ -8,7 +8,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from graphdoctor.report.advise import HEADERS, bisection_lines, recommendation_lines, table_rows
-from graphdoctor.report.html_page import page, table, tile
+from graphdoctor.report.html_page import page, stopped_badge, table, tile
 from graphdoctor.report.memory import fmt_bytes
 
 if TYPE_CHECKING:
@@ -48,11 +48,14 @@ def render_html(report: AdviseReport) -> str:
         _section("candidates", "candidates", table(HEADERS, table_rows(report), wrap=(1, 8))),
         _section("bisection", "bisection", _lines(bisection_lines(report))),
         _section("rejected", "rejected before any GPU run", _lines(rejected)),
-        _section("not-run", "not run (budget)", _lines(not_run)),
+        _section("not-run", f"not run ({f'stopped by {report.stopped}' if report.stopped else 'budget'})",
+                 _lines(not_run)),
     ])
     passed = report.exit_code() == 0
     status = (f'<span class="badge {"ok" if passed else "bad"}" id="overall" data-verdict="'
               f'{"pass" if passed else "fail"}">{"PASS" if passed else "FAIL"} (exit {report.exit_code()})</span>')
+    if report.stopped is not None:
+        status = stopped_badge(report.stopped, report.exit_code(), f"{len(report.candidates)} candidate(s)")
     subtitle = (f"GPTModel {cfg.num_layers}x{cfg.hidden_size} \u00b7 {cfg.dtype} \u00b7 dropout {cfg.dropout:g} "
                 f"\u00b7 layer spec {cfg.layer_spec or 'local'} \u00b7 wall {report.wall_s:.1f} s")
     toc = [("recommendation", "recommendation"), ("candidates", "candidates"), ("bisection", "bisection"),

@@ -15,7 +15,7 @@ from typing import Any
 from graphdoctor.errors import InputFileError
 from graphdoctor.report.html_model import ImplView, ReportView, load_report, parse_report
 from graphdoctor.report.html_model_parts import DiagnosisView, RunView, TensorDiffView
-from graphdoctor.report.html_page import badge, figure, page, table, verdict_class
+from graphdoctor.report.html_page import badge, figure, page, stopped_badge, table, verdict_class
 from graphdoctor.report.html_sections import forensics_section, launches_section, memory_section
 from graphdoctor.report.schedule import eval_section
 from graphdoctor.report.svg import EAGER_COLOUR, HeatCell, Series, heat_strip, line_chart, series_style
@@ -299,10 +299,12 @@ def render_report(view: ReportView, *, source: str = "") -> str:
 
 
 def _status(view: ReportView, passed: bool) -> str:
+    num = sum(i.verdict != "unavailable" for i in view.impls)
+    if view.stopped is not None:
+        return stopped_badge(view.stopped, view.exit_code, f"{num} implementation(s)")
     word = "PASS" if passed else "FAIL"
     cls = "ok" if passed else "bad"
     code = f" (exit {view.exit_code})" if view.exit_code is not None else ""
-    num = sum(i.verdict != "unavailable" for i in view.impls)
     mark = "\u2713" if passed else "\u2717"
     return (f'<span class="badge {cls}" id="overall" data-verdict="{word.lower()}">'
             f"{mark} {word}{code}: {num} implementation(s) compared</span>")

@@ -213,6 +213,8 @@ class ReportView:
     reference: RunView | None
     control_reference: RunView | None
     impls: tuple[ImplView, ...]
+    stopped: str | None = None
+    """The signal that stopped graphdoctor before the diff finished (a partial report), else None."""
 
 
 def parse_report(payload: Mapping[str, Any]) -> ReportView:
@@ -233,9 +235,11 @@ def parse_report(payload: Mapping[str, Any]) -> ReportView:
     if reference is not None and not reference.is_eager:
         reference = None
     impls = tuple(ImplView.parse(i) for i in payload["impls"] if isinstance(i, Mapping))
+    stopped = payload.get("stopped")
     return ReportView("diff", RunInfo.parse(as_map(payload.get("config")), as_map(payload.get("env"))),
                       as_int(payload.get("exit_code")), num(payload.get("wall_s")), reference,
-                      RunView.parse(payload.get("control_reference")), impls)
+                      RunView.parse(payload.get("control_reference")), impls,
+                      stopped=str(stopped) if stopped else None)
 
 
 def _parse_taps(payload: Mapping[str, Any]) -> ReportView:

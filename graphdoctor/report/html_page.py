@@ -84,6 +84,14 @@ _VERDICT_CLASS = {"match": "ok", "ok": "ok", "rng-divergence": "warn", "unavaila
 _VERDICT_MARK = {"ok": "\u2713", "warn": "\u2248", "bad": "\u2717", "na": "\u2013"}
 
 
+def stopped_badge(signal_name: str, exit_code: int | None, what: str) -> str:
+    """The page's overall badge of a partial report: graphdoctor was stopped by `signal_name` (neither pass
+    nor fail: what ran is shown, what did not is not judged)."""
+    code = f" (exit {exit_code})" if exit_code is not None else ""
+    return (f'<span class="badge na" id="overall" data-verdict="stopped">{_VERDICT_MARK["na"]} STOPPED by '
+            f"{escape(signal_name)}{code}: partial report, {escape(what)}</span>")
+
+
 def verdict_class(verdict: str) -> str:
     """CSS class of a verdict: ok, warn (passes with a caveat), bad or na."""
     return _VERDICT_CLASS.get(verdict, "bad")
@@ -158,4 +166,4 @@ def page(*, title: str, heading: str, subtitle: str, status_html: str, toc: Sequ
             f"<footer>{escape(footer)}</footer></main></body></html>\n")
 
 
-__all__ = ["CSS", "badge", "figure", "page", "table", "tile", "verdict_class"]
+__all__ = ["CSS", "badge", "figure", "page", "stopped_badge", "table", "tile", "verdict_class"]

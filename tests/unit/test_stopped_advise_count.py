@@ -113,3 +113,33 @@ def test_work_directory_is_removed_only_when_it_made_it(tmp_path: Path) -> None:
             assert used == given and used.is_dir()  # made when missing
             raise Stopped(signal.SIGTERM)
     assert given.is_dir()  # the user's --workdir stays, stop or not
+
+
+RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "data"
+
+
+def test_recorded_stopped_pages_say_stopped_not_fail() -> None:
+    """The partial reports the H200 wrote when SIGTERM stopped diff and advise after the eager run's fifth step
+    (tests/gpu/test_stopped_gpu.py at 4f46ace): their pages carry a STOPPED badge, neither PASS nor FAIL."""
+    from graphdoctor.report.advise_html import render_html
+    from graphdoctor.report.html import render_payload
+
+    diff_payload = json.loads((RECORDED / "diff" / "h200_stopped_sigterm_schema2.json").read_text())
+    page = render_payload(diff_payload)
+    assert 'id="overall" data-verdict="stopped">' in page and "STOPPED by SIGTERM (exit 143): partial report" in page
+    assert "FAIL" not in page.split('id="overall"')[1].split("</span>")[0]
+    advise = AdviseReport.from_dict(json.loads((RECORDED / "advise" / "h200_advise_stopped_sigterm.json").read_text()))
+    assert advise.stopped == "SIGTERM" and advise.exit_code() == 143 and advise.recommendation.candidate is None
+    assert advise.reference is not None and advise.reference.status == "stopped" and len(advise.reference.steps) >= 5
+    html = render_html(advise)
+    assert 'data-verdict="stopped"' in html and "not run (stopped by SIGTERM)" in html
+    assert "not run (stopped by SIGTERM): full_iteration whole step, local whole layer" in render_text(advise)
+
+
+def test_recorded_stopped_count_document() -> None:
+    data = json.loads((RECORDED / "count" / "h200_count_stopped_sigterm.json").read_text())
+    assert data["command"] == "count" and data["stopped"] == "SIGTERM" and data["exit_code"] == 143
+    assert data["eager"]["status"] == "stopped" and data["eager"]["steps_done"] >= 5
+    assert [(e["impl"], e["status"], e["steps_done"]) for e in data["impls"]] == [
+        ("local", "stopped", 0), ("full_iteration", "stopped", 0)]
+    assert all("before it started" in e["diagnosis"]["message"] for e in data["impls"])
