@@ -103,3 +103,12 @@ def test_layernorm_recompute_divergence_is_not_the_weak_references() -> None:
         assert any(n.startswith("static GD220 ") for n in row.notes)
         rows.append((row.divergence.step, row.divergence.tensor, row.divergence.max_abs, row.divergence.max_rel))
     assert rows[0] == rows[1] and rows[0][:2] == (1, "decoder.layers.0.input_layernorm.weight")
+
+
+def test_a_launch_script_is_flagged_at_its_cuda_graph_impl_line() -> None:
+    script = Path(__file__).resolve().parents[2] / "examples" / "megatron" / "pretrain_gpt_small.sh"
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "--cuda-graph-impl local" in text)
+    result = CliRunner().invoke(main, ["check", f"@{script}", "--target", "te=2.20.2", "--format", "concise",
+                                       "--select", "GD310"])
+    assert result.exit_code == 0, result.output
+    assert f"{script}:{line}:5: GD310 local CUDA graphs with Transformer Engine 2.20.2 importable" in result.output
