@@ -3,7 +3,7 @@ what the model and the schedule must allow for them. Pure; DiffConfig validates 
 so a bad placement is refused (exit 2) before any GPU work. The GPU count is checked where the GPUs
 are counted (graphdoctor.parent.gpus.plan_jobs); sequence parallel's need of Apex or Transformer
 Engine (GD308), and selective recompute's need of Transformer Engine in megatron-core 0.19.2 (GD309), by
-diff() before any GPU work, through those rules (graphdoctor.parent.static.installation_refusals).
+diff() and advise() before any GPU work, through those rules (graphdoctor.parent.static.refuse_what_cannot_build).
 """
 
 from __future__ import annotations
