@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from graphdoctor.cli.diff import build_config, progress_board
+from graphdoctor.cli.diff import build_config, run_then_write
 from graphdoctor.options import DIFF_OPTIONS, click_options
 
 if TYPE_CHECKING:
@@ -72,17 +72,11 @@ def advise_command(config_path: str | None, max_candidates: int, time_budget_s: 
 
         raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
     from graphdoctor.advise import advise
-    from graphdoctor.errors import Stopped
 
-    try:
-        with progress_board(quiet) as board:
-            report = advise(config, max_candidates=max_candidates, time_budget_s=time_budget_s,
-                            workdir=Path(workdir) if workdir else None, progress=board)
-    except Stopped as stop:  # SIGTERM/SIGHUP/SIGINT: the partial report still goes where it was asked to
-        if stop.report is not None:
-            _write_outputs(stop.report, json_path, html_path)
-        raise
-    _write_outputs(report, json_path, html_path)
+    report = run_then_write(
+        lambda board: advise(config, max_candidates=max_candidates, time_budget_s=time_budget_s,
+                             workdir=Path(workdir) if workdir else None, progress=board),
+        lambda done: _write_outputs(done, json_path, html_path), quiet)
     sys.exit(report.exit_code())
 
 

@@ -89,26 +89,20 @@ def count_command(trace_path: Path | None, json_path: Path | None, config_path: 
 
 
 def _live(config_path: str | None, json_path: Path | None, values: dict[str, object]) -> None:
-    from graphdoctor.cli.diff import build_config, progress_board
-    from graphdoctor.count import count
-    from graphdoctor.errors import Stopped
+    from graphdoctor.cli.diff import build_config, run_then_write
+    from graphdoctor.count import CountReport, count
     from graphdoctor.report.count import render_count_text, write_count_json
 
     if json_path is not None:
         check_output_path(json_path, "--json", [config_path])
     config = build_config(config_path, values)
-    try:
-        with progress_board(quiet=False) as board:
-            report = count(config, progress=board)
-    except Stopped as stop:  # SIGTERM/SIGHUP/SIGINT: the partial report still goes where it was asked to
-        if stop.report is not None:
-            if json_path is not None:
-                write_count_json(stop.report, json_path)
-            click.echo(render_count_text(stop.report))
-        raise
-    if json_path is not None:
-        write_count_json(report, json_path)
-    click.echo(render_count_text(report))
+
+    def write(report: CountReport) -> None:  # the JSON first, then the summary
+        if json_path is not None:
+            write_count_json(report, json_path)
+        click.echo(render_count_text(report))
+
+    report = run_then_write(lambda board: count(config, progress=board), write, quiet=False)
     sys.exit(report.exit_code())
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,24 @@ def progress_board(quiet: bool) -> Iterator[Any]:
         board.close()
 
 
+def run_then_write[ReportT](run: Callable[[Any], ReportT], write: Callable[[ReportT], None],
+                            quiet: bool) -> ReportT:
+    """Run a command that starts children (diff, advise, live count) under its progress board, then write its
+    report with `write`. Stopped by a signal (graphdoctor.parent.stopping), it still writes the partial report
+    the command left on the Stopped, which then goes on to the CLI's one line and exit code 128 + the signal."""
+    from graphdoctor.errors import Stopped
+
+    try:
+        with progress_board(quiet) as board:
+            report = run(board)
+    except Stopped as stop:
+        if stop.report is not None:
+            write(stop.report)
+        raise
+    write(report)
+    return report
+
+
 @click.command("diff")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               metavar="RUN.yaml",
@@ -102,16 +120,9 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
 
         raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
     from graphdoctor.diff import diff
-    from graphdoctor.errors import Stopped
 
-    try:
-        with progress_board(quiet) as board:
-            report = diff(config, workdir=workdir, progress=board)
-    except Stopped as stop:  # SIGTERM/SIGHUP/SIGINT: the partial report still goes where it was asked to
-        if stop.report is not None:
-            write_outputs(stop.report, json_path, html_path, verbose)
-        raise
-    write_outputs(report, json_path, html_path, verbose)
+    report = run_then_write(lambda board: diff(config, workdir=workdir, progress=board),
+                            lambda done: write_outputs(done, json_path, html_path, verbose), quiet)
     sys.exit(report.exit_code())
 
 
@@ -154,4 +165,4 @@ def _under_torchrun(values: dict[str, Any]) -> dict[str, Any]:
 
 COMMANDS = [diff_command]
 
-__all__ = ["COMMANDS", "build_config", "diff_command", "progress_board"]
+__all__ = ["COMMANDS", "build_config", "diff_command", "progress_board", "run_then_write"]
