@@ -33,8 +33,7 @@ from graphdoctor.advise_rank import (
 )
 from graphdoctor.advise_session import AdviseSession, CandidateRun, CandidateView, SharedEager, is_not_run
 from graphdoctor.config import DiffConfig
-from graphdoctor.entry_points import TE_LAYER_SPECS
-from graphdoctor.errors import MissingDependencyError, UsageError, stopped_exit_code
+from graphdoctor.errors import UsageError, stopped_exit_code
 from graphdoctor.parent.children import ChildRequest, never_started, work_directory
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
@@ -346,20 +345,13 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
         Stopped: a stop signal (graphdoctor.parent.stopping); its `report` is the partial AdviseReport
             (AdviseRun.stopped_report).
     """
-    from graphdoctor.availability import require_gpu, te_available
-    from graphdoctor.diff import TE_INSTALL_HINT
-
     if max_candidates < 1:
         raise UsageError(f"max_candidates: got {max_candidates}, expected >= 1")
     if time_budget_s is not None and time_budget_s <= 0:
         raise UsageError(f"time_budget_s: got {time_budget_s}, expected > 0")
-    from graphdoctor.parent.static import refuse_what_cannot_build
+    from graphdoctor.parent.static import refuse_before_gpu_work
 
-    refuse_what_cannot_build(config)  # the eager reference could not build its model on this machine
-    require_gpu("graphdoctor advise")
-    if config.layer_spec in TE_LAYER_SPECS and not te_available()[0]:
-        raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "
-                                     f"({te_available()[1]}); {TE_INSTALL_HINT}")
+    refuse_before_gpu_work(config, "graphdoctor advise")
     started = time.perf_counter()
     if config.localize is None:
         # advise localizes by bisection; the tapped pair diff adds after a divergence is not run

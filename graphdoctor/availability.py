@@ -11,6 +11,11 @@ from graphdoctor.errors import NoGPUError
 from graphdoctor.parent.runner import python_command, run_isolated
 from graphdoctor.placement import te_findable
 
+TE_INSTALL_HINT = ("install Transformer Engine (pip install 'graphdoctor[transformer-engine]'); "
+                   "graphdoctor drives the transformer_engine implementation only where "
+                   "transformer_engine.pytorch imports")
+"""The fix wherever Transformer Engine is needed and does not import."""
+
 
 def require_gpu(command: str = "graphdoctor diff") -> None:
     """Raise NoGPUError naming `command` and the commands that work without a GPU."""
@@ -72,4 +77,4 @@ def why_unavailable(impl: str, cfg: DiffConfig) -> str | None:
     return None
 
 
-__all__ = ["require_gpu", "te_available", "why_unavailable"]
+__all__ = ["TE_INSTALL_HINT", "require_gpu", "te_available", "why_unavailable"]

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphdoctor.availability import require_gpu, why_unavailable
+from graphdoctor.availability import why_unavailable
 from graphdoctor.config import DiffConfig
 from graphdoctor.errors import stopped_exit_code
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
 from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.progress import ProgressBoard
+from graphdoctor.parent.static import refuse_before_gpu_work
 from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
@@ -88,10 +89,13 @@ def count(config: DiffConfig, *, workdir: str | Path | None = None,
 
     Raises:
         NoGPUError: no CUDA GPU is visible.
+        MissingDependencyError: what diff refuses before any GPU work (parent.static.refuse_before_gpu_work): a
+            setting this machine's installation cannot build (GD308, GD309), the TE layer spec without an
+            importable Transformer Engine.
         Stopped: a stop signal (graphdoctor.parent.stopping); its `report` is the partial CountReport:
             every run as the stop left it (`stopped`, with the steps it finished and its stacks).
     """
-    require_gpu("graphdoctor count (live)")
+    refuse_before_gpu_work(config, "graphdoctor count (live)")
     started = time.perf_counter()
     config = config.replace(launches=True, memory=False)
     if config.trace_dir:

@@ -16,18 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphdoctor.availability import require_gpu, te_available, why_unavailable
+from graphdoctor.availability import TE_INSTALL_HINT, why_unavailable
 from graphdoctor.compare.forensics import analyze
 from graphdoctor.compare.prints import differing_steps, family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed, stopped_row
 from graphdoctor.config import DiffConfig
-from graphdoctor.entry_points import TE_LAYER_SPECS
-from graphdoctor.errors import MissingDependencyError, stopped_exit_code
+from graphdoctor.errors import stopped_exit_code
 from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
-from graphdoctor.parent.static import moe_static_findings, refuse_what_cannot_build, with_static_findings
+from graphdoctor.parent.static import moe_static_findings, refuse_before_gpu_work, with_static_findings
 from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
@@ -44,9 +43,6 @@ IMPL_NOTES = {
              "(Transformer Engine restores it), so graphed dropout masks are shifted against eager",
 }
 
-TE_INSTALL_HINT = ("install Transformer Engine (pip install 'graphdoctor[transformer-engine]'); "
-                   "graphdoctor drives the transformer_engine implementation only where "
-                   "transformer_engine.pytorch imports")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,13 +153,7 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
             parallel with the local layer spec without Apex; selective recompute of layernorm, moe_act
             or gdn_norm_out without Transformer Engine (megatron-core 0.19.2).
     """
-    refuse_what_cannot_build(config)  # this machine's installation: refused even without a GPU
-    require_gpu()
-    if config.layer_spec in TE_LAYER_SPECS:
-        ok, why = te_available()
-        if not ok:
-            raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "
-                                         f"({why}); {TE_INSTALL_HINT}")
+    refuse_before_gpu_work(config, "graphdoctor diff")
     started = time.perf_counter()
     with work_directory(workdir, "graphdoctor-") as base:
         plan = plan_jobs(config)

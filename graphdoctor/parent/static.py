@@ -141,6 +141,31 @@ def refuse_what_cannot_build(config: DiffConfig) -> None:
         raise MissingDependencyError(f"{first.message} ({first.code}); fix: {first.fix}")
 
 
+def refuse_before_gpu_work(config: DiffConfig, command: str) -> None:
+    """What diff, advise and live count refuse before they start any child, in this order: a setting this
+    machine's installation cannot build (refuse_what_cannot_build: said even without a GPU), no visible GPU,
+    and a Transformer Engine layer spec where Transformer Engine does not import.
+
+    Args:
+        config: the run.
+        command: the command, as NoGPUError names it (`graphdoctor advise`).
+
+    Raises:
+        MissingDependencyError: GD308/GD309, or the TE layer spec without Transformer Engine.
+        NoGPUError: no CUDA GPU is visible.
+    """
+    from graphdoctor.availability import TE_INSTALL_HINT, require_gpu, te_available
+    from graphdoctor.entry_points import TE_LAYER_SPECS
+
+    refuse_what_cannot_build(config)
+    require_gpu(command)
+    if config.layer_spec in TE_LAYER_SPECS:
+        ok, why = te_available()
+        if not ok:
+            raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "
+                                         f"({why}); {TE_INSTALL_HINT}")
+
+
 ENV_RULES: tuple[str, ...] = ("GD301", "GD302", "GD307")
 """The environment rules checked on a multi-GPU child's ranks' environment."""
 ENV_RULE_VARIABLES: tuple[str, ...] = ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_GRAPH_REGISTER", "CUDA_DEVICE_MAX_CONNECTIONS",
@@ -192,4 +217,4 @@ def _in_moe_code(location: str | None, tail: list[str]) -> bool:
 
 __all__ = ["ENV_RULES", "INSTALLATION_REFUSALS", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings",
            "installation_refusals", "installation_static_findings", "local_scope_static_findings", "moe_static_findings",
-           "refuse_what_cannot_build", "schedule_static_findings", "this_machine", "with_static_findings"]
+           "refuse_before_gpu_work", "refuse_what_cannot_build", "schedule_static_findings", "this_machine", "with_static_findings"]

@@ -84,3 +84,17 @@ def test_check_flags_it_where_the_target_has_no_te(tmp_path: Path) -> None:
     assert "GD309" in flagged.output and f"{run}:2:3: GD309" in flagged.output
     clean = CliRunner().invoke(main, ["check", str(run), "--target", "te=2.20.2", "--format", "concise"])
     assert "GD309" not in clean.output
+
+
+@pytest.mark.skipif(te_findable(), reason="Transformer Engine is installed here")
+def test_live_count_refuses_a_run_file_that_diff_refuses(tmp_path: Path) -> None:
+    """Live count builds the same model in its children: refused before any GPU work, as diff and advise are,
+    not left to fail in the eager child (parent.static.refuse_before_gpu_work serves all three)."""
+    run = tmp_path / "run.yaml"
+    run.write_text("transformer:\n  recompute_granularity: selective\n  recompute_modules: [layernorm]\n",
+                   encoding="utf-8")
+    result = CliRunner().invoke(main, ["count", "--config", str(run)])
+    assert result.exit_code == 2, result.output
+    line, = result.stderr.strip().splitlines()
+    assert "selective recompute of layernorm without Transformer Engine" in line and "(GD309)" in line
+    assert result.stdout == ""
