@@ -31,6 +31,14 @@ CUDA_GRAPH_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_
 
 RUN_FILE_SECTIONS: tuple[str, ...] = ("transformer", "env", "run")
 
+TRANSFORMER_TWINS: tuple[str, ...] = ("num_layers", "hidden_size", "num_attention_heads",
+                                      "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                      "sequence_parallel")
+"""TransformerConfig fields that DiffConfig has under the same name. The DiffConfig field owns the value: a run
+file's `transformer:` value fills it unless `run:`, the launch line or a flag sets it (diff_config_from), and
+the mapping's copy is then made to agree, so the model the child builds, the placement graphdoctor starts and
+checks, and the report all say the same (a run file's tensor_model_parallel_size once reached only the child)."""
+
 MAX_RUN_FILE_BYTES = 1 << 20
 
 
@@ -160,7 +168,8 @@ class DiffConfig:
     """Keep the memory snapshots of graphed runs here (gzip pickles for `graphdoctor triage`)."""
 
     transformer: dict[str, Any] = field(default_factory=dict)
-    """Extra TransformerConfig fields from the run file's `transformer:` mapping."""
+    """Extra TransformerConfig fields from the run file's `transformer:` mapping. Those that DiffConfig has
+    under the same name (TRANSFORMER_TWINS: num_layers, the parallel sizes, ...) take the DiffConfig's value."""
 
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables set in every child run (the run file's `env:` mapping)."""
@@ -202,6 +211,11 @@ class DiffConfig:
 
     def __post_init__(self) -> None:
         _check_impls(self.impls)
+        if not isinstance(self.transformer, dict):
+            raise UsageError(f"transformer: got {describe(self.transformer)}, expected a mapping of "
+                             f"TransformerConfig fields")
+        self.transformer = {**self.transformer,
+                            **{name: getattr(self, name) for name in TRANSFORMER_TWINS if name in self.transformer}}
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "micro_batch_size", "num_microbatches", "vocab_size", "steps"):
             value = getattr(self, name)
@@ -425,6 +439,15 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         values["transformer"] = dict(run_file.transformer)
         values["env"] = dict(run_file.env)
     values.update({k: v for k, v in overrides.items() if v is not None})
+    # Fields DiffConfig shares with TransformerConfig may arrive through transformer: as well (TRANSFORMER_TWINS,
+    # and the dropouts): run: and the flags win, else the transformer: value fills the field, over the launch line.
+    transformer = values.get("transformer", {})
+    for name in TRANSFORMER_TWINS:
+        if name in transformer:
+            values.setdefault(name, transformer[name])
+    for tname in ("hidden_dropout", "attention_dropout"):
+        if tname in transformer and "dropout" not in values:
+            values["dropout"] = transformer[tname]
     if values.get("megatron_args") is not None:
         # The launch line sits under the run file and the flags (graphdoctor.launch_line).
         from graphdoctor.launch_line import apply_launch_line
@@ -456,15 +479,6 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         if not isinstance(mods, (list, tuple)):
             raise UsageError(f"{key}: got {describe(mods)}, expected a list of module names")
         values[key] = tuple(mods)
-    # Common transformer fields may arrive through transformer: as well; the dedicated fields win
-    # only when given explicitly, so mirror them here.
-    transformer = values.get("transformer", {})
-    for name in ("num_layers", "hidden_size", "num_attention_heads"):
-        if name in transformer and name not in overrides:
-            values.setdefault(name, transformer[name])
-    for tname in ("hidden_dropout", "attention_dropout"):
-        if tname in transformer and "dropout" not in values:
-            values["dropout"] = transformer[tname]
     field_types = {f.name: f.type for f in dataclasses.fields(DiffConfig)}
     for key, value in values.items():
         _check_type(key, value, str(field_types.get(key, "")))
@@ -495,4 +509,4 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
         raise UsageError(f"{key}: got {describe(value)} ({type(value).__name__}), expected {what}")
 
 
-__all__ = ["DTYPES", "IMPLS", "STARTUP_VARIABLES", "DiffConfig", "RunFile", "diff_config_from", "load_run_file"]
+__all__ = ["DTYPES", "IMPLS", "STARTUP_VARIABLES", "TRANSFORMER_TWINS", "DiffConfig", "RunFile", "diff_config_from", "load_run_file"]

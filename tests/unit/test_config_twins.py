@@ -1,0 +1,106 @@
+"""TransformerConfig fields DiffConfig has under the same name (config.TRANSFORMER_TWINS): a run file's
+`transformer:` value fills the DiffConfig field, a flag wins over it, and the model the child builds, the
+placement graphdoctor checks and the report all carry the one value. Before, through the CLI (which passes every
+flag, unset ones as None) a run file's `num_layers: 6, hidden_size: 128` was reported as the default 4x256 while
+the child built 6x128, and its tensor_model_parallel_size reached only the child's TransformerConfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from graphdoctor.child.distributed import one_gpu
+from graphdoctor.child.megatron_setup import transformer_config
+from graphdoctor.cli import main
+from graphdoctor.cli.diff import build_config
+from graphdoctor.config import TRANSFORMER_TWINS, DiffConfig
+from graphdoctor.errors import UsageError
+from graphdoctor.options import DIFF_OPTIONS
+
+SHAPE = "transformer:\n  num_layers: 6\n  hidden_size: 128\n  num_attention_heads: 4\n"
+
+
+def _cli_values(**given: object) -> dict[str, object]:
+    """The flag values the CLI hands build_config: every option, unset ones as None."""
+    return {**{option.field: None for option in DIFF_OPTIONS}, **given}
+
+
+def _run_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "run.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_every_twin_is_a_field_of_both() -> None:
+    import dataclasses
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    assert set(TRANSFORMER_TWINS) <= {f.name for f in dataclasses.fields(DiffConfig)}
+    assert set(TRANSFORMER_TWINS) <= {f.name for f in dataclasses.fields(TransformerConfig)}
+
+
+def test_the_run_files_model_shape_is_the_one_reported_and_built(tmp_path: Path) -> None:
+    config = build_config(_run_file(tmp_path, SHAPE), _cli_values())
+    assert (config.num_layers, config.hidden_size, config.num_attention_heads) == (6, 128, 4)
+    built = transformer_config(config, "eager", 0.0)
+    assert (built.num_layers, built.hidden_size, built.num_attention_heads) == (6, 128, 4)
+
+
+def test_a_flag_wins_over_the_run_file_in_the_model_too(tmp_path: Path) -> None:
+    config = build_config(_run_file(tmp_path, SHAPE), _cli_values(num_layers=2))
+    assert config.num_layers == 2 and config.transformer["num_layers"] == 2
+    assert transformer_config(config, "eager", 0.0).num_layers == 2
+    assert config.hidden_size == 128  # the fields no flag set still come from the run file
+
+
+def test_the_run_files_run_section_wins_over_its_transformer_section(tmp_path: Path) -> None:
+    config = build_config(_run_file(tmp_path, SHAPE + "run:\n  num_layers: 3\n"), _cli_values())
+    assert config.num_layers == 3 and transformer_config(config, "eager", 0.0).num_layers == 3
+
+
+def test_a_parallel_size_in_the_run_file_is_a_placement_refused_before_any_gpu_work(tmp_path: Path) -> None:
+    path = _run_file(tmp_path, "transformer:\n  tensor_model_parallel_size: 2\n")
+    with pytest.raises(UsageError, match="tensor_model_parallel_size 2 .* does not divide nproc_per_node 1"):
+        build_config(path, _cli_values())
+    result = CliRunner().invoke(main, ["diff", "--config", path, "-q"])
+    assert result.exit_code == 2, result.output
+    line, = result.stderr.strip().splitlines()
+    assert "does not divide nproc_per_node 1" in line
+    placed = build_config(path, _cli_values(nproc_per_node=2))
+    assert (placed.tensor_model_parallel_size, placed.nproc_per_node) == (2, 2)
+
+
+def test_the_one_gpu_copy_of_a_placed_run_builds_one_gpu_too(tmp_path: Path) -> None:
+    """The probe worker's model (child.distributed.one_gpu): the mapping's parallel sizes follow the fields."""
+    path = _run_file(tmp_path, "transformer:\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\n")
+    placed = build_config(path, _cli_values(nproc_per_node=2))
+    assert placed.sequence_parallel is True
+    single = one_gpu(placed)
+    assert single.transformer == {"tensor_model_parallel_size": 1, "sequence_parallel": False}
+    assert transformer_config(single, "eager", 0.0).tensor_model_parallel_size == 1
+
+
+def test_the_api_takes_the_fields_value_over_the_mappings() -> None:
+    config = DiffConfig(num_layers=2, transformer={"num_layers": 8, "add_bias_linear": False})
+    assert config.transformer == {"num_layers": 2, "add_bias_linear": False}
+    assert DiffConfig.from_dict(config.to_dict()) == config
+
+
+def test_a_transformer_that_is_not_a_mapping_is_refused() -> None:
+    with pytest.raises(UsageError, match="transformer: got .*expected a mapping"):
+        DiffConfig(transformer=["num_layers"])  # type: ignore[arg-type]
+
+
+def test_the_run_files_transformer_values_sit_over_a_launch_line(tmp_path: Path) -> None:
+    """docs/diff.md's order: defaults < launch line < run file (run:, transformer:) < flags."""
+    text = SHAPE + "  hidden_dropout: 0.0\nrun:\n  megatron_args: --num-layers 24 --hidden-size 512 " \
+                   "--num-attention-heads 8 --seq-length 128 --max-position-embeddings 128\n"
+    config = build_config(_run_file(tmp_path, text), _cli_values())
+    assert (config.num_layers, config.hidden_size, config.num_attention_heads) == (6, 128, 4)
+    assert config.dropout == 0.0  # Megatron-LM's default 0.1 is the launch line's, under the run file
+    assert any("num_layers 6 (line: --num-layers 24)" in note for note in config.launch_notes)
+    flagged = build_config(_run_file(tmp_path, text), _cli_values(num_layers=2))
+    assert flagged.num_layers == 2 and transformer_config(flagged, "eager", 0.0).num_layers == 2
