@@ -36,7 +36,7 @@ def test_ctrl_c_stops_the_plugins_diff_and_its_children(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
-            workdir = workdir or _eager_workdir()
+            workdir = workdir or _eager_workdir(proc.pid)
             if workdir is not None and _last_step(workdir) >= 3:
                 break
             time.sleep(0.5)
@@ -54,15 +54,30 @@ def test_ctrl_c_stops_the_plugins_diff_and_its_children(tmp_path: Path) -> None:
     assert not left, [_read(p) for p in left]
 
 
-def _eager_workdir() -> Path | None:
-    """The temporary work directory of the running diff: where its eager child's spec lies (from the child's
-    command line, `python -P -m graphdoctor.child <workdir>/spec-eager-reference-d0.json`)."""
+def _eager_workdir(pytest_pid: int) -> Path | None:
+    """The temporary work directory of the plugin's diff: where its eager child's spec lies (from the child's
+    command line, `python -P -m graphdoctor.child <workdir>/spec-eager-reference-d0.json`). Only a child of the
+    pytest run started here counts: another diff on the same machine (the GPU suite runs in groups at once) has
+    eager children too, and once one of those was taken for this one's."""
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         args = _read(cmdline).split(b"\0")
         spec = next((a for a in args if b"spec-eager-reference" in a), None)
-        if b"graphdoctor.child" in args and spec is not None:
+        if b"graphdoctor.child" in args and spec is not None and _descends_from(int(cmdline.parent.name), pytest_pid):
             return Path(spec.decode()).parent
     return None
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is on pid's chain of parents (children run in sessions of their own, but keep their
+    parent)."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        stat = _read(Path(f"/proc/{pid}/stat"))
+        if not stat:
+            return False
+        pid = int(stat.rsplit(b")", 1)[1].split()[1])  # `pid (comm) state ppid ...`: comm may hold spaces
+    return False
 
 
 def _last_step(workdir: Path) -> int:
