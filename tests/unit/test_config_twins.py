@@ -6,6 +6,7 @@ the child built 6x128, and its tensor_model_parallel_size reached only the child
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,12 @@ from graphdoctor.child.megatron_setup import transformer_config
 from graphdoctor.cli import main
 from graphdoctor.cli.diff import build_config
 from graphdoctor.config import TRANSFORMER_TWINS, DiffConfig
+from graphdoctor.diff import DiffReport
 from graphdoctor.errors import UsageError
 from graphdoctor.options import DIFF_OPTIONS
+from graphdoctor.report.diff import render_text
+
+REPO = Path(__file__).resolve().parents[2]
 
 SHAPE = "transformer:\n  num_layers: 6\n  hidden_size: 128\n  num_attention_heads: 4\n"
 
@@ -104,3 +109,26 @@ def test_the_run_files_transformer_values_sit_over_a_launch_line(tmp_path: Path)
     assert any("num_layers 6 (line: --num-layers 24)" in note for note in config.launch_notes)
     flagged = build_config(_run_file(tmp_path, text), _cli_values(num_layers=2))
     assert flagged.num_layers == 2 and transformer_config(flagged, "eager", 0.0).num_layers == 2
+
+
+def _gpt_parameters(layers: int, hidden: int, vocab: int, seq: int) -> int:
+    """Parameters of Megatron's local GPT spec as diff builds it: word and position embeddings, per layer the
+    fused QKV, the projection, the two-layer MLP (4 x hidden) and two layernorms, the final layernorm and an
+    untied output layer (biases everywhere, Megatron's defaults)."""
+    layer = (hidden * 3 * hidden + 3 * hidden) + (hidden * hidden + hidden) + (hidden * 4 * hidden + 4 * hidden) \
+        + (4 * hidden * hidden + hidden) + 2 * 2 * hidden
+    return vocab * hidden + seq * hidden + layers * layer + 2 * hidden + vocab * hidden
+
+
+def test_the_h200_run_of_a_shape_under_transformer_built_and_reported_that_shape() -> None:
+    """fixtures/runfiles/shape_in_transformer.yaml ran on the H200 after the fix: the report's header, its config
+    and the parameter count of the model the child built all say 2 x 128 (before, the header said 4 x 256)."""
+    report = DiffReport.from_dict(json.loads(
+        (REPO / "fixtures/data/diff/h200_runfile_shape_schema2.json").read_text(encoding="utf-8")))
+    here = build_config(str(REPO / "fixtures/runfiles/shape_in_transformer.yaml"),
+                        _cli_values(impls="local,full_iteration"))
+    assert report.config.to_dict() == here.replace(launch_notes=report.config.launch_notes).to_dict()
+    assert render_text(report).splitlines()[0].startswith("graphdoctor diff: GPTModel 2x128 (4 heads), seq 64")
+    built = _gpt_parameters(2, 128, 512, 64)
+    assert report.reference.num_parameters == built != _gpt_parameters(4, 256, 512, 64)
+    assert [r.verdict.value for r in report.results] == ["match", "match"]
