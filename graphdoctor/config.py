@@ -33,11 +33,23 @@ RUN_FILE_SECTIONS: tuple[str, ...] = ("transformer", "env", "run")
 
 TRANSFORMER_TWINS: tuple[str, ...] = ("num_layers", "hidden_size", "num_attention_heads",
                                       "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                      "sequence_parallel")
+                                      "sequence_parallel", "cuda_graph_warmup_steps")
 """TransformerConfig fields that DiffConfig has under the same name. The DiffConfig field owns the value: a run
-file's `transformer:` value fills it unless `run:`, the launch line or a flag sets it (diff_config_from), and
-the mapping's copy is then made to agree, so the model the child builds, the placement graphdoctor starts and
-checks, and the report all say the same (a run file's tensor_model_parallel_size once reached only the child)."""
+file's `transformer:` value fills it unless `run:` or a flag sets it (diff_config_from), and the mapping's copy
+is then made to agree, so the model the child builds, the placement graphdoctor starts and checks, and the report
+all say the same (a run file's tensor_model_parallel_size once reached only the child)."""
+
+GRAPH_FIELDS: tuple[str, ...] = ("cuda_graph_impl", "enable_cuda_graph", "external_cuda_graph", "cuda_graph_scope",
+                                 "cuda_graph_modules")
+"""TransformerConfig's CUDA-graph settings. Each child sets its own (the eager reference none); a run file's
+values under `transformer:` choose `impls` and `cuda_graph_modules` instead, as a launch line's --cuda-graph-impl
+does, and leave the mapping (once they reached every child: `enable_cuda_graph: true` graphed the eager
+reference)."""
+
+RUN_OWNED_FIELDS: frozenset[str] = frozenset({*TRANSFORMER_TWINS, *GRAPH_FIELDS, "hidden_dropout",
+                                              "attention_dropout", "bf16", "fp16"})
+"""TransformerConfig fields a child takes from DiffConfig and its own request (dropout, impl), never from
+`transformer:`: the twins, the graph settings, the dropouts (`dropout`) and the precision flags (`dtype`)."""
 
 MAX_RUN_FILE_BYTES = 1 << 20
 
@@ -214,8 +226,7 @@ class DiffConfig:
         if not isinstance(self.transformer, dict):
             raise UsageError(f"transformer: got {describe(self.transformer)}, expected a mapping of "
                              f"TransformerConfig fields")
-        self.transformer = {**self.transformer,
-                            **{name: getattr(self, name) for name in TRANSFORMER_TWINS if name in self.transformer}}
+        self.transformer = self._agreeing_transformer()
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "micro_batch_size", "num_microbatches", "vocab_size", "steps"):
             value = getattr(self, name)
@@ -268,6 +279,14 @@ class DiffConfig:
         from graphdoctor.placement import check_placement
 
         check_placement(self)
+
+    def _agreeing_transformer(self) -> dict[str, Any]:
+        """The `transformer:` mapping with its copies of what this config owns made to agree with it (the twins,
+        the dropouts, the precision flags), so that rules reading the mapping see what the children build."""
+        owned: dict[str, Any] = {name: getattr(self, name) for name in TRANSFORMER_TWINS}
+        owned.update(hidden_dropout=self.dropout, attention_dropout=self.dropout, bf16=self.dtype == "bf16",
+                     fp16=self.dtype == "fp16")
+        return {key: owned.get(key, value) for key, value in self.transformer.items()}
 
     @property
     def bitwise(self) -> bool:
@@ -439,15 +458,8 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         values["transformer"] = dict(run_file.transformer)
         values["env"] = dict(run_file.env)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    # Fields DiffConfig shares with TransformerConfig may arrive through transformer: as well (TRANSFORMER_TWINS,
-    # and the dropouts): run: and the flags win, else the transformer: value fills the field, over the launch line.
-    transformer = values.get("transformer", {})
-    for name in TRANSFORMER_TWINS:
-        if name in transformer:
-            values.setdefault(name, transformer[name])
-    for tname in ("hidden_dropout", "attention_dropout"):
-        if tname in transformer and "dropout" not in values:
-            values["dropout"] = transformer[tname]
+    if values.get("transformer"):
+        _fill_from_transformer(values, f"{run_file.path}: " if run_file is not None else "")
     if values.get("megatron_args") is not None:
         # The launch line sits under the run file and the flags (graphdoctor.launch_line).
         from graphdoctor.launch_line import apply_launch_line
@@ -488,6 +500,42 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         raise UsageError(str(exc)) from None
 
 
+def _fill_from_transformer(values: dict[str, Any], where: str) -> None:
+    """Fill the DiffConfig fields a `transformer:` mapping sets, where `run:` and the flags do not, as a launch line
+    sets them from the same Megatron settings (graphdoctor.launch_line): the TRANSFORMER_TWINS; `dropout`, the
+    larger of hidden_dropout and attention_dropout (diff applies one to both, as for a launch line); `dtype` from
+    bf16/fp16; `layer_spec` from transformer_impl; `impls` and `cuda_graph_modules` from the graph settings, which
+    then leave the mapping (GRAPH_FIELDS). Called before the launch line is applied: the run file sits over it.
+
+    Raises:
+        UsageError: graph settings Megatron refuses (launch_line.graph_choice), named `<where>transformer.<field>`.
+    """
+    from graphdoctor.launch_line import graph_choice
+
+    transformer = dict(values["transformer"])
+    for name in TRANSFORMER_TWINS:
+        if name in transformer:
+            values.setdefault(name, transformer[name])
+    dropouts = [transformer[k] for k in ("hidden_dropout", "attention_dropout") if k in transformer]
+    if dropouts and all(isinstance(d, int | float) and not isinstance(d, bool) for d in dropouts):
+        values.setdefault("dropout", max(dropouts))
+    for flag in ("bf16", "fp16"):
+        if transformer.get(flag) is True:
+            values.setdefault("dtype", flag)
+    if transformer.get("transformer_impl") in ("local", "transformer_engine"):
+        values.setdefault("layer_spec", "local" if transformer["transformer_impl"] == "local" else "te")
+    if any(name in transformer for name in GRAPH_FIELDS):
+        settings = graph_choice(transformer.get, lambda name: f"{where}transformer.{name}")
+        if settings.legacy_with_impl:
+            raise UsageError(f"{where}transformer.enable_cuda_graph: expected it, or external_cuda_graph, without "
+                             f"cuda_graph_impl {settings.impl} (TransformerConfig refuses the pair)")
+        if settings.impl != "none":
+            values.setdefault("impls", (settings.impl,))
+        if settings.modules:
+            values.setdefault("cuda_graph_modules", settings.modules)
+        values["transformer"] = {k: v for k, v in transformer.items() if k not in GRAPH_FIELDS}
+
+
 def _check_type(key: str, value: Any, annotation: str) -> None:
     expected: tuple[type, ...]
     if annotation in ("int", "int | None"):
@@ -509,4 +557,4 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
         raise UsageError(f"{key}: got {describe(value)} ({type(value).__name__}), expected {what}")
 
 
-__all__ = ["DTYPES", "IMPLS", "STARTUP_VARIABLES", "TRANSFORMER_TWINS", "DiffConfig", "RunFile", "diff_config_from", "load_run_file"]
+__all__ = ["DTYPES", "GRAPH_FIELDS", "IMPLS", "RUN_OWNED_FIELDS", "STARTUP_VARIABLES", "TRANSFORMER_TWINS", "DiffConfig", "RunFile", "diff_config_from", "load_run_file"]

@@ -8,13 +8,14 @@ core_transformer_config_from_args (megatron/training/argument_utils.py of megatr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
 from graphdoctor.megatron_lm import MegatronFlag, config_fields, enum_default_name, launcher_flags, megatron_flags
-from graphdoctor.rules.graphconfig import MODULE_NAMES, normalize
+from graphdoctor.rules.graphconfig import MODULE_NAMES, GraphSettings, normalize
 from graphdoctor.rules.megatron_args import FlagUse, convert_value, scan_launch_line, unresolved_note
 from graphdoctor.runfile_schema import check_field_range
 from graphdoctor.suggest import did_you_mean
@@ -282,29 +283,49 @@ def _combine(state: _Reading) -> None:
         state.skip("other", "--num-query-groups")  # Megatron-LM reads it only with --group-query-attention
 
 
+GRAPH_DEFAULTS: dict[str, Any] = {"cuda_graph_impl": "none", "enable_cuda_graph": False, "external_cuda_graph": False,
+                                  "cuda_graph_modules": []}
+"""TransformerConfig's defaults of the CUDA-graph settings graph_choice reads (the deprecated scope: None)."""
+
+
+def graph_choice(value: Callable[[str], Any], name: Callable[[str], str]) -> GraphSettings:
+    """What diff takes from Megatron's CUDA-graph settings, a launch line's or a run file's `transformer:`: the
+    implementation to diff (`impl`, "none" where they build no graphs) and its `modules`, as Megatron normalises
+    them (rules.graphconfig.normalize: the legacy flags, the deprecated scope, the MoE modules added for `local`).
+
+    Args:
+        value: a TransformerConfig field's value, None where unset (GRAPH_DEFAULTS apply).
+        name: how the user wrote a field, for the error (`--cuda-graph-modules`, `run.yaml: transformer.cuda_graph_modules`).
+
+    Raises:
+        UsageError: a module Megatron does not know, or modules with full_iteration (Megatron-LM refuses the pair).
+    """
+    settings = normalize(lambda field: GRAPH_DEFAULTS.get(field) if value(field) is None else value(field))
+    if settings.bad_entries:
+        bad = str(settings.bad_entries[0])
+        raise UsageError(f"{name('cuda_graph_modules')}: got {describe(bad)}, expected one of "
+                         f"{', '.join(MODULE_NAMES)}{did_you_mean(bad, MODULE_NAMES)}")
+    if settings.impl == "full_iteration" and settings.modules:
+        raise UsageError(f"{name('cuda_graph_modules')}: expected none with {name('cuda_graph_impl')} full_iteration "
+                         "(Megatron-LM refuses the pair)")
+    return settings
+
+
 def _graphs(state: _Reading) -> None:
     given = state.given
     if not any(d in given for d in GRAPH_DESTS):
         state.notes.append(("impls", "the line builds no CUDA graphs: diff compares its default implementations"))
         return
     scope = given.get("cuda_graph_scope_deprecated")
-    values = {"cuda_graph_impl": given.get("cuda_graph_impl", "none"),
-              "enable_cuda_graph": given.get("enable_cuda_graph", False),
-              "external_cuda_graph": given.get("external_cuda_graph", False),
-              "cuda_graph_modules": scope if scope is not None else given.get("cuda_graph_modules", [])}
-    settings = normalize(lambda name: values.get(name))
-    if settings.bad_entries:
-        bad = str(settings.bad_entries[0])
-        raise UsageError(f"--cuda-graph-modules: got {describe(bad)}, expected one of {', '.join(MODULE_NAMES)}"
-                         f"{did_you_mean(bad, MODULE_NAMES)}")
+    values: dict[str, Any] = {k: given[k] for k in ("cuda_graph_impl", "enable_cuda_graph", "external_cuda_graph")
+                              if k in given}
+    values["cuda_graph_modules"] = scope if scope is not None else given.get("cuda_graph_modules")
+    settings = graph_choice(values.get, lambda field: "--" + field.replace("_", "-"))
     if settings.impl == "none":
         state.notes.append(("impls", "the line builds no CUDA graphs (--cuda-graph-impl none): diff compares "
                                      "its default implementations"))
     else:
         state.values["impls"], state.sources["impls"] = (settings.impl,), "--cuda-graph-impl"
-    if settings.impl == "full_iteration" and settings.modules:
-        raise UsageError("--cuda-graph-modules: expected none with --cuda-graph-impl full_iteration "
-                         "(Megatron-LM refuses the pair)")
     if settings.modules:
         state.values["cuda_graph_modules"] = settings.modules
         state.sources["cuda_graph_modules"] = "--cuda-graph-modules"
@@ -435,4 +456,4 @@ def _show(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
-__all__ = ["CATEGORIES", "LaunchLine", "apply_launch_line", "read_launch_line"]
+__all__ = ["CATEGORIES", "GRAPH_DEFAULTS", "LaunchLine", "apply_launch_line", "graph_choice", "read_launch_line"]

@@ -20,9 +20,9 @@ from graphdoctor.child import distributed as rank_setup
 from graphdoctor.child.batches import default_forward_step, forward_step_name
 from graphdoctor.child.probe_modules import track_hook_registrations
 from graphdoctor.child.reported import checked_forward_step
-from graphdoctor.config import DiffConfig
+from graphdoctor.config import RUN_OWNED_FIELDS, DiffConfig
 from graphdoctor.entry_points import TE_LAYER_SPECS, build_layer_spec, resolve_entry_point
-from graphdoctor.errors import MissingDependencyError
+from graphdoctor.errors import MissingDependencyError, UsageError
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement, megatron_impl
 
 
@@ -125,13 +125,18 @@ def transformer_config(config: DiffConfig, impl: str, dropout: float) -> Any:
     }
     fields.update(rank_setup.parallel_fields(config, fields["params_dtype"]))
     for key, value in {**config.transformer, **config.recompute_settings()}.items():
-        if key in ("hidden_dropout", "attention_dropout", "cuda_graph_impl"):
-            continue  # owned by the run (dropout/control pairs, impl per child)
+        if key in RUN_OWNED_FIELDS:
+            continue  # owned by the run: the graph settings per child, dropout per request, dtype, shape, placement
         fields[key] = value
     if impl in (EAGER, "full_iteration"):
         fields["cuda_graph_modules"] = []
     fields.update(moe_defaults(config.transformer))
-    return TransformerConfig(**fields)
+    built = TransformerConfig(**fields)
+    if impl == EAGER and (built.cuda_graph_impl != megatron_impl(EAGER) or built.enable_cuda_graph
+                          or built.external_cuda_graph):
+        raise UsageError(f"the eager reference would build CUDA graphs (cuda_graph_impl {built.cuda_graph_impl!r}): "
+                         f"a setting of transformer: turns them on; expected graphs only in the graphed runs")
+    return built
 
 
 def moe_defaults(transformer: dict[str, Any]) -> dict[str, Any]:
