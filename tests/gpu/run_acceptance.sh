@@ -24,7 +24,8 @@ run() {  # name, pytest args...
 }
 if [ "$part" = all ] || [ "$part" = core ]; then
     run forensics tests/gpu/test_forensics_gpu.py &
-    run diff tests/gpu/test_diff_gpu.py tests/gpu/test_memory_gpu.py tests/gpu/test_count_gpu.py tests/gpu/test_stopped_gpu.py tests/gpu/test_plugin_stop_gpu.py &
+    run diff tests/gpu/test_diff_gpu.py tests/gpu/test_memory_gpu.py tests/gpu/test_count_gpu.py tests/gpu/test_stopped_gpu.py tests/gpu/test_plugin_stop_gpu.py \
+        tests/gpu/test_runfile_gpu.py &
     run probes tests/gpu/test_probes_gpu.py tests/gpu/test_check_probe_gpu.py tests/gpu/test_launches_gpu.py \
         tests/gpu/test_bitprint_gpu.py tests/gpu/test_report_gpu.py &
 fi
