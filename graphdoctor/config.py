@@ -180,8 +180,9 @@ class DiffConfig:
     """Keep the memory snapshots of graphed runs here (gzip pickles for `graphdoctor triage`)."""
 
     transformer: dict[str, Any] = field(default_factory=dict)
-    """Extra TransformerConfig fields from the run file's `transformer:` mapping. Those that DiffConfig has
-    under the same name (TRANSFORMER_TWINS: num_layers, the parallel sizes, ...) take the DiffConfig's value."""
+    """Extra TransformerConfig fields from the run file's `transformer:` mapping. The copies of what DiffConfig
+    owns (TRANSFORMER_TWINS, the dropouts, bf16/fp16) take the DiffConfig's values; the children take none of
+    RUN_OWNED_FIELDS from here (diff_config_from reads a run file's graph settings into impls instead)."""
 
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables set in every child run (the run file's `env:` mapping)."""
@@ -557,4 +558,5 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
         raise UsageError(f"{key}: got {describe(value)} ({type(value).__name__}), expected {what}")
 
 
-__all__ = ["DTYPES", "GRAPH_FIELDS", "IMPLS", "RUN_OWNED_FIELDS", "STARTUP_VARIABLES", "TRANSFORMER_TWINS", "DiffConfig", "RunFile", "diff_config_from", "load_run_file"]
+__all__ = ["DTYPES", "GRAPH_FIELDS", "IMPLS", "RUN_OWNED_FIELDS", "STARTUP_VARIABLES", "TRANSFORMER_TWINS", "DiffConfig",
+           "RunFile", "diff_config_from", "load_run_file"]
