@@ -381,6 +381,16 @@ def plan(config: DiffConfig, *, facts: EnvironmentFacts | None = None) -> list[S
     return [screen(c, config, facts=facts, env=env) for c in candidates_for(config)]
 
 
+def diff_plan(config: DiffConfig, *, facts: EnvironmentFacts | None = None) -> list[Screening]:
+    """The rows `graphdoctor diff` would run for `config` (each implementation with the run's cuda_graph_modules
+    and graph_layers), screened as advise screens its candidates: what `diff --plan` prints, on any machine."""
+    from graphdoctor.advise_candidates import Candidate
+
+    facts, env = _machine(facts, config)
+    return [screen(Candidate(impl, () if impl == "full_iteration" else config.cuda_graph_modules, config.graph_layers),
+                   config, facts=facts, env=env) for impl in config.impls]
+
+
 def _machine(facts: EnvironmentFacts | None, config: DiffConfig) -> tuple[EnvironmentFacts, dict[str, str]]:
     """This machine's facts and the environment its children get (what the environment rules read)."""
     from graphdoctor.rules.facts import detect_facts
@@ -389,4 +399,5 @@ def _machine(facts: EnvironmentFacts | None, config: DiffConfig) -> tuple[Enviro
     return (facts if facts is not None else detect_facts()), {**relevant_env(os.environ), **config.env}
 
 
-__all__ = ["DEFAULT_MAX_CANDIDATES", "AdviseReport", "AdviseRun", "Budget", "advise", "plan", "screened_results"]
+__all__ = ["DEFAULT_MAX_CANDIDATES", "AdviseReport", "AdviseRun", "Budget", "advise", "diff_plan", "plan",
+           "screened_results"]

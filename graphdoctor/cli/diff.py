@@ -86,13 +86,17 @@ def run_then_write[ReportT](run: Callable[[Any], ReportT], write: Callable[[Repo
               help="Write one self-contained HTML page of the run (docs/report.md). Default: none.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Keep child specs, events and logs here. Default: a temporary directory.")
+@click.option("--plan", "plan_only", is_flag=True, default=False,
+              help="Print the run as diff reads it (model, placement, each implementation screened by the rule "
+                   "catalogue and Megatron's validation, the children it would start) and exit: no GPU needed, "
+                   "nothing runs. Exit 0, or 1 when an implementation has error-level findings.")
 @click.option("-v", "--verbose", is_flag=True, default=False,
               help="Show traceback tails of failures. Default: off.")
 @click.option("-q", "--quiet", is_flag=True, default=False,
               help="No progress on stderr (a live line per running child on a terminal, log lines "
                    "otherwise). Default: off.")
 def diff_command(config_path: str | None, json_path: str | None, html_path: str | None,
-                 workdir: str | None, verbose: bool, quiet: bool, **values: Any) -> None:
+                 workdir: str | None, plan_only: bool, verbose: bool, quiet: bool, **values: Any) -> None:
     """Train a real Megatron-Core GPT model eager and graphed side by side on the GPU and give a
     verdict per implementation (match, rng-divergence, numeric-divergence, capture-failed,
     crashed, hang, timeout, unavailable).
@@ -106,6 +110,8 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     """
     values = _under_torchrun(values)
     config = build_config(config_path, values)
+    if plan_only:
+        _plan(config)
     from graphdoctor.inputs import check_output_path
 
     # Refused before any GPU work: a report never overwrites the run file or launch script it came from.
@@ -124,6 +130,21 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     report = run_then_write(lambda board: diff(config, workdir=workdir, progress=board),
                             lambda done: write_outputs(done, json_path, html_path, verbose), quiet)
     sys.exit(report.exit_code())
+
+
+def _plan(config: Any) -> None:
+    """`diff --plan`: what diff would build and run on this machine, refused as diff refuses it before any GPU
+    work (parent.static.refuse_before_gpu_work), the GPU itself aside."""
+    from graphdoctor.advise import diff_plan
+    from graphdoctor.parent.static import refuse_before_gpu_work
+    from graphdoctor.report.plan import diff_errors, render_diff_plan
+
+    for note in config.launch_notes:
+        click.echo(f"launch line: {note}")
+    refuse_before_gpu_work(config, "graphdoctor diff --plan", gpu=False)
+    screenings = diff_plan(config)
+    click.echo(render_diff_plan(config, screenings))
+    sys.exit(1 if any(diff_errors(item) for item in screenings) else 0)
 
 
 def write_outputs(report: Any, json_path: str | None, html_path: str | None, verbose: bool) -> None:

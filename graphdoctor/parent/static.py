@@ -141,7 +141,7 @@ def refuse_what_cannot_build(config: DiffConfig) -> None:
         raise MissingDependencyError(f"{first.message} ({first.code}); fix: {first.fix}")
 
 
-def refuse_before_gpu_work(config: DiffConfig, command: str) -> None:
+def refuse_before_gpu_work(config: DiffConfig, command: str, *, gpu: bool = True) -> None:
     """What diff, advise and live count refuse before they start any child, in this order: a setting this
     machine's installation cannot build (refuse_what_cannot_build: said even without a GPU), no visible GPU,
     and a Transformer Engine layer spec where Transformer Engine does not import.
@@ -149,6 +149,7 @@ def refuse_before_gpu_work(config: DiffConfig, command: str) -> None:
     Args:
         config: the run.
         command: the command, as NoGPUError names it (`graphdoctor advise`).
+        gpu: whether a GPU is needed (False: `diff --plan`, which refuses the rest as diff does).
 
     Raises:
         MissingDependencyError: GD308/GD309, or the TE layer spec without Transformer Engine.
@@ -158,7 +159,8 @@ def refuse_before_gpu_work(config: DiffConfig, command: str) -> None:
     from graphdoctor.entry_points import TE_LAYER_SPECS
 
     refuse_what_cannot_build(config)
-    require_gpu(command)
+    if gpu:
+        require_gpu(command)
     if config.layer_spec in TE_LAYER_SPECS:
         ok, why = te_available()
         if not ok:

@@ -178,23 +178,12 @@ def write_json(report: AdviseReport, path: str | os.PathLike[str]) -> Path:
 
 def render_plan(screenings: list[Screening]) -> str:
     """`advise --plan`: one row per candidate, `run`, `rejected` with its rules or `unavailable`."""
-    rows = []
-    for item in screenings:
-        if item.rejections:
-            first, *others = item.rejections
-            status = "rejected"
-            why = _short(f"{first.rule} {first.message}") + (
-                f" (also {', '.join(r.rule for r in others)})" if others else "")
-        elif item.unavailable is not None:
-            status, why = "unavailable", _short(item.unavailable)
-        else:
-            status = "run"
-            codes = [w.split(" ", 1)[0] for w in item.warnings]
-            why = f"warnings {', '.join(codes)}" if codes else ""
-        rows.append([escape_control(item.candidate.label), status, escape_control(why)])
+    from graphdoctor.report.plan import plan_table
+
     runnable = sum(1 for item in screenings if item.runnable)
-    table = tabulate(rows, headers=["candidate", "plan", "why"], tablefmt="simple")
+    table = plan_table(screenings)
     return f"{table}\n{runnable} of {len(screenings)} candidates would run (plus eager once); nothing ran"
+
 
 __all__ = ["render_plan", "HEADERS", "bisection_lines", "document", "recommendation_lines", "render_text", "row", "table_rows",
            "write_json"]

@@ -85,12 +85,7 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
     """Terminal summary: header line, table, then one line per failure, control and note."""
     cfg = report.config
     env = report.env
-    policy = "bitwise" if cfg.bitwise else f"rtol={cfg.rtol:g} atol={cfg.atol:g}"
-    head = (f"graphdoctor diff: GPTModel {cfg.num_layers}x{cfg.hidden_size} ({cfg.num_attention_heads}"
-            f" heads), seq {cfg.seq_length}, mbs {cfg.micro_batch_size}x{cfg.num_microbatches}, "
-            f"{cfg.dtype}, dropout {cfg.dropout:g}, {cfg.steps} steps, warmup "
-            f"{cfg.cuda_graph_warmup_steps}, {policy}")
-    lines = [head]
+    lines = [header_line(cfg)]
     if env is not None:
         lines.append(f"  {env.gpu or '?'} | torch {env.torch or '?'} | megatron-core "
                      f"{env.megatron_core or '?'} | world size {env.world_size}")
@@ -112,6 +107,15 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
     lines.append(f"wall {report.wall_s:.1f} s (children {report.child_wall_s:.1f} s); "
                  f"exit code {report.exit_code()}")
     return "\n".join(lines)
+
+
+def header_line(cfg: DiffConfig, command: str = "graphdoctor diff") -> str:
+    """The first line of a diff's summary (and of `diff --plan`): the model, the run and the comparison policy."""
+    policy = "bitwise" if cfg.bitwise else f"rtol={cfg.rtol:g} atol={cfg.atol:g}"
+    return (f"{command}: GPTModel {cfg.num_layers}x{cfg.hidden_size} ({cfg.num_attention_heads}"
+            f" heads), seq {cfg.seq_length}, mbs {cfg.micro_batch_size}x{cfg.num_microbatches}, "
+            f"{cfg.dtype}, dropout {cfg.dropout:g}, {cfg.steps} steps, warmup "
+            f"{cfg.cuda_graph_warmup_steps}, {policy}")
 
 
 def placement_line(cfg: DiffConfig) -> str:
@@ -246,5 +250,5 @@ def write_json(report: DiffReport, path: str | os.PathLike[str]) -> Path:
     return target
 
 
-__all__ = ["json_safe", "launch_table", "launch_table_from_sections", "placement_line", "render_text",
+__all__ = ["header_line", "json_safe", "launch_table", "launch_table_from_sections", "placement_line", "render_text",
            "summary_rows", "write_json"]

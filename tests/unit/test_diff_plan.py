@@ -1,0 +1,82 @@
+"""`graphdoctor diff --plan`: the run as diff reads it, each implementation screened without a GPU, and the
+children it would start; refused as diff refuses before any GPU work. Real run files, launch lines and rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from graphdoctor.cli import main
+from graphdoctor.placement import te_findable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _plan(*args: str) -> tuple[int, list[str], str]:
+    result = CliRunner().invoke(main, ["diff", "--plan", *args])
+    return result.exit_code, result.stdout.splitlines(), result.stderr
+
+
+def _row(lines: list[str], label: str) -> list[str]:
+    row, = [line for line in lines if line.startswith(label + "  ")]
+    return row.split(None, len(label.split()) + 1)[len(label.split()):]
+
+
+@pytest.mark.skipif(te_findable(), reason="Transformer Engine is installed here")
+def test_the_defaults_plan_two_graphed_runs_and_a_control_pair() -> None:
+    code, lines, _ = _plan()
+    assert code == 0
+    assert lines[0].startswith("graphdoctor diff --plan: GPTModel 4x256 (8 heads), seq 128")
+    assert _row(lines, "local whole layer")[0] == "run"
+    assert _row(lines, "full_iteration whole step") == ["run"]
+    assert _row(lines, "transformer_engine whole layer")[0] == "unavailable"
+    assert lines[-1] == ("would start the eager reference and 2 graphed runs; a row that differs at dropout 0.1 also "
+                         "runs a dropout-0 control pair; 0 with error-level findings; nothing ran (no GPU needed)")
+
+
+def test_a_run_files_graph_settings_are_the_rows() -> None:
+    """config._fill_from_transformer: `enable_cuda_graph: true` is a local row, and only that."""
+    code, lines, _ = _plan("--config", str(REPO / "fixtures/runfiles/legacy_enable_cuda_graph.yaml"))
+    assert code == 0, lines
+    assert lines[0].startswith("graphdoctor diff --plan: GPTModel 2x128 (4 heads)") and "dropout 0," in lines[0]
+    assert [line.split("  ")[0] for line in lines if line.startswith(("local", "full_iteration", "transformer"))] == \
+        ["local whole layer"]
+    assert "1 graphed run;" in lines[-1]
+
+
+def test_a_launch_line_scope_that_graphs_the_whole_layer_runs_with_its_warnings() -> None:
+    """GD219 keeps an advise candidate from running (another candidate runs that graph); diff runs what it is
+    asked, so it is a warning here, beside GD217 on the alltoall dispatcher, as `check` reports them."""
+    code, lines, _ = _plan("--megatron-args", "@examples/megatron/pretrain_moe_small.sh", "--num-layers", "2")
+    assert code == 0, lines
+    status, why = _row(lines, "local attn")
+    assert status == "run" and {"GD219", "GD217"} <= set(why.removeprefix("warnings ").split(", "))
+
+
+def test_an_implementation_megatron_refuses_is_an_error_and_exit_1() -> None:
+    code, lines, _ = _plan("--config", str(REPO / "fixtures/runfiles/moe_dropless_allgather.yaml"),
+                           "--impl", "local", "--cuda-graph-modules", "moe")
+    assert code == 1
+    status, why = _row(lines, "local moe")
+    assert status == "error" and why.startswith("GD205 ") and "(also megatron)" in why
+    assert "1 with error-level findings" in lines[-1]
+
+
+def test_a_placement_prints_its_line() -> None:
+    code, lines, _ = _plan("--impl", "full_iteration", "--nproc-per-node", "2", "--tensor-model-parallel-size", "2")
+    assert code == 0
+    assert lines[1].startswith("  2 processes per run: TP 2, PP 1, DP 1")
+
+
+@pytest.mark.skipif(te_findable(), reason="Transformer Engine is installed here")
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--layer-spec", "te"], "--layer-spec te needs Transformer Engine"),
+    (["--recompute-granularity", "selective", "--recompute-modules", "layernorm"], "(GD309)"),
+])
+def test_what_diff_refuses_here_the_plan_refuses_in_one_line(args: list[str], needle: str) -> None:
+    code, lines, err = _plan(*args)
+    assert code == 2 and lines == []
+    line, = err.strip().splitlines()
+    assert needle in line
