@@ -110,6 +110,8 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     """
     values = _under_torchrun(values)
     config = build_config(config_path, values)
+    for note in config.launch_notes:
+        click.echo(f"launch line: {note}")
     if plan_only:
         _plan(config)
     from graphdoctor.inputs import check_output_path
@@ -119,8 +121,6 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     for flag, target in (("--json", json_path), ("--html", html_path)):
         if target:
             check_output_path(target, flag, [config_path, line[1:] if line.startswith("@") else None])
-    for note in config.launch_notes:
-        click.echo(f"launch line: {note}")
     if html_path and json_path and Path(html_path).resolve() == Path(json_path).resolve():
         from graphdoctor.errors import UsageError
 
@@ -139,8 +139,6 @@ def _plan(config: Any) -> None:
     from graphdoctor.parent.static import refuse_before_gpu_work
     from graphdoctor.report.plan import diff_errors, render_diff_plan
 
-    for note in config.launch_notes:
-        click.echo(f"launch line: {note}")
     refuse_before_gpu_work(config, "graphdoctor diff --plan", gpu=False)
     screenings = diff_plan(config)
     click.echo(render_diff_plan(config, screenings))
