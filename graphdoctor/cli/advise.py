@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from graphdoctor.cli.diff import build_config, run_then_write
+from graphdoctor.cli.diff import build_config, run_then_write, write_plan
 from graphdoctor.options import DIFF_OPTIONS, click_options
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
               help="Keep child specs, events and logs here. Default: a temporary directory.")
 @click.option("--plan", "plan_only", is_flag=True, default=False,
               help="List the candidates with what screening decided (run, rejected with the rule, unavailable) "
-                   "and exit: no GPU needed, nothing runs. Exit 0, or 1 when no candidate would run.")
+                   "and exit: no GPU needed, nothing runs. With --json, the plan document (docs/json.md). Exit 0, or 1 "
+                   "when no candidate would run.")
 @click.option("-q", "--quiet", is_flag=True, default=False,
               help="No progress on stderr (a live line per running child). Default: off.")
 def advise_command(config_path: str | None, max_candidates: int, time_budget_s: float | None,
@@ -55,12 +56,7 @@ def advise_command(config_path: str | None, max_candidates: int, time_budget_s: 
     """
     config = build_config(config_path, values)
     if plan_only:
-        from graphdoctor.advise import plan
-        from graphdoctor.report.advise import render_plan
-
-        screenings = plan(config)
-        click.echo(render_plan(screenings))
-        sys.exit(0 if any(item.runnable for item in screenings) else 1)
+        write_plan("advise", config, json_path, [config_path])
     from graphdoctor.inputs import check_output_path
 
     # Refused before any GPU work: an output never overwrites the run file or the other output.

@@ -6,11 +6,14 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from graphdoctor.options import DIFF_OPTIONS, click_options
+
+if TYPE_CHECKING:
+    from graphdoctor.report.plan import PlanOf
 
 
 def _transformer_fields() -> set[str]:
@@ -89,7 +92,8 @@ def run_then_write[ReportT](run: Callable[[Any], ReportT], write: Callable[[Repo
 @click.option("--plan", "plan_only", is_flag=True, default=False,
               help="Print the run as diff reads it (model, placement, each implementation screened by the rule "
                    "catalogue and Megatron's validation, the children it would start) and exit: no GPU needed, "
-                   "nothing runs. Exit 0, or 1 when an implementation has error-level findings.")
+                   "nothing runs; with --json, the plan document (docs/json.md). Exit 0, or 1 when an implementation "
+                   "has error-level findings.")
 @click.option("-v", "--verbose", is_flag=True, default=False,
               help="Show traceback tails of failures. Default: off.")
 @click.option("-q", "--quiet", is_flag=True, default=False,
@@ -110,17 +114,18 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     """
     values = _under_torchrun(values)
     config = build_config(config_path, values)
-    for note in config.launch_notes:
-        click.echo(f"launch line: {note}")
-    if plan_only:
-        _plan(config)
-    from graphdoctor.inputs import check_output_path
-
+    for note in config.launch_notes:  # on stderr where stdout carries the JSON (`--json -`)
+        click.echo(f"launch line: {note}", err=json_path == "-")
     # Refused before any GPU work: a report never overwrites the run file or launch script it came from.
     line = config.megatron_args or ""
+    inputs = [config_path, line[1:] if line.startswith("@") else None]
+    if plan_only:
+        write_plan("diff", config, json_path, inputs)
+    from graphdoctor.inputs import check_output_path
+
     for flag, target in (("--json", json_path), ("--html", html_path)):
         if target:
-            check_output_path(target, flag, [config_path, line[1:] if line.startswith("@") else None])
+            check_output_path(target, flag, inputs)
     if html_path and json_path and Path(html_path).resolve() == Path(json_path).resolve():
         from graphdoctor.errors import UsageError
 
@@ -132,17 +137,36 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     sys.exit(report.exit_code())
 
 
-def _plan(config: Any) -> None:
-    """`diff --plan`: what diff would build and run on this machine, refused as diff refuses it before any GPU
-    work (parent.static.refuse_before_gpu_work), the GPU itself aside."""
-    from graphdoctor.advise import diff_plan
-    from graphdoctor.parent.static import refuse_before_gpu_work
-    from graphdoctor.report.plan import diff_errors, render_diff_plan
+def write_plan(of: PlanOf, config: Any, json_path: str | None, inputs: list[str | None]) -> None:
+    """`diff --plan` and `advise --plan`: the table (not with `--json -`), the `plan` JSON document where asked,
+    and the plan's exit code. diff's plan is refused as diff refuses a run before any GPU work
+    (parent.static.refuse_before_gpu_work), the GPU itself aside."""
+    import json
 
-    refuse_before_gpu_work(config, "graphdoctor diff --plan", gpu=False)
-    screenings = diff_plan(config)
-    click.echo(render_diff_plan(config, screenings))
-    sys.exit(1 if any(diff_errors(item) for item in screenings) else 0)
+    from graphdoctor.inputs import check_output_path, write_output
+    from graphdoctor.report.plan import plan_document, plan_exit_code, render_diff_plan
+
+    if json_path and json_path != "-":
+        check_output_path(json_path, "--json", inputs)
+    if of == "diff":
+        from graphdoctor.advise import diff_plan
+        from graphdoctor.parent.static import refuse_before_gpu_work
+
+        refuse_before_gpu_work(config, "graphdoctor diff --plan", gpu=False)
+        screenings = diff_plan(config)
+        text = render_diff_plan(config, screenings)
+    else:
+        from graphdoctor.advise import plan
+        from graphdoctor.report.advise import render_plan
+
+        screenings = plan(config)
+        text = render_plan(screenings)
+    if json_path != "-":
+        click.echo(text)
+    if json_path:
+        write_output(json_path, json.dumps(plan_document(of, config, screenings), indent=2) + "\n", flag="--json",
+                     inputs=inputs)
+    sys.exit(plan_exit_code(screenings, of))
 
 
 def write_outputs(report: Any, json_path: str | None, html_path: str | None, verbose: bool) -> None:
@@ -184,4 +208,4 @@ def _under_torchrun(values: dict[str, Any]) -> dict[str, Any]:
 
 COMMANDS = [diff_command]
 
-__all__ = ["COMMANDS", "build_config", "diff_command", "progress_board", "run_then_write"]
+__all__ = ["COMMANDS", "build_config", "diff_command", "progress_board", "run_then_write", "write_plan"]

@@ -181,8 +181,8 @@ def render_plan(screenings: list[Screening]) -> str:
     from graphdoctor.report.plan import plan_table
 
     runnable = sum(1 for item in screenings if item.runnable)
-    table = plan_table(screenings)
-    return f"{table}\n{runnable} of {len(screenings)} candidates would run (plus eager once); nothing ran"
+    return (f"{plan_table(screenings, 'advise')}\n{runnable} of {len(screenings)} candidates would run (plus eager "
+            "once); nothing ran")
 
 
 __all__ = ["render_plan", "HEADERS", "bisection_lines", "document", "recommendation_lines", "render_text", "row", "table_rows",

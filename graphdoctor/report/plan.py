@@ -1,43 +1,27 @@
 """Render the plans: what `advise --plan` and `diff --plan` would run, each row screened without a GPU
-(graphdoctor.advise_candidates.screen: availability, Megatron's TransformerConfig validation, the rule catalogue)."""
+(graphdoctor.advise_candidates.screen: availability, Megatron's TransformerConfig validation, the rule catalogue),
+as a table and as the `plan` JSON document (docs/json.md)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from tabulate import tabulate
 
+from graphdoctor.report.envelope import envelope
 from graphdoctor.report.escape import escape_control
 
 if TYPE_CHECKING:
     from graphdoctor.advise_candidates import Rejection, Screening
     from graphdoctor.config import DiffConfig
 
+PlanOf = Literal["diff", "advise"]
 _WHY_WIDTH = 60
 
 
 def _short(text: str, width: int = _WHY_WIDTH) -> str:
     text = escape_control(" ".join(text.split()))
     return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def _row(item: Screening, errors: tuple[Rejection, ...], status: str) -> list[str]:
-    """[label, plan, why]: `status` with the first of `errors`, else `unavailable`, else `run` with the warnings."""
-    if errors:
-        head, *others = errors
-        why = _short(f"{head.rule} {head.message}") + (f" (also {', '.join(r.rule for r in others)})" if others else "")
-        return [escape_control(item.candidate.label), status, escape_control(why)]
-    if item.unavailable is not None:
-        return [escape_control(item.candidate.label), "unavailable", escape_control(_short(item.unavailable))]
-    codes = [w.split(" ", 1)[0] for w in item.warnings]
-    return [escape_control(item.candidate.label), "run", f"warnings {', '.join(codes)}" if codes else ""]
-
-
-def plan_table(screenings: list[Screening]) -> str:
-    """advise's candidates: `run`, `rejected` with its rules (errors, GD219 and Megatron's validation), or
-    `unavailable` with the reason."""
-    rows = [_row(item, item.rejections, "rejected") for item in screenings]
-    return tabulate(rows, headers=["candidate", "plan", "why"], tablefmt="simple")
 
 
 def diff_errors(item: Screening) -> tuple[Rejection, ...]:
@@ -49,12 +33,41 @@ def diff_errors(item: Screening) -> tuple[Rejection, ...]:
     return tuple(r for r in item.rejections if r.rule not in NOT_RUN_RULES)
 
 
-def _diff_row(item: Screening) -> list[str]:
-    errors = diff_errors(item)
-    if errors or item.unavailable is not None:
-        return _row(item, errors, "error")
-    warned = [r.rule for r in item.rejections] + [w.split(" ", 1)[0] for w in item.warnings]
-    return [escape_control(item.candidate.label), "run", f"warnings {', '.join(warned)}" if warned else ""]
+def row_plan(item: Screening, of: PlanOf) -> tuple[str, tuple[Rejection, ...], tuple[str, ...]]:
+    """(plan, the rejections that decide it, the warning codes) of one row: diff's `run`/`error`/`unavailable`,
+    advise's `run`/`rejected`/`unavailable`."""
+    errors = diff_errors(item) if of == "diff" else item.rejections
+    warnings = tuple(r.rule for r in item.rejections if r not in errors) + tuple(
+        w.split(" ", 1)[0] for w in item.warnings)
+    if errors:
+        return ("error" if of == "diff" else "rejected"), errors, warnings
+    return ("unavailable" if item.unavailable is not None else "run"), (), warnings
+
+
+def _row(item: Screening, of: PlanOf) -> list[str]:
+    """[label, plan, why]: the first deciding rejection, the reason it is unavailable, or the warnings."""
+    plan, errors, warnings = row_plan(item, of)
+    if errors:
+        head, *others = errors
+        why = _short(f"{head.rule} {head.message}") + (f" (also {', '.join(r.rule for r in others)})" if others else "")
+    elif plan == "unavailable":
+        why = _short(item.unavailable or "")
+    else:
+        why = f"warnings {', '.join(warnings)}" if warnings else ""
+    return [escape_control(item.candidate.label), plan, escape_control(why)]
+
+
+def plan_table(screenings: list[Screening], of: PlanOf) -> str:
+    """One row per screened configuration (diff: its implementations; advise: its candidates)."""
+    first = "implementation" if of == "diff" else "candidate"
+    return tabulate([_row(item, of) for item in screenings], headers=[first, "plan", "why"], tablefmt="simple")
+
+
+def plan_exit_code(screenings: list[Screening], of: PlanOf) -> int:
+    """diff: 1 when a row has error-level findings; advise: 1 when no candidate would run; else 0."""
+    if of == "diff":
+        return 1 if any(diff_errors(item) for item in screenings) else 0
+    return 0 if any(item.runnable for item in screenings) else 1
 
 
 def render_diff_plan(config: DiffConfig, screenings: list[Screening]) -> str:
@@ -66,9 +79,7 @@ def render_diff_plan(config: DiffConfig, screenings: list[Screening]) -> str:
     lines = [header_line(config, "graphdoctor diff --plan")]
     if config.nproc_per_node > 1:
         lines.append(placement_line(config))
-    table = tabulate([_diff_row(item) for item in screenings], headers=["implementation", "plan", "why"],
-                     tablefmt="simple")
-    lines += ["", table, ""]
+    lines += ["", plan_table(screenings, "diff"), ""]
     running = [item.candidate.impl for item in screenings if item.unavailable is None]
     children = f"the eager reference and {len(running)} graphed run{'s' if len(running) != 1 else ''}"
     if config.dropout > 0 and running:
@@ -80,4 +91,17 @@ def render_diff_plan(config: DiffConfig, screenings: list[Screening]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["diff_errors", "plan_table", "render_diff_plan"]
+def plan_document(of: PlanOf, config: DiffConfig, screenings: list[Screening]) -> dict[str, Any]:
+    """The `plan` JSON document: `of` (`diff` or `advise`), the config as read, one row per screened
+    configuration (`candidate`, `plan`, `rejections`, `unavailable`, `warnings`) and the exit code."""
+    rows = []
+    for item in screenings:
+        plan, errors, warnings = row_plan(item, of)
+        rows.append({"candidate": item.candidate.to_dict(), "plan": plan,
+                     "rejections": [r.to_dict() for r in errors], "unavailable": item.unavailable,
+                     "warnings": list(warnings)})
+    return envelope("plan", {"of": of, "config": config.to_dict(), "rows": rows,
+                             "exit_code": plan_exit_code(screenings, of)})
+
+
+__all__ = ["PlanOf", "diff_errors", "plan_document", "plan_exit_code", "plan_table", "render_diff_plan", "row_plan"]

@@ -80,3 +80,34 @@ def test_what_diff_refuses_here_the_plan_refuses_in_one_line(args: list[str], ne
     assert code == 2 and lines == []
     line, = err.strip().splitlines()
     assert needle in line
+
+
+def test_the_plan_document_of_diff_and_of_advise(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(main, ["diff", "--plan", "--config", str(REPO / "fixtures/runfiles/moe_dropless_allgather.yaml"),
+                                       "--impl", "local", "--cuda-graph-modules", "moe", "--json", str(out)])
+    assert result.exit_code == 1 and "local moe" in result.stdout
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert list(doc)[:3] == ["schema_version", "tool", "command"] and (doc["command"], doc["of"]) == ("plan", "diff")
+    row, = doc["rows"]
+    assert row["candidate"]["label"] == "local moe" and row["plan"] == "error" and doc["exit_code"] == 1
+    assert [r["rule"] for r in row["rejections"]][0] == "GD205" and doc["config"]["impls"] == ["local"]
+    advised = CliRunner().invoke(main, ["advise", "--plan", "--num-layers", "2", "--json", "-"])
+    doc = json.loads(advised.stdout)  # stdout is the document alone
+    assert (doc["command"], doc["of"], doc["exit_code"]) == ("plan", "advise", advised.exit_code)
+    assert {row["plan"] for row in doc["rows"]} <= {"run", "rejected", "unavailable"}
+
+
+def test_json_on_stdout_carries_the_document_alone_and_never_replaces_an_input(tmp_path: Path) -> None:
+    import json
+
+    result = CliRunner().invoke(main, ["diff", "--plan", "--megatron-args", "@examples/megatron/pretrain_moe_small.sh",
+                                       "--num-layers", "2", "--json", "-"])
+    assert json.loads(result.stdout)["of"] == "diff"
+    assert "launch line: explicit values override the launch line" in result.stderr
+    run = tmp_path / "run.yaml"
+    run.write_text("run:\n  steps: 6\n", encoding="utf-8")
+    refused = CliRunner().invoke(main, ["diff", "--plan", "--config", str(run), "--json", str(run)])
+    assert refused.exit_code == 2 and run.read_text(encoding="utf-8") == "run:\n  steps: 6\n"
