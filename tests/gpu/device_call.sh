@@ -13,6 +13,12 @@
 set -u
 deadline=${1:-560}
 shift || true
+# Every part needs megatron-core on the path: a call that forgot `source .whl/gpu-env.sh` (or sent it to the
+# background with `&`) ran every GPU test to "No module named 'megatron'" once; say so at once instead.
+if ! python -c "import megatron.core, graphdoctor" > /dev/null 2>&1; then
+    echo "device_call: megatron-core or graphdoctor does not import here: run 'source .whl/gpu-env.sh' first, in the foreground (../shared/device/README.md)"
+    exit 2
+fi
 work=/tmp/gd-call
 out=${OUT:-/tmp/gd-call-out}
 mkdir -p "$work" "$out"
