@@ -164,8 +164,8 @@ def write_plan(of: PlanOf, config: Any, json_path: str | None, inputs: list[str 
     if json_path != "-":
         click.echo(text)
     if json_path:
-        write_output(json_path, json.dumps(plan_document(of, config, screenings), indent=2) + "\n", flag="--json",
-                     inputs=inputs)
+        document = json.dumps(plan_document(of, config, screenings), indent=2, allow_nan=False)
+        write_output(json_path, document + "\n", flag="--json", inputs=inputs)
     sys.exit(plan_exit_code(screenings, of))
 
 

@@ -175,7 +175,6 @@ def write_json(report: AdviseReport, path: str | os.PathLike[str]) -> Path:
     return target
 
 
-
 def render_plan(screenings: list[Screening]) -> str:
     """`advise --plan`: one row per candidate, `run`, `rejected` with its rules or `unavailable`."""
     from graphdoctor.report.plan import plan_table
