@@ -56,7 +56,7 @@ def advise_command(config_path: str | None, max_candidates: int, time_budget_s: 
     """
     config = build_config(config_path, values)
     if plan_only:
-        write_plan("advise", config, json_path, [config_path])
+        write_plan("advise", config, json_path, html_path, [config_path])
     from graphdoctor.inputs import check_output_path
 
     # Refused before any GPU work: an output never overwrites the run file or the other output.

@@ -120,7 +120,7 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     line = config.megatron_args or ""
     inputs = [config_path, line[1:] if line.startswith("@") else None]
     if plan_only:
-        write_plan("diff", config, json_path, inputs)
+        write_plan("diff", config, json_path, html_path, inputs)
     from graphdoctor.inputs import check_output_path
 
     for flag, target in (("--json", json_path), ("--html", html_path)):
@@ -137,15 +137,24 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     sys.exit(report.exit_code())
 
 
-def write_plan(of: PlanOf, config: Any, json_path: str | None, inputs: list[str | None]) -> None:
+def write_plan(of: PlanOf, config: Any, json_path: str | None, html_path: str | None,
+               inputs: list[str | None]) -> None:
     """`diff --plan` and `advise --plan`: the table (not with `--json -`), the `plan` JSON document where asked,
     and the plan's exit code. diff's plan is refused as diff refuses a run before any GPU work
-    (parent.static.refuse_before_gpu_work), the GPU itself aside."""
+    (parent.static.refuse_before_gpu_work), the GPU itself aside.
+
+    Raises:
+        UsageError: `--html` (a page is a run's), an output onto an input.
+    """
     import json
 
+    from graphdoctor.errors import UsageError
     from graphdoctor.inputs import check_output_path, write_output
     from graphdoctor.report.plan import plan_document, plan_exit_code, render_diff_plan
 
+    if html_path:
+        raise UsageError(f"--html {html_path}: a page is written for a run; expected it without --plan "
+                         "(--json writes the plan)")
     if json_path and json_path != "-":
         check_output_path(json_path, "--json", inputs)
     if of == "diff":

@@ -111,3 +111,12 @@ def test_json_on_stdout_carries_the_document_alone_and_never_replaces_an_input(t
     run.write_text("run:\n  steps: 6\n", encoding="utf-8")
     refused = CliRunner().invoke(main, ["diff", "--plan", "--config", str(run), "--json", str(run)])
     assert refused.exit_code == 2 and run.read_text(encoding="utf-8") == "run:\n  steps: 6\n"
+
+
+@pytest.mark.parametrize("command", ["diff", "advise"])
+def test_a_page_is_refused_with_the_plan(tmp_path: Path, command: str) -> None:
+    result = CliRunner().invoke(main, [command, "--plan", "--html", str(tmp_path / "page.html")])
+    assert result.exit_code == 2
+    line, = result.stderr.strip().splitlines()
+    assert "a page is written for a run; expected it without --plan" in line
+    assert not (tmp_path / "page.html").exists()
