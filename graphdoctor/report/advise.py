@@ -12,7 +12,7 @@ from tabulate import tabulate
 from graphdoctor.inputs import write_output
 from graphdoctor.report.diff import _first, _speedup
 from graphdoctor.report.envelope import envelope
-from graphdoctor.report.escape import escape_control
+from graphdoctor.report.escape import one_line
 from graphdoctor.report.memory import fmt_bytes
 from graphdoctor.strict_json import json_safe
 
@@ -29,8 +29,7 @@ _NOTE_WIDTH = 60
 
 
 def _short(text: str, width: int = _NOTE_WIDTH) -> str:
-    text = escape_control(" ".join(text.split()))
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return one_line(text, width)
 
 
 def _verdict(result: CandidateResult, strict_rng: bool) -> str:

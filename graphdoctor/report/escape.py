@@ -17,4 +17,11 @@ def escape_control(text: str) -> str:
                    for ch in text)
 
 
-__all__ = ["escape_control"]
+def one_line(text: str, width: int) -> str:
+    """`text` escaped (escape_control), its white space folded to single spaces, cut to `width` characters
+    with `...` (the notes of advise's table and of the plans)."""
+    text = escape_control(" ".join(text.split()))
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+__all__ = ["escape_control", "one_line"]

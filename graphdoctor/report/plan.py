@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tabulate import tabulate
 
 from graphdoctor.report.envelope import envelope
-from graphdoctor.report.escape import escape_control
+from graphdoctor.report.escape import escape_control, one_line
 
 if TYPE_CHECKING:
     from graphdoctor.advise_candidates import Rejection, Screening
@@ -20,8 +20,7 @@ _WHY_WIDTH = 60
 
 
 def _short(text: str, width: int = _WHY_WIDTH) -> str:
-    text = escape_control(" ".join(text.split()))
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return one_line(text, width)
 
 
 def diff_errors(item: Screening) -> tuple[Rejection, ...]:
