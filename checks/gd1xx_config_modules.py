@@ -10,14 +10,14 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import t
 
-from graphdoctor.rules.base import Hit, Rule
-from graphdoctor.rules.context import CheckContext
-from graphdoctor.rules.finding import FixAvailability, Severity
-from graphdoctor.rules.graphconfig import (
+from graphdoctor.config.graph_settings import (
     ALLOWED_INFERENCE_SCOPES,
     IMPLS,
     INFERENCE_SCOPES,
 )
+from graphdoctor.rules.base import Hit, Rule
+from graphdoctor.rules.context import CheckContext
+from graphdoctor.rules.finding import FixAvailability, Severity
 
 FAMILY = "configuration"
 

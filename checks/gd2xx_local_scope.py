@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from graphdoctor.checks.gd2xx_moe_dispatch import per_layer_runs
 
-from graphdoctor.entry_points import BUILTIN_LAYER_SPECS
+from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import selective_recompute, t
 
-from graphdoctor.placement import RECOMPUTE_NEEDING_TE
+from graphdoctor.config.placement import RECOMPUTE_NEEDING_TE
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity

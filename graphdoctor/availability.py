@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from graphdoctor.config import DiffConfig
 from graphdoctor.errors import NoGPUError
+from graphdoctor.installed import te_findable
 from graphdoctor.parent.runner import python_command, run_isolated
-from graphdoctor.placement import te_findable
 
 TE_INSTALL_HINT = ("install Transformer Engine (pip install 'graphdoctor[transformer-engine]'); "
                    "graphdoctor drives the transformer_engine implementation only where "

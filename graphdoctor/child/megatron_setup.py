@@ -21,7 +21,7 @@ from graphdoctor.child.batches import default_forward_step, forward_step_name
 from graphdoctor.child.probe_modules import track_hook_registrations
 from graphdoctor.child.reported import checked_forward_step
 from graphdoctor.config import RUN_OWNED_FIELDS, DiffConfig
-from graphdoctor.entry_points import TE_LAYER_SPECS, build_layer_spec, resolve_entry_point
+from graphdoctor.config.entry_points import TE_LAYER_SPECS, build_layer_spec, resolve_entry_point
 from graphdoctor.errors import MissingDependencyError, UsageError
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement, megatron_impl
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.entry_points import entry_point_modules
+from graphdoctor.config.entry_points import entry_point_modules
 from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.launch import fold_launch, launch_env, multi_gpu_placement, run_launched, under_user_torchrun

@@ -12,8 +12,8 @@ import shutil
 from dataclasses import dataclass
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.placement import check_gpu_count
 from graphdoctor.parent.runner import run_isolated
-from graphdoctor.placement import check_gpu_count
 
 NVIDIA_SMI_TIMEOUT_S = 30.0
 MEMORY_HEADROOM = 0.85

@@ -95,7 +95,7 @@ graph-pool buffers, and graphed gradients can differ from eager (measured on the
 def this_machine() -> EnvironmentFacts:
     """The installation facts the rules about this machine read, where diff's children run: Transformer
     Engine and Apex, found by files and metadata (nothing imported, no GPU touched); the rest unknown."""
-    from graphdoctor.placement import apex_importable
+    from graphdoctor.installed import apex_importable
     from graphdoctor.rules.facts import te_facts
 
     return EnvironmentFacts.unknown_machine().with_overrides({**te_facts(), "apex_installed": apex_importable()})
@@ -118,7 +118,7 @@ def installation_refusals(config: DiffConfig, facts: EnvironmentFacts | None = N
     """Errors of INSTALLATION_REFUSALS on the settings the children get: the run file's `transformer:` under
     diff's own recompute settings and sequence parallel, diff's layer spec (None is Megatron's local spec),
     judged on `facts` (default: this machine, this_machine())."""
-    from graphdoctor.placement import LOCAL_LAYER_SPECS
+    from graphdoctor.config.placement import LOCAL_LAYER_SPECS
 
     transformer = {**config.transformer, **config.recompute_settings()}
     if config.sequence_parallel:
@@ -156,7 +156,7 @@ def refuse_before_gpu_work(config: DiffConfig, command: str, *, gpu: bool = True
         NoGPUError: no CUDA GPU is visible.
     """
     from graphdoctor.availability import TE_INSTALL_HINT, require_gpu, te_available
-    from graphdoctor.entry_points import TE_LAYER_SPECS
+    from graphdoctor.config.entry_points import TE_LAYER_SPECS
 
     refuse_what_cannot_build(config)
     if gpu:

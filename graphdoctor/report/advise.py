@@ -18,9 +18,9 @@ from graphdoctor.strict_json import json_safe
 
 if TYPE_CHECKING:
     from graphdoctor.advise import AdviseReport
-    from graphdoctor.advise_bisect import Bisection
-    from graphdoctor.advise_candidates import Candidate, Screening
-    from graphdoctor.advise_rank import CandidateResult, Recommendation
+    from graphdoctor.advise.bisect import Bisection
+    from graphdoctor.advise.candidates import Candidate, Screening
+    from graphdoctor.advise.rank import CandidateResult, Recommendation
 
 HEADERS = ["#", "candidate", "verdict", "speedup (spread)", "graph pools", "peak vs eager", "host launches",
            "coverage", "first divergence / why not"]
@@ -73,7 +73,7 @@ def row(rank: str, result: CandidateResult, strict_rng: bool) -> list[str]:
 
 def table_rows(report: AdviseReport) -> list[list[str]]:
     """Ranked passing candidates first (numbered), then the others in listing order."""
-    from graphdoctor.advise_rank import ranked
+    from graphdoctor.advise.rank import ranked
 
     strict = report.config.strict_rng
     order = ranked(list(report.candidates), strict)

@@ -120,7 +120,7 @@ def header_line(cfg: DiffConfig, command: str = "graphdoctor diff") -> str:
 
 def placement_line(cfg: DiffConfig) -> str:
     """The multi-GPU line of the header: processes, parallel sizes, DDP settings, whose figures print."""
-    from graphdoctor.placement import data_parallel_size
+    from graphdoctor.config.placement import data_parallel_size
 
     ddp = [name for name, on in (("sequence parallel", cfg.sequence_parallel),
                                  ("overlap_grad_reduce", cfg.overlap_grad_reduce),

@@ -1,5 +1,5 @@
 """Render the plans: what `advise --plan` and `diff --plan` would run, each row screened without a GPU
-(graphdoctor.advise_candidates.screen: availability, Megatron's TransformerConfig validation, the rule catalogue),
+(graphdoctor.advise.candidates.screen: availability, Megatron's TransformerConfig validation, the rule catalogue),
 as a table and as the `plan` JSON document (docs/json.md)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from graphdoctor.report.envelope import envelope
 from graphdoctor.report.escape import escape_control, one_line
 
 if TYPE_CHECKING:
-    from graphdoctor.advise_candidates import Rejection, Screening
+    from graphdoctor.advise.candidates import Rejection, Screening
     from graphdoctor.config import DiffConfig
 
 PlanOf = Literal["diff", "advise"]
@@ -27,7 +27,7 @@ def diff_errors(item: Screening) -> tuple[Rejection, ...]:
     """What makes one of diff's rows fail its check: error-level findings and Megatron's validation. advise's
     other reasons not to run a candidate (NOT_RUN_RULES: GD219, a scope that graphs what another candidate does)
     are warnings here: diff runs what it is asked."""
-    from graphdoctor.advise_candidates import NOT_RUN_RULES
+    from graphdoctor.advise.candidates import NOT_RUN_RULES
 
     return tuple(r for r in item.rejections if r.rule not in NOT_RUN_RULES)
 

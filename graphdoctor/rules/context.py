@@ -6,65 +6,16 @@ line is given), the run file, the launch line. `value(name)` answers for any Tra
 
 from __future__ import annotations
 
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphdoctor.errors import UsageError
-from graphdoctor.inputs import describe
-from graphdoctor.megatron_lm import NO_DEFAULT, transformer_fields
+from graphdoctor.config.graph_settings import GraphSettings, normalize
+from graphdoctor.config.megatron_lm import NO_DEFAULT, transformer_fields, validate_transformer
 from graphdoctor.rules.facts import EnvironmentFacts
-from graphdoctor.rules.graphconfig import GraphSettings, normalize
 from graphdoctor.rules.megatron_args import (
     ARGS_DEFAULTS,
     TRANSFORMER_DEFAULTS_FROM_ARGS,
 )
-from graphdoctor.suggest import did_you_mean
-
-
-def _matches(value: Any, annotation: Any) -> bool:
-    """Loose isinstance against a dataclass annotation; unknown shapes (Literal, Callable...) pass."""
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if annotation is str:
-        return isinstance(value, str)
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if origin is list or annotation is list:
-        # element types too: offload_modules: [[1]] must fail here, not as a TypeError in a rule
-        args = typing.get_args(annotation)
-        return isinstance(value, list) and (not args or all(_matches(item, args[0]) for item in value))
-    return True
-
-
-def _expected(annotation: Any) -> str:
-    return str(annotation).replace("typing.", "")
-
-
-def validate_transformer(values: dict[str, Any], where: str) -> None:
-    """Check keys against dataclasses.fields(TransformerConfig) and simple types.
-
-    Raises:
-        UsageError: an unknown key or a value of the wrong type (names the key and `where`).
-    """
-    known = transformer_fields()
-    for key, value in values.items():
-        if key not in known:
-            raise UsageError(f"{where}: transformer.{key} is not a TransformerConfig field{did_you_mean(key, known)}")
-        annotation, default = known[key]
-        if not (value is None and default is None) and not _matches(value, annotation):
-            raise UsageError(
-                f"{where}: transformer.{key}: got {describe(value)} ({type(value).__name__}), "
-                f"expected {_expected(annotation)}"
-            )
 
 
 @dataclass(frozen=True, slots=True)

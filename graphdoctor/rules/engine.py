@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from graphdoctor.config import RUN_FILE_SECTIONS, RunFile, load_run_file
+from graphdoctor.config.megatron_lm import validate_transformer
 from graphdoctor.errors import UsageError, where_from
 from graphdoctor.report.envelope import SCHEMA_VERSION as ENVELOPE_SCHEMA_VERSION
 from graphdoctor.rules.base import Rule
-from graphdoctor.rules.context import CheckContext, validate_transformer
+from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.facts import PESSIMISTIC, EnvironmentFacts
 from graphdoctor.rules.finding import Finding, Severity
 from graphdoctor.rules.megatron_args import MegatronArgs, parse_megatron_args
@@ -133,7 +134,7 @@ def build_context(
     own = run.get("megatron_args")
     if isinstance(own, str) and own.strip():
         # The run file's own launch line sits under its transformer: and run: keys, as `diff` reads it
-        # (graphdoctor.launch_line.apply_launch_line); a --megatron-args given to check goes over both.
+        # (graphdoctor.config.launch_line.apply_launch_line); a --megatron-args given to check goes over both.
         with where_from(f"{run_file.path}: run.megatron_args"):
             line = parse_megatron_args(own)
         validate_transformer(line.transformer, f"{run_file.path}: run.megatron_args")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import UsageError
-from graphdoctor.placement import apex_importable, te_findable
+from graphdoctor.installed import apex_importable, te_findable
 
 _TE_DISTRIBUTIONS: tuple[str, ...] = ("transformer_engine", "transformer-engine", "transformer_engine_torch")
 _SHARED_SUFFIXES: tuple[str, ...] = (".so", ".dylib", ".dll")

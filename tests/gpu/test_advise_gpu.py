@@ -13,8 +13,8 @@ import pytest
 from kept import diff, keep
 
 from graphdoctor.advise import advise
-from graphdoctor.advise_candidates import Candidate
-from graphdoctor.advise_rank import RAN, REJECTED
+from graphdoctor.advise.candidates import Candidate
+from graphdoctor.advise.rank import RAN, REJECTED
 from graphdoctor.availability import te_available
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport

@@ -10,8 +10,8 @@ import gzip
 import json
 from pathlib import Path
 
-from graphdoctor.advise_bisect import Bisection, bisect, bisect_start, scope_parts
-from graphdoctor.advise_candidates import Candidate
+from graphdoctor.advise.bisect import Bisection, bisect, bisect_start, scope_parts
+from graphdoctor.advise.candidates import Candidate
 
 FORENSICS = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "forensics"
 TE = "transformer_engine"

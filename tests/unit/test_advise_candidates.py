@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphdoctor.advise_candidates import (
+from graphdoctor.advise.candidates import (
     MEGATRON_RULE,
     Candidate,
     candidates_for,

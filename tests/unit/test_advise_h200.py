@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from graphdoctor.advise import AdviseReport
-from graphdoctor.advise_rank import RAN, REJECTED
+from graphdoctor.advise.rank import RAN, REJECTED
 from graphdoctor.parent.static import with_static_findings
 from graphdoctor.report.advise import render_text, row
 from graphdoctor.types import Verdict

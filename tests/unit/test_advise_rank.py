@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from graphdoctor.advise import AdviseReport
-from graphdoctor.advise_candidates import Candidate
-from graphdoctor.advise_rank import (
+from graphdoctor.advise.candidates import Candidate
+from graphdoctor.advise.rank import (
     NOTHING_FASTER,
     RAN,
     CandidateResult,

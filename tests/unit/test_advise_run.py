@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from graphdoctor.advise import AdviseRun, screened_results
-from graphdoctor.advise_candidates import Candidate, Screening, screen
-from graphdoctor.advise_rank import NOT_RUN, RAN, REJECTED
-from graphdoctor.advise_session import AdviseSession
+from graphdoctor.advise.candidates import Candidate, Screening, screen
+from graphdoctor.advise.rank import NOT_RUN, RAN, REJECTED
+from graphdoctor.advise.session import AdviseSession
 from graphdoctor.diff import load_report
 from graphdoctor.parent.children import ChildRequest
 from graphdoctor.parent.gpus import JobPlan

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from graphdoctor.cli import main
-from graphdoctor.placement import te_findable
+from graphdoctor.installed import te_findable
 
 REPO = Path(__file__).resolve().parents[2]
 

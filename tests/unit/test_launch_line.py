@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from graphdoctor.cli import main
 from graphdoctor.config import DiffConfig, diff_config_from, load_run_file
+from graphdoctor.config.launch_line import read_launch_line
 from graphdoctor.errors import InputFileError, UsageError
-from graphdoctor.launch_line import read_launch_line
 from graphdoctor.rules import parse_megatron_args
 from graphdoctor.rules.megatron_args import scan_launch_line
 

@@ -27,7 +27,7 @@ MAIN = ("/work/train.py", 90, "main")
         ("/work/train.py", True),
         ("/root/graphdoctor/fixtures/record_memory.py", True),
         ("/root/graphdoctor/graphdoctor/memory/recorder.py", False),
-        ("/root/graphdoctor/graphdoctor/config.py", False),
+        ("/root/graphdoctor/graphdoctor/config/diff_config.py", False),
         ("/usr/lib/python3/dist-packages/numpy/core.py", False),
         ("/opt/Megatron-LM/megatron/core/transformer/attention.py", False),
         ("/venv/lib/python3.12/site-packages/torch/nn/functional.py", False),

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from graphdoctor.config import load_run_file
-from graphdoctor.entry_points import build_layer_spec, moe_spec_arguments
+from graphdoctor.config.entry_points import build_layer_spec, moe_spec_arguments
 
 REPO = Path(__file__).resolve().parents[2]
 RUNFILES = REPO / "fixtures" / "runfiles"

@@ -21,6 +21,7 @@ from graphdoctor.compare.bitprint import BitFingerprinter, host_lanes
 from graphdoctor.compare.verdict import judge
 from graphdoctor.config import DiffConfig, diff_config_from
 from graphdoctor.errors import UsageError
+from graphdoctor.installed import apex_importable
 from graphdoctor.parent.children import ChildSession
 from graphdoctor.parent.gpus import Gpu, plan_jobs
 from graphdoctor.parent.launch import (
@@ -34,7 +35,6 @@ from graphdoctor.parent.launch import (
 from graphdoctor.parent.ranks import RANK_STATUS_ORDER, split_rank
 from graphdoctor.parent.runner import ProcessResult
 from graphdoctor.parent.static import installation_refusals
-from graphdoctor.placement import apex_importable
 from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Role, RunRecord, run_name
 from graphdoctor.protocol.events import End, RunEnv, Started, Step, Tensors
 from graphdoctor.protocol.spec import rank_path

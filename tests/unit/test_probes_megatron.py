@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.entry_points import resolve_entry_point
+from graphdoctor.config.entry_points import resolve_entry_point
 from graphdoctor.errors import UsageError
 from graphdoctor.probes.api import probe_config
 from graphdoctor.protocol.spec import ProbeJob

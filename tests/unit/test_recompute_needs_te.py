@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 from graphdoctor.cli import main
 from graphdoctor.config import DiffConfig, diff_config_from, load_run_file
+from graphdoctor.config.placement import RECOMPUTE_NEEDING_TE
+from graphdoctor.installed import te_findable
 from graphdoctor.parent.static import installation_refusals
-from graphdoctor.placement import RECOMPUTE_NEEDING_TE, te_findable
 from graphdoctor.rules.facts import EnvironmentFacts
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from graphdoctor.advise import AdviseReport, AdviseRun, plan
-from graphdoctor.advise_rank import NOT_RUN, RAN, REJECTED
-from graphdoctor.advise_session import AdviseSession
+from graphdoctor.advise.rank import NOT_RUN, RAN, REJECTED
+from graphdoctor.advise.session import AdviseSession
 from graphdoctor.count import CountReport
 from graphdoctor.errors import Stopped, stopped_exit_code
 from graphdoctor.parent.children import never_started, work_directory

@@ -1,11 +1,11 @@
 """`advise`: find the fastest graph configuration that is still correct, and bisect a divergence.
 
 The Python API behind `graphdoctor advise`: `advise(config) -> AdviseReport`. Eager runs once; every
-candidate (graphdoctor.advise_candidates) that Megatron's validation, the rule catalogue and the
-installation allow runs as a graphed child of one shared session (graphdoctor.advise_session), at
+candidate (graphdoctor.advise.candidates) that Megatron's validation, the rule catalogue and the
+installation allow runs as a graphed child of one shared session (graphdoctor.advise.session), at
 the same time where the job plan allows, and is judged by diff's own DiffRun. A candidate that
-differs numerically is narrowed scope by scope, then layer by layer (graphdoctor.advise_bisect).
-Results are ranked and the fastest passing one is recommended (graphdoctor.advise_rank).
+differs numerically is narrowed scope by scope, then layer by layer (graphdoctor.advise.bisect).
+Results are ranked and the fastest passing one is recommended (graphdoctor.advise.rank).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphdoctor.advise_bisect import Bisection, bisect, bisect_start
-from graphdoctor.advise_candidates import Candidate, Screening, candidates_for, is_moe, screen
-from graphdoctor.advise_rank import (
+from graphdoctor.advise.bisect import Bisection, bisect, bisect_start
+from graphdoctor.advise.candidates import Candidate, Screening, candidates_for, is_moe, screen
+from graphdoctor.advise.rank import (
     NOT_RUN,
     RAN,
     REJECTED,
@@ -31,7 +31,7 @@ from graphdoctor.advise_rank import (
     exit_code,
     recommend,
 )
-from graphdoctor.advise_session import AdviseSession, CandidateRun, CandidateView, SharedEager, is_not_run
+from graphdoctor.advise.session import AdviseSession, CandidateRun, CandidateView, SharedEager, is_not_run
 from graphdoctor.config import DiffConfig
 from graphdoctor.errors import UsageError, stopped_exit_code
 from graphdoctor.parent.children import ChildRequest, never_started, work_directory
@@ -384,7 +384,7 @@ def plan(config: DiffConfig, *, facts: EnvironmentFacts | None = None) -> list[S
 def diff_plan(config: DiffConfig, *, facts: EnvironmentFacts | None = None) -> list[Screening]:
     """The rows `graphdoctor diff` would run for `config` (each implementation with the run's cuda_graph_modules
     and graph_layers), screened as advise screens its candidates: what `diff --plan` prints, on any machine."""
-    from graphdoctor.advise_candidates import Candidate
+    from graphdoctor.advise.candidates import Candidate
 
     facts, env = _machine(facts, config)
     return [screen(Candidate(impl, () if impl == "full_iteration" else config.cuda_graph_modules, config.graph_layers),

@@ -8,7 +8,6 @@ diff() and advise() before any GPU work, through those rules (graphdoctor.parent
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING
 
 from graphdoctor.errors import UsageError
@@ -76,11 +75,6 @@ LOCAL_LAYER_SPECS: tuple[str | None, ...] = (None, "local")
 """layer_spec values that select megatron-core's local GPT spec (get_gpt_layer_local_spec)."""
 
 
-def apex_importable() -> bool:
-    """Whether `import apex` would find a module (without importing it)."""
-    return importlib.util.find_spec("apex") is not None
-
-
 RECOMPUTE_NEEDING_TE: tuple[str, ...] = ("layernorm", "moe_act", "gdn_norm_out")
 """recompute_modules megatron-core 0.19.2 recomputes through `CheckpointWithoutOutput()` built with its
 default `fp8=False` (transformer_layer.py:633, :766; moe/experts.py:883; ssm/gated_delta_net/gdn.py:256):
@@ -88,10 +82,4 @@ default `fp8=False` (transformer_layer.py:633, :766; moe/experts.py:883; ssm/gat
 `FP8GlobalStateManager` (random.py:693), which is imported only with Transformer Engine (random.py:87)."""
 
 
-def te_findable() -> bool:
-    """transformer_engine is installed here (found by importlib, never imported)."""
-    return importlib.util.find_spec("transformer_engine") is not None
-
-
-__all__ = ["LOCAL_LAYER_SPECS", "RECOMPUTE_NEEDING_TE", "apex_importable", "check_gpu_count", "check_placement",
-           "data_parallel_size", "te_findable"]
+__all__ = ["LOCAL_LAYER_SPECS", "RECOMPUTE_NEEDING_TE", "check_gpu_count", "check_placement", "data_parallel_size"]

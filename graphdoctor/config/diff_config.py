@@ -1,24 +1,16 @@
-"""Run configuration: the run file (`transformer:`, `env:`, `run:`) and DiffConfig, validated on load.
-
-One file feeds both `graphdoctor diff --config` and `graphdoctor check --config`, with one schema
-(graphdoctor.runfile_schema): strict YAML, plain values, common ranges; a non-empty `transformer:`
-section is type-checked against megatron-core's TransformerConfig (imported for that only).
-"""
+"""DiffConfig: everything one `graphdoctor diff` needs, validated on creation (graphdoctor's run settings and
+the model it builds); the same object drives the CLI, the Python API and the pytest plugin."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from graphdoctor.entry_points import BUILTIN_LAYER_SPECS, check_entry_point
-from graphdoctor.errors import InputFileError, UsageError, where_from
-from graphdoctor.inputs import describe, read_text
-from graphdoctor.runfile_schema import load_yaml_strict, validate_section
-from graphdoctor.suggest import did_you_mean
+from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS, check_entry_point
+from graphdoctor.config.placement import check_placement
+from graphdoctor.errors import UsageError
+from graphdoctor.inputs import describe
 
 IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
 """Graphed implementations graphdoctor knows, in the order they are reported."""
@@ -28,8 +20,6 @@ DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 CUDA_GRAPH_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess",
                                        "mamba")
 """Values TransformerConfig.cuda_graph_modules accepts in megatron-core 0.19.2."""
-
-RUN_FILE_SECTIONS: tuple[str, ...] = ("transformer", "env", "run")
 
 TRANSFORMER_TWINS: tuple[str, ...] = ("num_layers", "hidden_size", "num_attention_heads",
                                       "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -50,9 +40,6 @@ RUN_OWNED_FIELDS: frozenset[str] = frozenset({*TRANSFORMER_TWINS, *GRAPH_FIELDS,
                                               "attention_dropout", "bf16", "fp16"})
 """TransformerConfig fields a child takes from DiffConfig and its own request (dropout, impl), never from
 `transformer:`: the twins, the graph settings, the dropouts (`dropout`) and the precision flags (`dtype`)."""
-
-MAX_RUN_FILE_BYTES = 1 << 20
-
 
 @dataclass(kw_only=True, slots=True)
 class DiffConfig:
@@ -194,7 +181,7 @@ class DiffConfig:
     megatron_args: str | None = None
     """A Megatron-LM launch line, or `@FILE` holding one (a torchrun line or a whole shell script): the
     model, graph and run settings it sets sit under the run file's and the explicit flags' values
-    (graphdoctor.launch_line; docs/diff.md)."""
+    (graphdoctor.config.launch_line; docs/diff.md)."""
 
     launch_notes: tuple[str, ...] = ()
     """What reading megatron_args left out or decided, listed once (set by diff_config_from)."""
@@ -277,8 +264,6 @@ class DiffConfig:
         for layer in self.graph_layers:
             if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
                 raise UsageError(f"graph_layers: got {layer!r}, expected layer indices 0 to {self.num_layers - 1}")
-        from graphdoctor.placement import check_placement
-
         check_placement(self)
 
     def _agreeing_transformer(self) -> dict[str, Any]:
@@ -371,192 +356,5 @@ def _check_impls(impls: tuple[str, ...]) -> None:
         raise UsageError(f"impls: got duplicates in {list(impls)!r}, expected each implementation once")
 
 
-@dataclass(frozen=True, slots=True)
-class RunFile:
-    """The parsed run file: three optional mappings."""
-
-    path: str
-    """Where it was read from (for messages)."""
-
-    transformer: dict[str, Any]
-    """TransformerConfig field name -> value."""
-
-    env: dict[str, str]
-    """Environment variable -> value."""
-
-    run: dict[str, Any]
-    """graphdoctor run field (a DiffConfig field) -> value."""
-
-
-def load_run_file(path: str | os.PathLike[str]) -> RunFile:
-    """Read and validate a run file (YAML; JSON is valid YAML too).
-
-    Args:
-        path: the file.
-
-    Returns:
-        The parsed RunFile; keys are checked for shape, `run:` keys against DiffConfig fields,
-        `transformer:` values against TransformerConfig's types, every value for NaN/infinity,
-        64-bit integers and the ranges of graphdoctor.runfile_schema.
-
-    Raises:
-        InputFileError: not a regular file, over 1 MiB, bad YAML, a duplicate key (with its line),
-            a document too deep or too large once aliases expand, or a section of the wrong type.
-        UsageError: an unknown `run:` key or top-level section, or a value of the wrong type or range.
-    """
-    p = Path(path)
-    text = read_text(p, "run file", max_bytes=MAX_RUN_FILE_BYTES)
-    data, lines = load_yaml_strict(text, str(p))
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise InputFileError(f"{p}: expected a mapping with transformer:/env:/run:, got {describe(data)}")
-    unknown = sorted(set(map(str, data)) - set(RUN_FILE_SECTIONS))
-    if unknown:
-        raise UsageError(
-            f"{p}: unknown section {describe(unknown[0])}{did_you_mean(str(unknown[0]), RUN_FILE_SECTIONS)}, "
-            f"expected one of {', '.join(RUN_FILE_SECTIONS)}"
-        )
-    sections: dict[str, dict[str, Any]] = {}
-    for name in RUN_FILE_SECTIONS:
-        value = data.get(name) or {}
-        if not isinstance(value, dict):
-            raise InputFileError(f"{p}: section {name!r} must be a mapping, got {describe(value)}")
-        for key in value:
-            if not isinstance(key, str):
-                raise InputFileError(f"{p}: {name}: key {describe(key)} must be a string")
-        validate_section(name, value, str(p), lines.get(id(value), {}))
-        sections[name] = dict(value)
-    env = {}
-    for key, value in sections["env"].items():
-        if isinstance(value, (dict, list)):
-            raise InputFileError(f"{p}: env.{key} must be a scalar, got {describe(value)}")
-        env[key] = "" if value is None else str(value)
-    run_fields = {f.name for f in dataclasses.fields(DiffConfig)} - {"transformer", "env", "launch_notes"}
-    for key in sections["run"]:
-        if key not in run_fields:
-            raise UsageError(f"{p}: run.{key[:100]} is not a graphdoctor run field"
-                             f"{did_you_mean(str(key), run_fields)} (see `graphdoctor diff --help`)")
-    if sections["transformer"]:
-        # The same TransformerConfig types for `check` and `diff` (imports megatron-core, CPU only;
-        # diff needs it anyway): offload_modules: [[1]] fails here, before any GPU work.
-        from graphdoctor.rules.context import validate_transformer
-
-        validate_transformer(sections["transformer"], str(p))
-    return RunFile(path=str(p), transformer=sections["transformer"], env=env, run=sections["run"])
-
-
-def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
-    """Build a DiffConfig: defaults, then the launch line of `megatron_args` (run file or flag), then the
-    run file's `run:` and `transformer:`, then explicit overrides (flags).
-
-    Raises:
-        UsageError: a value of the wrong type or range (the message names the field).
-    """
-    values: dict[str, Any] = {}
-    if run_file is not None:
-        values.update(run_file.run)
-        values["transformer"] = dict(run_file.transformer)
-        values["env"] = dict(run_file.env)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    if values.get("transformer"):
-        _fill_from_transformer(values, f"{run_file.path}: " if run_file is not None else "")
-    if values.get("megatron_args") is not None:
-        # The launch line sits under the run file and the flags (graphdoctor.launch_line).
-        from graphdoctor.launch_line import apply_launch_line
-
-        from_file = run_file is not None and overrides.get("megatron_args") is None
-        source = f"{run_file.path}: run.megatron_args" if run_file is not None and from_file else None
-        with where_from(source) if source else contextlib.nullcontext():
-            values = apply_launch_line(values)
-    if "impls" in values:
-        impls = values["impls"]
-        if isinstance(impls, str):
-            impls = [s.strip() for s in impls.split(",") if s.strip()]
-        if not isinstance(impls, (list, tuple)):
-            raise UsageError(f"impls: got {describe(impls)}, expected a list of implementation names")
-        values["impls"] = tuple(impls)
-    if "allow_env" in values:
-        allowed = values["allow_env"]
-        if isinstance(allowed, str):
-            allowed = [s.strip() for s in allowed.split(",") if s.strip()]
-        if not isinstance(allowed, (list, tuple)):
-            raise UsageError(f"allow_env: got {allowed!r}, expected a list of variable names")
-        values["allow_env"] = tuple(allowed)
-    for key in ("cuda_graph_modules", "recompute_modules"):
-        if key not in values:
-            continue
-        mods = values[key]
-        if isinstance(mods, str):
-            mods = [s.strip() for s in mods.split(",") if s.strip()]
-        if not isinstance(mods, (list, tuple)):
-            raise UsageError(f"{key}: got {describe(mods)}, expected a list of module names")
-        values[key] = tuple(mods)
-    field_types = {f.name: f.type for f in dataclasses.fields(DiffConfig)}
-    for key, value in values.items():
-        _check_type(key, value, str(field_types.get(key, "")))
-    try:
-        return DiffConfig(**values)
-    except TypeError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _fill_from_transformer(values: dict[str, Any], where: str) -> None:
-    """Fill the DiffConfig fields a `transformer:` mapping sets, where `run:` and the flags do not, as a launch line
-    sets them from the same Megatron settings (graphdoctor.launch_line): the TRANSFORMER_TWINS; `dropout`, the
-    larger of hidden_dropout and attention_dropout (diff applies one to both, as for a launch line); `dtype` from
-    bf16/fp16; `layer_spec` from transformer_impl; `impls` and `cuda_graph_modules` from the graph settings, which
-    then leave the mapping (GRAPH_FIELDS). Called before the launch line is applied: the run file sits over it.
-
-    Raises:
-        UsageError: graph settings Megatron refuses (launch_line.graph_choice), named `<where>transformer.<field>`.
-    """
-    from graphdoctor.launch_line import graph_choice
-
-    transformer = dict(values["transformer"])
-    for name in TRANSFORMER_TWINS:
-        if name in transformer:
-            values.setdefault(name, transformer[name])
-    dropouts = [transformer[k] for k in ("hidden_dropout", "attention_dropout") if k in transformer]
-    if dropouts and all(isinstance(d, int | float) and not isinstance(d, bool) for d in dropouts):
-        values.setdefault("dropout", max(dropouts))
-    for flag in ("bf16", "fp16"):
-        if transformer.get(flag) is True:
-            values.setdefault("dtype", flag)
-    if transformer.get("transformer_impl") in ("local", "transformer_engine"):
-        values.setdefault("layer_spec", "local" if transformer["transformer_impl"] == "local" else "te")
-    if any(name in transformer for name in GRAPH_FIELDS):
-        settings = graph_choice(transformer.get, lambda name: f"{where}transformer.{name}")
-        if settings.legacy_with_impl:
-            raise UsageError(f"{where}transformer.enable_cuda_graph: expected it, or external_cuda_graph, without "
-                             f"cuda_graph_impl {settings.impl} (TransformerConfig refuses the pair)")
-        if settings.impl != "none":
-            values.setdefault("impls", (settings.impl,))
-        if settings.modules:
-            values.setdefault("cuda_graph_modules", settings.modules)
-        values["transformer"] = {k: v for k, v in transformer.items() if k not in GRAPH_FIELDS}
-
-
-def _check_type(key: str, value: Any, annotation: str) -> None:
-    expected: tuple[type, ...]
-    if annotation in ("int", "int | None"):
-        ok = (isinstance(value, int) and not isinstance(value, bool)) or (value is None and "None" in annotation)
-        what = "an integer"
-    elif annotation == "float":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        what = "a number"
-    elif annotation in ("bool", "bool | None"):
-        ok = isinstance(value, bool) or (value is None and "None" in annotation)
-        what = "true or false"
-    elif annotation.startswith("str"):
-        expected = (str, type(None)) if "None" in annotation else (str,)
-        ok = isinstance(value, expected)
-        what = "a string"
-    else:
-        return
-    if not ok:
-        raise UsageError(f"{key}: got {describe(value)} ({type(value).__name__}), expected {what}")
-
-
-__all__ = ["DTYPES", "GRAPH_FIELDS", "IMPLS", "RUN_OWNED_FIELDS", "STARTUP_VARIABLES", "TRANSFORMER_TWINS", "DiffConfig",
-           "RunFile", "diff_config_from", "load_run_file"]
+__all__ = ["CUDA_GRAPH_MODULES", "DTYPES", "GRAPH_FIELDS", "IMPLS", "RUN_OWNED_FIELDS", "STARTUP_VARIABLES",
+           "TRANSFORMER_TWINS", "DiffConfig"]

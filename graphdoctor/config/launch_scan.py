@@ -5,13 +5,16 @@ where each flag stands. What the flags mean is graphdoctor.rules.megatron_args.
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from graphdoctor.config.schema import check_plain_values
 from graphdoctor.errors import InputFileError, UsageError
-from graphdoctor.inputs import describe_error, read_text
+from graphdoctor.inputs import describe, describe_error, read_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,4 +254,102 @@ def _flag_uses(command: list[tuple[str, str | None, str | None]]) -> list[FlagUs
     return uses
 
 
-__all__ = ["MAX_EXPANDED_CHARS", "MAX_EXPANDED_WORDS", "FlagUse", "scan_launch_line"]
+MAX_MOE_PATTERN_CHARS = 1000
+"""Longest --moe-layer-freq expression accepted (Megatron's are a few dozen characters)."""
+MAX_MOE_PATTERN_LAYERS = 100_000
+"""Longest --moe-layer-freq pattern list accepted (one entry per layer)."""
+
+
+def parse_moe_layer_freq(text: str) -> int | list[int]:
+    """Megatron's moe_layer_freq: an int, or a Python-list expression such as `([1]*3+[0]*1)*3`.
+
+    Evaluated by a bounded evaluator of the forms Megatron documents (int literals, list
+    literals of ints, `+` of two lists, `*` of a list and an int, parentheses), never by eval:
+    the result length is computed before a list is built and capped at MAX_MOE_PATTERN_LAYERS.
+
+    Raises:
+        UsageError: anything else, or a pattern too long.
+    """
+    expected = "an int or a list pattern like ([1]*3+[0]*1)*3"
+    if len(text) > MAX_MOE_PATTERN_CHARS:
+        raise UsageError(f"--moe-layer-freq: got {len(text)} characters, expected {expected} "
+                         f"under {MAX_MOE_PATTERN_CHARS} characters")
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+        return _moe_value(tree, text, expected)
+    except UsageError:
+        raise
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise UsageError(f"--moe-layer-freq: got {describe(text)}, expected {expected}") from None
+
+
+def _moe_value(node: ast.AST, text: str, expected: str) -> int | list[int]:
+    def fail(why: str = "") -> UsageError:
+        return UsageError(f"--moe-layer-freq: got {describe(text)}, expected {expected}{why}")
+
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        if not 0 <= node.value <= MAX_MOE_PATTERN_LAYERS:
+            raise fail(f" (an int between 0 and {MAX_MOE_PATTERN_LAYERS})")
+        return node.value
+    if isinstance(node, ast.List):
+        items = [_moe_value(e, text, expected) for e in node.elts]
+        if not all(type(i) is int for i in items):
+            raise fail(" (a flat list of ints)")
+        return items  # type: ignore[return-value]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+        left, right = _moe_value(node.left, text, expected), _moe_value(node.right, text, expected)
+        if isinstance(node.op, ast.Add):
+            if not (isinstance(left, list) and isinstance(right, list)):
+                raise fail(" (+ joins two lists)")
+            length = len(left) + len(right)
+        else:
+            if isinstance(left, list) == isinstance(right, list):
+                raise fail(" (* repeats a list an int number of times)")
+            times = right if isinstance(left, list) else left
+            seq = left if isinstance(left, list) else right
+            assert isinstance(times, int) and isinstance(seq, list)
+            length = len(seq) * max(times, 0)
+        if length > MAX_MOE_PATTERN_LAYERS:
+            raise fail(f" (at most {MAX_MOE_PATTERN_LAYERS} layers, got {length})")
+        return left + right if isinstance(node.op, ast.Add) else left * right  # type: ignore[operator,no-any-return]
+    raise fail()
+
+
+def convert_value(flag: str, kind: str, values: list[str]) -> Any:
+    """A flag value of `kind` (int, float, freq, list, list3, str), plain-checked.
+
+    Raises:
+        UsageError: a value of the wrong type.
+    """
+    if kind == "freq":
+        return parse_moe_layer_freq(values[0])
+    try:
+        if kind == "int":
+            number: int | float = int(values[0])
+        elif kind == "float":
+            number = float(values[0])
+        else:
+            number = 0
+        check_plain_values(number, flag)
+        if kind in ("int", "float"):
+            return number
+    except ValueError:
+        raise UsageError(f"{flag}: got {describe(values[0])}, expected "
+                         f"{'an integer' if kind == 'int' else 'a finite number'}") from None
+    if kind in ("list", "list3"):
+        return list(values)
+    return values[0]
+
+
+def unresolved_note(uses: list[FlagUse]) -> str | None:
+    """The one note naming the flags whose value is a shell variable the text does not set."""
+    skipped = [f"{u.flag} {u.unresolved[0]}" for u in uses if u.unresolved and not u.values]
+    if not skipped:
+        return None
+    return ("values that are shell variables the text does not set were skipped (the flag is left "
+            "out): " + ", ".join(skipped))
+
+
+
+__all__ = ["MAX_EXPANDED_CHARS", "MAX_EXPANDED_WORDS", "MAX_MOE_PATTERN_CHARS", "MAX_MOE_PATTERN_LAYERS", "FlagUse",
+           "convert_value", "parse_moe_layer_freq", "scan_launch_line", "unresolved_note"]

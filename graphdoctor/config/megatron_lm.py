@@ -10,12 +10,16 @@ import argparse
 import dataclasses
 import enum
 import logging
+import types
+import typing
 import warnings
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from graphdoctor.errors import MissingDependencyError
+from graphdoctor.errors import MissingDependencyError, UsageError
+from graphdoctor.inputs import describe
+from graphdoctor.suggest import did_you_mean
 
 PATTERN_TYPES = frozenset({"moe_freq_type", "no_rope_freq_type", "la_freq_type"})
 """Megatron-LM argparse types that evaluate a list pattern (read by parse_moe_layer_freq, never eval)."""
@@ -35,6 +39,8 @@ class MegatronFlag:
     choices: tuple[str, ...] | None
     group: str
     """Megatron-LM's argument group title (`training`, `data and dataloader`, ...)."""
+    default: Any = None
+    """The parser's default for `dest` (plain values only; an enum by its member name)."""
 
 
 def _kind(action: argparse.Action, flag: str) -> str:
@@ -87,8 +93,9 @@ def megatron_flags() -> dict[str, MegatronFlag]:
     for action in parser._actions:
         for flag in action.option_strings:
             if flag.startswith("--"):
+                default = action.default.name if isinstance(action.default, enum.Enum) else action.default
                 table[flag] = MegatronFlag(flag, action.dest, _kind(action, flag), action.nargs,
-                                           _choices(action), groups.get(id(action), ""))
+                                           _choices(action), groups.get(id(action), ""), default)
     return table
 
 
@@ -146,4 +153,50 @@ def enum_default_name(field: str) -> Any:
     return default.name if isinstance(default, enum.Enum) else None
 
 
-__all__ = ["NO_DEFAULT", "PATTERN_TYPES", "MegatronFlag", "config_fields", "enum_default_name", "launcher_flags", "megatron_flags", "transformer_fields"]
+def _matches(value: Any, annotation: Any) -> bool:
+    """Loose isinstance against a dataclass annotation; unknown shapes (Literal, Callable...) pass."""
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if origin is list or annotation is list:
+        # element types too: offload_modules: [[1]] must fail here, not as a TypeError in a rule
+        args = typing.get_args(annotation)
+        return isinstance(value, list) and (not args or all(_matches(item, args[0]) for item in value))
+    return True
+
+
+def _expected(annotation: Any) -> str:
+    return str(annotation).replace("typing.", "")
+
+
+def validate_transformer(values: dict[str, Any], where: str) -> None:
+    """Check keys against dataclasses.fields(TransformerConfig) and simple types.
+
+    Raises:
+        UsageError: an unknown key or a value of the wrong type (names the key and `where`).
+    """
+    known = transformer_fields()
+    for key, value in values.items():
+        if key not in known:
+            raise UsageError(f"{where}: transformer.{key} is not a TransformerConfig field{did_you_mean(key, known)}")
+        annotation, default = known[key]
+        if not (value is None and default is None) and not _matches(value, annotation):
+            raise UsageError(
+                f"{where}: transformer.{key}: got {describe(value)} ({type(value).__name__}), "
+                f"expected {_expected(annotation)}"
+            )
+
+
+
+__all__ = ["NO_DEFAULT", "PATTERN_TYPES", "MegatronFlag", "config_fields", "enum_default_name", "launcher_flags",
+           "megatron_flags", "transformer_fields", "validate_transformer"]

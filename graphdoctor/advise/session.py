@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphdoctor.advise_candidates import Candidate
+from graphdoctor.advise.candidates import Candidate
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffRun

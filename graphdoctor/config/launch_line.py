@@ -2,7 +2,7 @@
 and one note naming the flags that do not apply.
 
 The line is scanned by graphdoctor.rules.megatron_args (the scan `check --megatron-args` uses); flags
-are Megatron-LM's own (graphdoctor.megatron_lm); flag -> TransformerConfig field follows Megatron-LM's
+are Megatron-LM's own (graphdoctor.config.megatron_lm); flag -> TransformerConfig field follows Megatron-LM's
 core_transformer_config_from_args (megatron/training/argument_utils.py of megatron-core 0.19.2).
 """
 
@@ -12,12 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphdoctor.config.graph_settings import MODULE_NAMES, GraphSettings, normalize
+from graphdoctor.config.launch_scan import FlagUse, convert_value, scan_launch_line, unresolved_note
+from graphdoctor.config.megatron_lm import (
+    MegatronFlag,
+    config_fields,
+    enum_default_name,
+    launcher_flags,
+    megatron_flags,
+)
+from graphdoctor.config.schema import check_field_range
 from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
-from graphdoctor.megatron_lm import MegatronFlag, config_fields, enum_default_name, launcher_flags, megatron_flags
-from graphdoctor.rules.graphconfig import MODULE_NAMES, GraphSettings, normalize
-from graphdoctor.rules.megatron_args import FlagUse, convert_value, scan_launch_line, unresolved_note
-from graphdoctor.runfile_schema import check_field_range
 from graphdoctor.suggest import did_you_mean
 
 RUN_FIELDS = frozenset({"num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
@@ -236,7 +242,7 @@ def read_launch_line(text_or_at: str) -> LaunchLine:
     _combine(state)
     values = dict(state.values)
     if state.transformer:
-        from graphdoctor.rules.context import validate_transformer
+        from graphdoctor.config.megatron_lm import validate_transformer
 
         for key, value in state.transformer.items():
             check_field_range(key, value, f"--megatron-args: transformer.{key}")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from graphdoctor.advise_candidates import Candidate
+from graphdoctor.advise.candidates import Candidate
 
 Judge = Callable[[Candidate], "bool | None"]
 """Differs from eager (True), matches (False), or could not tell (None)."""

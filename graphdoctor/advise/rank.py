@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphdoctor.advise_candidates import Candidate, Rejection
+from graphdoctor.advise.candidates import Candidate, Rejection
 from graphdoctor.compare.verdict import ImplResult, Timing
 from graphdoctor.config import DiffConfig
-from graphdoctor.entry_points import TE_LAYER_SPECS
+from graphdoctor.config.entry_points import TE_LAYER_SPECS
 from graphdoctor.types import Verdict
 
 RAN, REJECTED, UNAVAILABLE, NOT_RUN = "ran", "rejected", "unavailable", "not-run"
