@@ -7,8 +7,9 @@ hang the importing process); the answer is cached for the process.
 from __future__ import annotations
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.entry_points import TE_LAYER_SPECS
 from graphdoctor.errors import NoGPUError
-from graphdoctor.installed import te_findable
+from graphdoctor.installed import mamba_findable, te_findable
 from graphdoctor.parent.runner import python_command, run_isolated
 
 TE_INSTALL_HINT = ("install Transformer Engine (pip install 'graphdoctor[transformer-engine]'); "
@@ -27,6 +28,9 @@ def require_gpu(command: str = "graphdoctor diff") -> None:
             "`graphdoctor check`, `graphdoctor rules`, `graphdoctor triage SNAPSHOT` or "
             "`graphdoctor count --trace FILE`")
 
+
+MAMBA_MISSING = ("a hybrid model's Mamba layers need mamba_ssm (Megatron-Core's HybridModel imports it), which is "
+                 "not installed here; install mamba-ssm to diff it")
 
 TE_PROBE_TIMEOUT_S = 180.0
 """Limit for the child process that imports transformer_engine.pytorch to see whether it loads."""
@@ -64,12 +68,20 @@ def _probe_te_import() -> tuple[bool, str]:
 
 
 def why_unavailable(impl: str, cfg: DiffConfig) -> str | None:
-    """Why `impl` cannot run here (None: it can)."""
-    if impl != "transformer_engine":
+    """Why `impl` cannot run here (None: it can): a model this machine cannot build (every implementation), or
+    Transformer Engine's graphs without Transformer Engine or bf16."""
+    if cfg.model is not None and cfg.model.unavailable is not None:
+        return cfg.model.unavailable
+    if cfg.model is not None and cfg.model.kind == "hybrid" and not mamba_findable():
+        return MAMBA_MISSING
+    te_layers = cfg.layer_spec in TE_LAYER_SPECS and cfg.model_provider is None
+    if impl != "transformer_engine" and not te_layers:
         return None
     ok, why = te_available()
     if not ok:
-        return why
+        return why if impl == "transformer_engine" else f"{why} (the run builds Transformer Engine layers)"
+    if impl != "transformer_engine":
+        return None
     if cfg.dtype != "bf16":
         return (f"Megatron's TECudaGraphHelper captures with bf16 sample inputs "
                 f"(megatron/core/transformer/module.py:259), so dtype {cfg.dtype} cannot be graphed "
@@ -77,4 +89,4 @@ def why_unavailable(impl: str, cfg: DiffConfig) -> str | None:
     return None
 
 
-__all__ = ["TE_INSTALL_HINT", "require_gpu", "te_available", "why_unavailable"]
+__all__ = ["MAMBA_MISSING", "TE_INSTALL_HINT", "require_gpu", "te_available", "why_unavailable"]

@@ -22,6 +22,8 @@ from graphdoctor.compare.prints import differing_steps, family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed, stopped_row
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.child_model import run_model
+from graphdoctor.config.description import model_facts
 from graphdoctor.errors import stopped_exit_code
 from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.gpus import plan_jobs
@@ -63,6 +65,8 @@ class DiffReport:
     """How the children were scheduled (one line)."""
     stopped: str | None = None
     """The signal that stopped graphdoctor before the diff finished (`SIGTERM`, ...): a partial report."""
+    model: dict[str, Any] | None = None
+    """The model as built (graphdoctor.config.description.model_facts); None in reports written before it."""
 
     @property
     def env(self) -> RunEnv | None:
@@ -105,6 +109,7 @@ class DiffReport:
             "control_reference": self.control_reference.to_dict() if self.control_reference else None,
             "impls": [r.to_dict() for r in self.results],
             "stopped": self.stopped,
+            "model": self.model,
         }
 
     @classmethod
@@ -124,7 +129,8 @@ class DiffReport:
                    control_reference=RunRecord.from_dict(control) if control else None,
                    wall_s=float(data.get("wall_s", 0.0)), child_wall_s=float(data.get("child_wall_s", 0.0)),
                    scratch_bytes=int(data.get("scratch_bytes", 0)), jobs=str(data.get("jobs", "")),
-                   stopped=str(data["stopped"]) if data.get("stopped") else None)
+                   stopped=str(data["stopped"]) if data.get("stopped") else None,
+                   model=data["model"] if isinstance(data.get("model"), dict) else None)
 
 
 def _unavailable(impl: str, why: str) -> ImplResult:
@@ -162,9 +168,10 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
         run = DiffRun(session)
         # stopped: the children are ended already; the partial report says how far they got
         with partial_report_on_stop(lambda signal_name: dataclasses.replace(
-                run.stopped_report(signal_name), wall_s=time.perf_counter() - started)):
+                run.stopped_report(signal_name), wall_s=time.perf_counter() - started,
+                model=model_facts(run_model(config)))):
             report = run.run_all()
-    return dataclasses.replace(report, wall_s=time.perf_counter() - started)
+    return dataclasses.replace(report, wall_s=time.perf_counter() - started, model=model_facts(run_model(config)))
 
 
 def _scratch_dir(workdir: Path, name: str) -> Path:

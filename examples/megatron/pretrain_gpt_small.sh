@@ -30,6 +30,8 @@ GPT_MODEL_ARGS=(
     --seq-length 256
     --max-position-embeddings 256
     --transformer-impl local
+    --no-gradient-accumulation-fusion  # its fused kernel needs Apex
+    --no-persist-layer-norm            # so does the persistent LayerNorm (torch LayerNorm refuses it)
     --attention-backend auto # Can use (flash/fused/unfused/local)
     --hidden-dropout 0.0
     --attention-dropout 0.0

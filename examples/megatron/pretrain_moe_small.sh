@@ -42,6 +42,9 @@ MODEL_ARGS=(
     --no-masked-softmax-fusion
     --rotary-base 1000000
     --transformer-impl local
+    --no-rope-fusion                 # rotary fusion needs Transformer Engine
+    --no-gradient-accumulation-fusion  # its fused kernel needs Apex
+    --no-persist-layer-norm            # so does the persistent LayerNorm (torch LayerNorm refuses it)
 )
 
 MOE_ARGS=(

@@ -2,7 +2,8 @@
 
 A candidate is one (implementation, cuda_graph_modules, graph_layers) triple. The candidates come from
 the model (dense, or MoE when `transformer:` has num_moe_experts > 1). Each is screened by Megatron's
-own validation (TransformerConfig.__post_init__, built on the CPU through the children's set-up path),
+own validation (TransformerConfig.__post_init__ and, for a launch line, validate_args, built on the CPU through the
+children's own model resolution, graphdoctor.config.child_model),
 by the static rule catalogue (graphdoctor.rules.check, the path `graphdoctor check` takes, so rules
 added to the catalogue apply here too; errors reject, and so does GD219: under `local` the GPT layer's
 `attn` / `mlp` scopes are the whole-layer graph and `moe_router` / `moe` graph nothing) and, for `transformer_engine`, by whether Transformer Engine
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.errors import UsageError
 from graphdoctor.rules.facts import EnvironmentFacts
 from graphdoctor.rules.finding import Severity
 
@@ -155,14 +157,15 @@ def candidates_for(config: DiffConfig) -> list[Candidate]:
 
 
 def megatron_rejection(candidate: Candidate, config: DiffConfig) -> Rejection | None:
-    """Build the candidate's TransformerConfig on the CPU, as its child would; its error, if any."""
-    from graphdoctor.child.megatron_setup import transformer_config
+    """Build the candidate's TransformerConfig on the CPU, as its child would (graphdoctor.config.build); its error,
+    if any."""
+    from graphdoctor.config.build import child_transformer_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            transformer_config(candidate.config(config), candidate.impl, config.dropout)
-        except (AssertionError, ValueError, TypeError, NotImplementedError) as exc:
+            child_transformer_config(candidate.config(config), candidate.impl, config.dropout)
+        except (AssertionError, ValueError, TypeError, NotImplementedError, UsageError) as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return Rejection(MEGATRON_RULE, f"TransformerConfig: {text}")
     return None
@@ -211,7 +214,8 @@ def screen(candidate: Candidate, config: DiffConfig, *, facts: EnvironmentFacts,
             rejections.append(Rejection(finding.code, finding.message, finding.fix or ""))
         elif finding.severity is Severity.WARNING:
             notes.append(f"{finding.code} {finding.message}")
-    megatron = megatron_rejection(candidate, config)
+    megatron = megatron_rejection(candidate, config) if config.model is None or config.model.unavailable is None \
+        else None
     if megatron is not None:
         rejections.append(megatron)
     return Screening(candidate=candidate, rejections=tuple(rejections), unavailable=unavailable,

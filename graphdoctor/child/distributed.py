@@ -40,28 +40,6 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
-def parallel_fields(config: DiffConfig, params_dtype: Any) -> dict[str, Any]:
-    """The TransformerConfig (ModelParallelConfig) fields of the run's placement; none on one GPU."""
-    fields: dict[str, Any] = {}
-    if config.tensor_model_parallel_size > 1:
-        fields["tensor_model_parallel_size"] = config.tensor_model_parallel_size
-    if config.pipeline_model_parallel_size > 1:
-        fields["pipeline_model_parallel_size"] = config.pipeline_model_parallel_size
-        fields["pipeline_dtype"] = params_dtype  # Megatron asserts it is set for P > 1
-    if config.sequence_parallel:
-        fields["sequence_parallel"] = True
-    return fields
-
-
-def one_gpu(config: DiffConfig) -> DiffConfig:
-    """The run on one process (the probe worker's model): no tensor, pipeline or sequence parallel."""
-    if config.nproc_per_node == 1 and config.tensor_model_parallel_size == 1 \
-            and config.pipeline_model_parallel_size == 1:
-        return config
-    return config.replace(nproc_per_node=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                          sequence_parallel=False)
-
-
 def stage_flags(config: DiffConfig) -> dict[str, bool]:
     """pre_process/post_process of this rank's pipeline stage, as Megatron-LM's get_model passes them
     (none with one stage: GPTModel's defaults)."""
@@ -194,5 +172,5 @@ def teardown_distributed() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "one_gpu", "parallel_fields", "rank_spec",
+__all__ = ["data_parallel_salt", "ddp_config", "die_with_launcher", "rank_spec",
            "delete_te_graphs", "has_peers", "release_graphs", "stage_flags", "sync_hooks", "teardown_distributed"]

@@ -20,10 +20,13 @@ from graphdoctor.child import distributed as rank_setup
 from graphdoctor.child.batches import default_forward_step, forward_step_name
 from graphdoctor.child.probe_modules import track_hook_registrations
 from graphdoctor.child.reported import checked_forward_step
-from graphdoctor.config import RUN_OWNED_FIELDS, DiffConfig
-from graphdoctor.config.entry_points import TE_LAYER_SPECS, build_layer_spec, resolve_entry_point
-from graphdoctor.errors import MissingDependencyError, UsageError
-from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement, megatron_impl
+from graphdoctor.config import DiffConfig, build
+from graphdoctor.config.build import padded_vocab_size
+from graphdoctor.config.child_model import child_model, one_gpu
+from graphdoctor.config.description import ModelDescription
+from graphdoctor.config.entry_points import resolve_entry_point
+from graphdoctor.errors import MissingDependencyError
+from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement
 
 
 @dataclass(slots=True)
@@ -75,17 +78,12 @@ def init_distributed(place: Placement) -> None:
         )
 
 
-def uses_te_spec(config: DiffConfig) -> bool:
-    """True when the run builds layers from Megatron's Transformer Engine spec."""
-    return config.layer_spec in TE_LAYER_SPECS
-
-
-def seed_everything(seed: int, impl: str, te_spec: bool = False, *, graph_safe: bool | None = None) -> None:
+def seed_everything(seed: int, impl: str, te_rng_tracker: bool = False, *, graph_safe: bool | None = None) -> None:
     """Seed Python, CPU and CUDA RNGs and Megatron's tracker before the model is built.
 
-    Megatron-LM forces TE's RNG tracker whenever graphs are on and Transformer Engine is either the
-    layer implementation or the graph implementation (training/arguments.py:1873-1879). The tracker
-    is graph-safe for every graphed implementation (and for probes, which capture eager layers).
+    `te_rng_tracker` is what the child's model says (ModelDescription.te_rng_tracker: Megatron-LM's validate_args
+    for a launch line, its rule otherwise). The tracker is graph-safe for every graphed implementation (and for
+    probes, which capture eager layers).
     """
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -93,59 +91,14 @@ def seed_everything(seed: int, impl: str, te_spec: bool = False, *, graph_safe: 
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(
         seed,
-        te_rng_tracker=(impl == "transformer_engine" or (te_spec and impl != EAGER)),
+        te_rng_tracker=te_rng_tracker,
         use_cudagraphable_rng=(impl != EAGER) if graph_safe is None else graph_safe,
         force_reset_rng=True,
     )
 
 
-def _dtype_flags(dtype: str) -> dict[str, Any]:
-    if dtype == "bf16":
-        return {"bf16": True, "params_dtype": torch.bfloat16}
-    if dtype == "fp16":
-        return {"fp16": True, "params_dtype": torch.float16}
-    return {"params_dtype": torch.float32}
-
-
-def transformer_config(config: DiffConfig, impl: str, dropout: float) -> Any:
-    """TransformerConfig of one run: run fields, then the run file's `transformer:` mapping."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    fields: dict[str, Any] = {
-        "num_layers": config.num_layers,
-        "hidden_size": config.hidden_size,
-        "num_attention_heads": config.num_attention_heads,
-        "use_cpu_initialization": True,
-        "hidden_dropout": dropout,
-        "attention_dropout": dropout,
-        "cuda_graph_impl": megatron_impl(impl),
-        "cuda_graph_modules": list(config.cuda_graph_modules),
-        "cuda_graph_warmup_steps": config.cuda_graph_warmup_steps,
-        **_dtype_flags(config.dtype),
-    }
-    fields.update(rank_setup.parallel_fields(config, fields["params_dtype"]))
-    for key, value in {**config.transformer, **config.recompute_settings()}.items():
-        if key in RUN_OWNED_FIELDS:
-            continue  # owned by the run: the graph settings per child, dropout per request, dtype, shape, placement
-        fields[key] = value
-    if impl in (EAGER, "full_iteration"):
-        fields["cuda_graph_modules"] = []
-    fields.update(moe_defaults(config.transformer))
-    built = TransformerConfig(**fields)
-    if impl == EAGER and (built.cuda_graph_impl != megatron_impl(EAGER) or built.enable_cuda_graph
-                          or built.external_cuda_graph):
-        raise UsageError(f"the eager reference would build CUDA graphs (cuda_graph_impl {built.cuda_graph_impl!r}): "
-                         f"a setting of transformer: turns them on; expected graphs only in the graphed runs")
-    return built
-
-
-def moe_defaults(transformer: dict[str, Any]) -> dict[str, Any]:
-    """TransformerConfig defaults an MoE run needs and did not set: add_bias_linear False, since
-    MoELayer.forward asserts the experts return no bias (moe_layer.py:675-677 in megatron-core 0.19.2)
-    and Megatron-LM's MoE recipes pass --disable-bias-linear."""
-    if not transformer.get("num_moe_experts") or "add_bias_linear" in transformer:
-        return {}
-    return {"add_bias_linear": False}
+def _params_dtype(dtype: str) -> Any:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
 
 
 def clear_moe_metrics() -> None:
@@ -160,28 +113,36 @@ def clear_moe_metrics() -> None:
     get_moe_metrics_tracker().clear()
 
 
-def build_model(config: DiffConfig, tconfig: Any, *, float16_wrapper: bool = True,
+def build_model(config: DiffConfig, model: ModelDescription, tconfig: Any, *, float16_wrapper: bool = True,
                 device: str = "cuda") -> torch.nn.Module:
-    """GPTModel (or the user's model provider) on the GPU; Float16Module-wrapped for bf16/fp16 unless
+    """The model (this rank's pipeline stage) on the GPU, built by Megatron's builder for the description
+    (graphdoctor.config.build), or by the user's model provider; Float16Module-wrapped for bf16/fp16 unless
     `float16_wrapper` is False (the probes call its layers directly). `device="cpu"` is for tests."""
-    from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.module import Float16Module
 
-    layer_spec = build_layer_spec(config.layer_spec, config.transformer)
     if config.model_provider:
         provider = resolve_entry_point(config.model_provider, "model_provider")
         args, kwargs = provider_arguments(provider, config.model_provider, tconfig, {
-            "vocab_size": config.vocab_size, "max_sequence_length": config.seq_length,
-            "transformer_layer_spec": layer_spec, **rank_setup.stage_flags(config)})
-        model = provider(*args, **kwargs)
+            "vocab_size": padded_vocab_size(model, config.tensor_model_parallel_size),
+            "max_sequence_length": int(model.value("seq_length", config.seq_length)),
+            "transformer_layer_spec": build.layer_spec(model) or _default_spec(model, tconfig),
+            **rank_setup.stage_flags(config)})
+        built = provider(*args, **kwargs)
     else:
-        model = GPTModel(config=tconfig, transformer_layer_spec=layer_spec,
-                         vocab_size=config.vocab_size, max_sequence_length=config.seq_length,
-                         **rank_setup.stage_flags(config))
-    model = model.cuda(torch.cuda.current_device()) if device == "cuda" else model.to(device)
+        flags = rank_setup.stage_flags(config)
+        built = build.build_model(model, tconfig, pre_process=flags.get("pre_process"),
+                                  post_process=flags.get("post_process"))
+    built = built.cuda(torch.cuda.current_device()) if device == "cuda" else built.to(device)
     if float16_wrapper and config.dtype in ("bf16", "fp16"):
-        model = Float16Module(tconfig, model)
-    return model
+        built = Float16Module(tconfig, built)
+    return built
+
+
+def _default_spec(model: ModelDescription, tconfig: Any) -> Any:
+    """Megatron's own layer spec for the model (what its builder would choose), for a model provider."""
+    from megatron.training.models.gpt import default_layer_spec
+
+    return default_layer_spec(build.model_config(model, tconfig), None)
 
 
 MEGATRON_PROVIDER_KEYWORDS: dict[str, Any] = {"pre_process": True, "post_process": True}
@@ -266,7 +227,7 @@ def build_optimizer(dtype: str, config: Any, model: torch.nn.Module, *, distribu
     opt_config = OptimizerConfig(
         optimizer="adam", lr=1e-3, weight_decay=0.01, clip_grad=1.0,
         bf16=dtype == "bf16", fp16=dtype == "fp16",
-        params_dtype=_dtype_flags(dtype)["params_dtype"], use_distributed_optimizer=distributed,
+        params_dtype=_params_dtype(dtype), use_distributed_optimizer=distributed,
     )
     optimizer = get_megatron_optimizer(opt_config, [model])
     config.finalize_model_grads_func = finalize_model_grads
@@ -289,9 +250,9 @@ def have_transformer_engine() -> tuple[bool, str]:
     return True, ""
 
 
-def require_transformer_engine(config: DiffConfig, impl: str) -> None:
+def require_transformer_engine(model: ModelDescription, impl: str) -> None:
     """Raise MissingDependencyError when the run needs Transformer Engine and it does not import."""
-    if impl == "transformer_engine" or uses_te_spec(config):
+    if impl == "transformer_engine" or build.uses_te_layers(model):
         ok, why = have_transformer_engine()
         if not ok:
             raise MissingDependencyError(f"transformer_engine is not importable ({why})")
@@ -303,18 +264,19 @@ def build_setup(spec: ChildSpec) -> Setup:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     config, impl = spec.config, spec.impl
-    require_transformer_engine(config, impl)
+    model_description = child_model(config, impl, spec.dropout)
+    require_transformer_engine(model_description, impl)
     init_distributed(spec.placement)
     if impl == "transformer_engine":
         # Megatron-LM's initialize.py:288 leaves the legacy default stream for this impl; on it,
         # TE's backward capture fails with cudaErrorStreamCaptureImplicit (AccumulateGrad work on
         # the blocking legacy stream meets the capturing stream).
         torch.cuda.set_stream(torch.cuda.Stream())
-    seed_everything(config.seed, impl, uses_te_spec(config))
+    seed_everything(config.seed, impl, model_description.te_rng_tracker)
     if impl == "transformer_engine":
         init_microbatches(config, spec.placement)
-    tconfig = transformer_config(config, impl, spec.dropout)
-    model = build_model(config, tconfig)
+    tconfig = build.child_transformer_config(config, impl, spec.dropout)
+    model = build_model(config, model_description, tconfig)
     if impl == "local":
         restrict_graph_layers(config, model)
     model = rank_setup.sync_hooks(tconfig, wrap_ddp(impl, tconfig, model, config), config)
@@ -397,14 +359,15 @@ def build_probe_model(config: DiffConfig, *, device: str = "cuda") -> tuple[torc
     Returns:
         (model, hook registrations made while building it: handle id -> `path:line`).
     """
-    require_transformer_engine(config, EAGER)
-    config = rank_setup.one_gpu(config)  # the probes capture layers in one process
+    config = one_gpu(config)  # the probes capture layers in one process
+    model_description = child_model(config, EAGER, config.dropout)
+    require_transformer_engine(model_description, EAGER)
     if device == "cuda":
         init_distributed(Placement())
-        seed_everything(config.seed, EAGER, uses_te_spec(config), graph_safe=True)
-    tconfig = transformer_config(config, EAGER, config.dropout)
+        seed_everything(config.seed, EAGER, model_description.te_rng_tracker, graph_safe=True)
+    tconfig = build.child_transformer_config(config, EAGER, config.dropout)
     with track_hook_registrations() as registrations:
-        model = build_model(config, tconfig, float16_wrapper=False, device=device)
+        model = build_model(config, model_description, tconfig, float16_wrapper=False, device=device)
     return model, registrations
 
 
@@ -432,5 +395,4 @@ __all__ = [
     "have_transformer_engine",
     "provider_arguments",
     "restrict_graph_layers",
-    "uses_te_spec",
 ]

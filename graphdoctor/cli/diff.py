@@ -157,25 +157,44 @@ def write_plan(of: PlanOf, config: Any, json_path: str | None, html_path: str | 
                          "(--json writes the plan)")
     if json_path and json_path != "-":
         check_output_path(json_path, "--json", inputs)
+    from graphdoctor.availability import why_unavailable
+    from graphdoctor.config.child_model import run_model
+    from graphdoctor.config.description import model_facts
+    from graphdoctor.parent.skeleton import Skeleton, build_skeleton, refuse_what_fails_to_build
+    from graphdoctor.report.diff import model_line
+
+    model = run_model(config)
+    cannot = why_unavailable("local", config)  # what this machine cannot build at all (TE layers without TE, ...)
+    skeleton = build_skeleton(config) if cannot is None else Skeleton(not_built=cannot)
+    refuse_what_fails_to_build(skeleton)
+    facts = model_facts(model)
     if of == "diff":
         from graphdoctor.advise import diff_plan
         from graphdoctor.parent.static import refuse_before_gpu_work
 
         refuse_before_gpu_work(config, "graphdoctor diff --plan", gpu=False)
         screenings = diff_plan(config)
-        text = render_diff_plan(config, screenings)
+        text = render_diff_plan(config, screenings, model_lines=(model_line(facts, skeleton.num_parameters),
+                                                                 f"  {skeleton.line}"))
     else:
         from graphdoctor.advise import plan
         from graphdoctor.report.advise import render_plan
 
         screenings = plan(config)
-        text = render_plan(screenings)
+        text = "\n".join((model_line(facts, skeleton.num_parameters), f"  {skeleton.line}", render_plan(screenings)))
     if json_path != "-":
         click.echo(text)
     if json_path:
-        document = json.dumps(plan_document(of, config, screenings), indent=2, allow_nan=False)
+        document = json.dumps(plan_document(of, config, screenings, model=facts, skeleton=skeleton_dict(skeleton)),
+                              indent=2, allow_nan=False)
         write_output(json_path, document + "\n", flag="--json", inputs=inputs)
     sys.exit(plan_exit_code(screenings, of))
+
+
+def skeleton_dict(skeleton: Any) -> dict[str, Any]:
+    """The plan document's `skeleton`: what building the model on the meta device said."""
+    return {"num_parameters": skeleton.num_parameters, "error": skeleton.error, "where": skeleton.where,
+            "not_built": skeleton.not_built}
 
 
 def write_outputs(report: Any, json_path: str | None, html_path: str | None, verbose: bool) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphdoctor.config.description import ModelDescription
 from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS, check_entry_point
 from graphdoctor.config.placement import check_placement
 from graphdoctor.errors import UsageError
@@ -209,6 +210,17 @@ class DiffConfig:
     ddp_bucket_size: int | None = None
     """Megatron DDP bucket_size in elements (None: Megatron's default)."""
 
+    expert_model_parallel_size: int = 1
+    """Megatron expert-parallel size E (MoE experts sharded over E data-parallel ranks)."""
+
+    expert_tensor_parallel_size: int | None = None
+    """Megatron expert tensor-parallel size (None: the tensor-parallel size, Megatron's default)."""
+
+    model: ModelDescription | None = None
+    """The model as Megatron resolved it from a launch line, functional test or Megatron-Bridge config
+    (graphdoctor.config.resolve, which sets the fields above from it); None: graphdoctor's own GPT model, from
+    the fields above and `transformer:` (graphdoctor.config.resolve.builtin_model)."""
+
     def __post_init__(self) -> None:
         _check_impls(self.impls)
         if not isinstance(self.transformer, dict):
@@ -221,7 +233,9 @@ class DiffConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name}: got {value!r}, expected an integer >= 1")
         _check_schedule(self)
-        if self.hidden_size % self.num_attention_heads:
+        if isinstance(self.model, dict):
+            self.model = ModelDescription.from_dict(self.model)
+        if self.model is None and self.hidden_size % self.num_attention_heads:
             raise UsageError(
                 f"hidden_size: got {self.hidden_size}, expected a multiple of "
                 f"num_attention_heads ({self.num_attention_heads})"
@@ -302,6 +316,7 @@ class DiffConfig:
         data["launch_notes"] = list(self.launch_notes)
         data["graph_layers"] = list(self.graph_layers)
         data["recompute_modules"] = list(self.recompute_modules)
+        data["model"] = self.model.to_dict() if self.model is not None else None
         return data
 
     @classmethod

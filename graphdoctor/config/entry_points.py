@@ -1,19 +1,23 @@
-"""User entry points (`pkg.mod:fn`) and the transformer layer spec a run names.
+"""User entry points (`pkg.mod:fn`) and the layer-spec names a run may give.
 
 `layer_spec`, `model_provider` and `forward_step` are checked by form when a DiffConfig is built (no
-import) and imported only in the process that builds the model; `build_layer_spec` turns `local`, `te`
-or `pkg.mod:fn` into Megatron's ModuleSpec, with the MoE arguments the run's `transformer:` names.
+import) and imported only in the process that builds the model (graphdoctor.config.build).
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from graphdoctor.errors import UsageError
 
-if TYPE_CHECKING:
-    from graphdoctor.config import DiffConfig
+
+class NamedEntryPoints(Protocol):
+    """What entry_point_modules reads of a run (a DiffConfig)."""
+
+    layer_spec: str | None
+    model_provider: str | None
+    forward_step: str | None
 
 TE_LAYER_SPECS: tuple[str, ...] = ("te", "transformer_engine")
 """layer_spec values selecting get_gpt_layer_with_transformer_engine_spec() (aliases)."""
@@ -33,7 +37,7 @@ def check_entry_point(name: str, value: str) -> None:
         raise UsageError(f"{name}: got {value!r}, expected the form pkg.module:function")
 
 
-def entry_point_modules(config: DiffConfig) -> list[str]:
+def entry_point_modules(config: NamedEntryPoints) -> list[str]:
     """The modules of the `pkg.mod:fn` values a run names (layer spec, model provider, forward step)."""
     values = [config.layer_spec if config.layer_spec not in BUILTIN_LAYER_SPECS else None,
               config.model_provider, config.forward_step]
@@ -71,53 +75,5 @@ def resolve_entry_point(value: str, field: str = "layer_spec") -> Any:
     return target
 
 
-MOE_SPEC_FIELDS: tuple[str, ...] = ("num_moe_experts", "moe_grouped_gemm")
-"""TransformerConfig fields the built-in layer specs take as arguments (num_experts, moe_grouped_gemm):
-read from the run's `transformer:` mapping, the one place MoE is configured."""
-
-
-def moe_spec_arguments(transformer: dict[str, Any] | None) -> dict[str, Any]:
-    """get_gpt_layer_*_spec keyword arguments for MoE, derived from TransformerConfig field values.
-
-    Args:
-        transformer: the run's `transformer:` mapping (TransformerConfig names), or None.
-
-    Returns:
-        {} for a dense model; else num_experts and moe_grouped_gemm.
-    """
-    values = transformer or {}
-    experts = values.get("num_moe_experts")
-    if not experts:
-        return {}
-    return {"num_experts": experts, "moe_grouped_gemm": bool(values.get("moe_grouped_gemm", False))}
-
-
-def build_layer_spec(name: str | None, transformer: dict[str, Any] | None = None) -> Any:
-    """The transformer layer ModuleSpec that a `layer_spec` value names (imports megatron).
-
-    Args:
-        name: `local` or None (Megatron's local GPT spec), `te`/`transformer_engine` (its
-            Transformer Engine spec), or `pkg.mod:fn` returning a ModuleSpec.
-        transformer: the run's `transformer:` mapping; `num_moe_experts` (and `moe_grouped_gemm`,
-            TE's grouped GEMM; the local spec always builds SequentialMLP experts) make the
-            built-in specs build MoE layers. A `pkg.mod:fn` spec is called as given.
-
-    Raises:
-        UsageError: a `pkg.mod:fn` that cannot be imported or called.
-    """
-    moe = moe_spec_arguments(transformer)
-    if name in TE_LAYER_SPECS:
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,
-        )
-
-        return get_gpt_layer_with_transformer_engine_spec(**moe)
-    if name and name != "local":
-        return resolve_entry_point(name, "layer_spec")()
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    return get_gpt_layer_local_spec(**moe)
-
-
-__all__ = ["BUILTIN_LAYER_SPECS", "MOE_SPEC_FIELDS", "TE_LAYER_SPECS", "build_layer_spec", "check_entry_point",
-           "entry_point_modules", "moe_spec_arguments", "resolve_entry_point"]
+__all__ = ["BUILTIN_LAYER_SPECS", "TE_LAYER_SPECS", "NamedEntryPoints", "check_entry_point", "entry_point_modules",
+           "resolve_entry_point"]

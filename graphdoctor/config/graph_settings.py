@@ -1,13 +1,18 @@
 """Mirror of megatron-core 0.19.2's CUDA-graph field normalisation (transformer_config.py:2365-2482,
 cuda_graph_config.py), done on plain values so that rules see what __post_init__ would see.
 
-No megatron import: enum members are accepted by their `.name`.
+No megatron import: enum members are accepted by their `.name`. graph_choice says what diff takes from them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from graphdoctor.errors import UsageError
+from graphdoctor.inputs import describe
+from graphdoctor.suggest import did_you_mean
 
 IMPLS: tuple[str, ...] = ("none", "transformer_engine", "local", "full_iteration")
 MODULE_NAMES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
@@ -150,7 +155,37 @@ def normalize(value: Any) -> GraphSettings:
     )
 
 
+GRAPH_DEFAULTS: dict[str, Any] = {"cuda_graph_impl": "none", "enable_cuda_graph": False, "external_cuda_graph": False,
+                                  "cuda_graph_modules": []}
+"""TransformerConfig's defaults of the CUDA-graph settings graph_choice reads (the deprecated scope: None)."""
+
+
+def graph_choice(value: Callable[[str], Any], name: Callable[[str], str]) -> GraphSettings:
+    """What diff takes from Megatron's CUDA-graph settings, a launch line's or a run file's `transformer:`: the
+    implementation to diff (`impl`, "none" where they build no graphs) and its `modules`, as Megatron normalises
+    them (rules.graphconfig.normalize: the legacy flags, the deprecated scope, the MoE modules added for `local`).
+
+    Args:
+        value: a TransformerConfig field's value, None where unset (GRAPH_DEFAULTS apply).
+        name: how the user wrote a field, for the error (`--cuda-graph-modules`, `run.yaml: transformer.cuda_graph_modules`).
+
+    Raises:
+        UsageError: a module Megatron does not know, or modules with full_iteration (Megatron-LM refuses the pair).
+    """
+    settings = normalize(lambda field: GRAPH_DEFAULTS.get(field) if value(field) is None else value(field))
+    if settings.bad_entries:
+        bad = str(settings.bad_entries[0])
+        raise UsageError(f"{name('cuda_graph_modules')}: got {describe(bad)}, expected one of "
+                         f"{', '.join(MODULE_NAMES)}{did_you_mean(bad, MODULE_NAMES)}")
+    if settings.impl == "full_iteration" and settings.modules:
+        raise UsageError(f"{name('cuda_graph_modules')}: expected none with {name('cuda_graph_impl')} full_iteration "
+                         "(Megatron-LM refuses the pair)")
+    return settings
+
+
 __all__ = [
+    "GRAPH_DEFAULTS",
+    "graph_choice",
     "ALLOWED_INFERENCE_SCOPES",
     "DEPRECATED_MODULES",
     "IMPLS",

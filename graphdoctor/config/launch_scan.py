@@ -81,6 +81,8 @@ class _Shell:
     array: str | None = None
     """The array being defined (`NAME=(` seen, `)` not yet)."""
     commands: list[list[_Token]] = field(default_factory=list)
+    exported: list[str] = field(default_factory=list)
+    """Variables the text exports (`export NAME=value`): the run's environment."""
 
     def expand(self, token: str) -> tuple[str | None, str | None]:
         """(value, None) with every $reference set in the text, else (None, the reference)."""
@@ -128,6 +130,8 @@ def _statement(tokens: list[_Token], shell: _Shell) -> None:
             match = _ASSIGN.match(token)
             if match and not token.startswith("-"):
                 _assign(match, where, shell)
+                if any(t == "export" for t, _ in command) and match.group(1) not in shell.exported:
+                    shell.exported.append(match.group(1))
                 continue
         if token in _SEPARATORS or bare != token:
             if bare != token and bare:
@@ -179,9 +183,12 @@ def _expand_command(command: list[_Token], shell: _Shell, budget: int) -> list[t
         if name is not None and name in shell.variables:
             elements = shell.variables[name]
             for value, at in elements:
-                if array:  # array elements are expanded where they are used
+                if array:  # array elements are expanded where they are used, then split as bash splits them
                     expanded, gap = shell.expand(value)
-                    out.append((expanded or "", at, gap))
+                    if gap or expanded is None:
+                        out.append(("", at, gap))
+                    else:  # unquoted ${A[@]}: "--fp8-format hybrid" is two words (Megatron-LM's llama script)
+                        out.extend((word, at, None) for word in (expanded.split() or [""]))
                     continue
                 # bash splits an unquoted scalar on whitespace (GPT_ARGS="--num-layers 24 ...")
                 out.extend((p, at, None) for p in (value.split() if plain else [value]))
@@ -195,7 +202,13 @@ def _expand_command(command: list[_Token], shell: _Shell, budget: int) -> list[t
 
 
 def scan_launch_line(text_or_at: str) -> list[FlagUse]:
-    """The flags of a launch line or `@file` (a flag list, a torchrun line or a whole shell script).
+    """The flags of a launch line or `@file` (scan_launch)."""
+    return scan_launch(text_or_at)[0]
+
+
+def scan_launch(text_or_at: str) -> tuple[list[FlagUse], dict[str, str]]:
+    """The flags of a launch line or `@file` (a flag list, a torchrun line or a whole shell script), and the
+    environment variables it exports with values it sets (`export CUDA_DEVICE_MAX_CONNECTIONS=1`).
 
     Shell variables the text sets (`NAME=value`, arrays `NAME=(...)`, `${NAME:-default}`) are
     expanded; `$1`, `$(...)` and variables it does not set stay unresolved. When a command runs a
@@ -227,7 +240,8 @@ def scan_launch_line(text_or_at: str) -> list[FlagUse]:
     uses: list[FlagUse] = []
     for command in training or scripts or commands:
         uses.extend(_flag_uses(command))
-    return uses
+    env = {name: " ".join(t for t, _ in shell.variables[name]) for name in shell.exported if name in shell.variables}
+    return uses, env
 
 
 def _flag_uses(command: list[tuple[str, str | None, str | None]]) -> list[FlagUse]:
@@ -352,4 +366,4 @@ def unresolved_note(uses: list[FlagUse]) -> str | None:
 
 
 __all__ = ["MAX_EXPANDED_CHARS", "MAX_EXPANDED_WORDS", "MAX_MOE_PATTERN_CHARS", "MAX_MOE_PATTERN_LAYERS", "FlagUse",
-           "convert_value", "parse_moe_layer_freq", "scan_launch_line", "unresolved_note"]
+           "convert_value", "parse_moe_layer_freq", "scan_launch", "scan_launch_line", "unresolved_note"]

@@ -1,26 +1,53 @@
-"""The one resolve: a run's sources (flags, run file, launch line) -> one DiffConfig.
+"""The one resolve: a run's sources -> one DiffConfig, and the model it builds.
 
-Explicit values win, then the run file's `run:`, then its `transformer:`, then the launch line.
+The sources, highest first: explicit values (flags, the Python API), the run file's `run:`, its `transformer:`,
+then the model's own description, one of: a Megatron-LM launch line or shell script (`--megatron-args`, or
+`run.megatron_args`), a Megatron-LM functional test's model_config.yaml, a Megatron-Bridge ConfigContainer YAML
+(`--config`). A Megatron source is resolved by Megatron's own code (graphdoctor.config.from_megatron) with the
+values above put in as its settings; without one the model is graphdoctor's own GPT model
+(graphdoctor.config.child_model.builtin_model).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from pathlib import Path
 from typing import Any
 
+from graphdoctor.config.bridge import BridgeConfig
 from graphdoctor.config.diff_config import GRAPH_FIELDS, TRANSFORMER_TWINS, DiffConfig
+from graphdoctor.config.from_megatron import resolve_bridge, resolve_line
+from graphdoctor.config.functional_test import FunctionalTest, is_functional_test, read_functional_test
+from graphdoctor.config.graph_settings import graph_choice
+from graphdoctor.config.launch_scan import scan_launch
+from graphdoctor.config.megatron_line import read_uses
 from graphdoctor.config.run_file import RunFile
+from graphdoctor.config.schema import load_yaml_strict
 from graphdoctor.errors import UsageError, where_from
-from graphdoctor.inputs import describe
+from graphdoctor.inputs import describe, read_text
+
+LIST_FIELDS: tuple[str, ...] = ("impls", "allow_env", "cuda_graph_modules", "recompute_modules")
+"""DiffConfig fields given as a comma-separated string on the command line."""
+
+
+def _as_tuple(key: str, value: Any) -> tuple[Any, ...]:
+    if isinstance(value, str):
+        value = [s.strip() for s in value.split(",") if s.strip()]
+    if not isinstance(value, list | tuple):
+        raise UsageError(f"{key}: got {describe(value)}, expected a list of names")
+    return tuple(value)
 
 
 def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
-    """Build a DiffConfig: defaults, then the launch line of `megatron_args` (run file or flag), then the
-    run file's `run:` and `transformer:`, then explicit overrides (flags).
+    """Build a DiffConfig from the run's sources (the module docstring's order).
 
     Raises:
-        UsageError: a value of the wrong type or range (the message names the field).
+        UsageError: a value of the wrong type or range (the message names the field), or a setting Megatron
+            refuses (its message).
+        InputFileError: an unreadable launch-line or functional-test file.
+        MissingDependencyError: a Megatron source without megatron.training, or a model that needs Transformer
+            Engine where it is not installed.
     """
     values: dict[str, Any] = {}
     if run_file is not None:
@@ -28,60 +55,68 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         values["transformer"] = dict(run_file.transformer)
         values["env"] = dict(run_file.env)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    if values.get("transformer"):
-        _fill_from_transformer(values, f"{run_file.path}: " if run_file is not None else "")
-    if values.get("megatron_args") is not None:
-        # The launch line sits under the run file and the flags (graphdoctor.config.launch_line).
-        from graphdoctor.config.launch_line import apply_launch_line
-
-        from_file = run_file is not None and overrides.get("megatron_args") is None
-        source = f"{run_file.path}: run.megatron_args" if run_file is not None and from_file else None
-        with where_from(source) if source else contextlib.nullcontext():
-            values = apply_launch_line(values)
-    if "impls" in values:
-        impls = values["impls"]
-        if isinstance(impls, str):
-            impls = [s.strip() for s in impls.split(",") if s.strip()]
-        if not isinstance(impls, (list, tuple)):
-            raise UsageError(f"impls: got {describe(impls)}, expected a list of implementation names")
-        values["impls"] = tuple(impls)
-    if "allow_env" in values:
-        allowed = values["allow_env"]
-        if isinstance(allowed, str):
-            allowed = [s.strip() for s in allowed.split(",") if s.strip()]
-        if not isinstance(allowed, (list, tuple)):
-            raise UsageError(f"allow_env: got {allowed!r}, expected a list of variable names")
-        values["allow_env"] = tuple(allowed)
-    for key in ("cuda_graph_modules", "recompute_modules"):
-        if key not in values:
-            continue
-        mods = values[key]
-        if isinstance(mods, str):
-            mods = [s.strip() for s in mods.split(",") if s.strip()]
-        if not isinstance(mods, (list, tuple)):
-            raise UsageError(f"{key}: got {describe(mods)}, expected a list of module names")
-        values[key] = tuple(mods)
+    for key in LIST_FIELDS:
+        if key in values:
+            values[key] = _as_tuple(key, values[key])
     field_types = {f.name: f.type for f in dataclasses.fields(DiffConfig)}
     for key, value in values.items():
         _check_type(key, value, str(field_types.get(key, "")))
+    if values.get("transformer"):
+        _fill_from_transformer(values, f"{run_file.path}: " if run_file is not None else "")
+    source = run_file.source if run_file is not None else None
+    if isinstance(source, BridgeConfig):
+        values = resolve_bridge(values, source)
+    elif isinstance(source, FunctionalTest) or values.get("megatron_args") is not None:
+        from_file = run_file is not None and overrides.get("megatron_args") is None
+        where = f"{run_file.path}: run.megatron_args" if run_file is not None and from_file and \
+            values.get("megatron_args") else None
+        with where_from(where) if where else contextlib.nullcontext():
+            values = _resolve_megatron_lm(values, source)
     try:
         return DiffConfig(**values)
     except TypeError as exc:
         raise UsageError(str(exc)) from None
 
 
+def _resolve_megatron_lm(values: dict[str, Any], test: FunctionalTest | None) -> dict[str, Any]:
+    """A launch line (text, `@script`, `@model_config.yaml`) or a functional test read by Megatron-LM."""
+    text = values.get("megatron_args")
+    if text is not None:
+        test = read_megatron_file(str(text)) or test
+    if test is not None and (text is None or str(text).startswith("@")):
+        line = read_uses(test.uses, env={**test.env, **values.get("env", {})})
+        values["env"] = {**test.env, **values.get("env", {})}
+        return resolve_line(values, line, f"functional test {test.path}")
+    uses, exported = scan_launch(str(text))
+    values["env"] = {**exported, **values.get("env", {})}
+    line = read_uses(uses, env=values["env"])
+    label = str(text)[1:] if str(text).startswith("@") else "--megatron-args"
+    return resolve_line(values, line, f"launch line {label}")
+
+
+def read_megatron_file(text_or_at: str) -> FunctionalTest | None:
+    """The functional test an `@FILE` names when the file is one (a YAML file with MODEL_ARGS); None otherwise.
+
+    Raises:
+        InputFileError: an unreadable or malformed YAML file.
+    """
+    if not text_or_at.startswith("@") or Path(text_or_at[1:]).suffix not in (".yaml", ".yml"):
+        return None
+    path = text_or_at[1:]
+    data, lines = load_yaml_strict(read_text(path, "functional test"), path)
+    return read_functional_test(path, data, lines) if is_functional_test(data) else None
+
+
 def _fill_from_transformer(values: dict[str, Any], where: str) -> None:
     """Fill the DiffConfig fields a `transformer:` mapping sets, where `run:` and the flags do not, as a launch line
-    sets them from the same Megatron settings (graphdoctor.config.launch_line): the TRANSFORMER_TWINS; `dropout`, the
+    sets them from the same Megatron settings: the TRANSFORMER_TWINS; `dropout`, the
     larger of hidden_dropout and attention_dropout (diff applies one to both, as for a launch line); `dtype` from
     bf16/fp16; `layer_spec` from transformer_impl; `impls` and `cuda_graph_modules` from the graph settings, which
     then leave the mapping (GRAPH_FIELDS). Called before the launch line is applied: the run file sits over it.
 
     Raises:
-        UsageError: graph settings Megatron refuses (launch_line.graph_choice), named `<where>transformer.<field>`.
+        UsageError: graph settings Megatron refuses (graph_settings.graph_choice), named `<where>transformer.<field>`.
     """
-    from graphdoctor.config.launch_line import graph_choice
-
     transformer = dict(values["transformer"])
     for name in TRANSFORMER_TWINS:
         if name in transformer:
@@ -129,4 +164,4 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
 
 
 
-__all__ = ["diff_config_from"]
+__all__ = ["LIST_FIELDS", "diff_config_from", "read_megatron_file"]

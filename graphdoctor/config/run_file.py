@@ -1,6 +1,8 @@
-"""The run file (`transformer:`, `env:`, `run:`), read strictly and validated on load.
+"""The file of `--config` (and of `check`'s inputs), read strictly and validated on load: graphdoctor's run file
+(`transformer:`, `env:`, `run:`), a Megatron-LM functional test's model_config.yaml (MODEL_ARGS, ENV_VARS) or a
+Megatron-Bridge ConfigContainer YAML, told apart by their sections.
 
-One file feeds both `graphdoctor diff --config` and `graphdoctor check --config`, with one schema
+One file feeds both `graphdoctor diff --config` and `graphdoctor check`, with one schema
 (graphdoctor.config.schema): strict YAML, plain values, common ranges; a non-empty `transformer:`
 section is type-checked against megatron-core's TransformerConfig (imported for that only).
 """
@@ -13,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from graphdoctor.config.bridge import BridgeConfig, is_bridge_config, read_bridge
 from graphdoctor.config.diff_config import DiffConfig
+from graphdoctor.config.functional_test import FunctionalTest, is_functional_test, read_functional_test
 from graphdoctor.config.megatron_lm import validate_transformer
 from graphdoctor.config.schema import load_yaml_strict, validate_section
 from graphdoctor.errors import InputFileError, UsageError
@@ -41,6 +45,17 @@ class RunFile:
     run: dict[str, Any]
     """graphdoctor run field (a DiffConfig field) -> value."""
 
+    source: FunctionalTest | BridgeConfig | None = None
+    """The model's own description when the file is a functional test or a Megatron-Bridge config (its
+    `transformer:` and `run:` are then empty, its `env:` the file's)."""
+
+    @property
+    def kind(self) -> str:
+        """`run-file`, `functional-test` or `bridge`."""
+        if isinstance(self.source, FunctionalTest):
+            return "functional-test"
+        return "bridge" if isinstance(self.source, BridgeConfig) else "run-file"
+
 
 def load_run_file(path: str | os.PathLike[str]) -> RunFile:
     """Read and validate a run file (YAML; JSON is valid YAML too).
@@ -65,11 +80,18 @@ def load_run_file(path: str | os.PathLike[str]) -> RunFile:
         data = {}
     if not isinstance(data, dict):
         raise InputFileError(f"{p}: expected a mapping with transformer:/env:/run:, got {describe(data)}")
+    if is_functional_test(data):
+        test = read_functional_test(p, data, lines)
+        return RunFile(path=str(p), transformer={}, env=dict(test.env), run={}, source=test)
+    if is_bridge_config(data):
+        bridge = read_bridge(p, data, lines)
+        return RunFile(path=str(p), transformer={}, env=dict(bridge.env), run={}, source=bridge)
     unknown = sorted(set(map(str, data)) - set(RUN_FILE_SECTIONS))
     if unknown:
         raise UsageError(
             f"{p}: unknown section {describe(unknown[0])}{did_you_mean(str(unknown[0]), RUN_FILE_SECTIONS)}, "
-            f"expected one of {', '.join(RUN_FILE_SECTIONS)}"
+            f"expected one of {', '.join(RUN_FILE_SECTIONS)} (or a functional test's MODEL_ARGS, or a "
+            "Megatron-Bridge ConfigContainer with model:)"
         )
     sections: dict[str, dict[str, Any]] = {}
     for name in RUN_FILE_SECTIONS:
@@ -96,8 +118,6 @@ def load_run_file(path: str | os.PathLike[str]) -> RunFile:
         # diff needs it anyway): offload_modules: [[1]] fails here, before any GPU work.
         validate_transformer(sections["transformer"], str(p))
     return RunFile(path=str(p), transformer=sections["transformer"], env=env, run=sections["run"])
-
-
 
 
 __all__ = ["MAX_RUN_FILE_BYTES", "RUN_FILE_SECTIONS", "RunFile", "load_run_file"]

@@ -149,19 +149,26 @@ def refuse_before_gpu_work(config: DiffConfig, command: str, *, gpu: bool = True
     Args:
         config: the run.
         command: the command, as NoGPUError names it (`graphdoctor advise`).
-        gpu: whether a GPU is needed (False: `diff --plan`, which refuses the rest as diff does).
+        gpu: whether a GPU is needed (False: `diff --plan`, which refuses what no machine could build as diff does;
+            what only this machine lacks, Transformer Engine, makes its rows unavailable instead).
 
     Raises:
-        MissingDependencyError: GD308/GD309, or the TE layer spec without Transformer Engine.
+        MissingDependencyError: a model this machine cannot build (Megatron asks for Transformer Engine), GD308/GD309,
+            or the TE layer spec without Transformer Engine.
         NoGPUError: no CUDA GPU is visible.
     """
-    from graphdoctor.availability import TE_INSTALL_HINT, require_gpu, te_available
+    from graphdoctor.availability import MAMBA_MISSING, TE_INSTALL_HINT, require_gpu, te_available
     from graphdoctor.config.entry_points import TE_LAYER_SPECS
+    from graphdoctor.installed import mamba_findable
 
+    if gpu and config.model is not None and config.model.unavailable is not None:
+        raise MissingDependencyError(f"{config.model.unavailable}; {TE_INSTALL_HINT}")
+    if gpu and config.model is not None and config.model.kind == "hybrid" and not mamba_findable():
+        raise MissingDependencyError(MAMBA_MISSING)
     refuse_what_cannot_build(config)
     if gpu:
         require_gpu(command)
-    if config.layer_spec in TE_LAYER_SPECS:
+    if gpu and config.layer_spec in TE_LAYER_SPECS:
         ok, why = te_available()
         if not ok:
             raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "

@@ -13,6 +13,7 @@ from graphdoctor.compare.phases import teardown_note
 from graphdoctor.inputs import write_output
 from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
 from graphdoctor.report.envelope import envelope
+from graphdoctor.report.escape import escape_control
 from graphdoctor.report.forensics import forensics_table
 from graphdoctor.report.schedule import phase_lines
 from graphdoctor.strict_json import json_safe
@@ -86,6 +87,8 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
     cfg = report.config
     env = report.env
     lines = [header_line(cfg)]
+    if report.model is not None:
+        lines.append(model_line(report.model, report.reference.num_parameters or None))
     if env is not None:
         lines.append(f"  {env.gpu or '?'} | torch {env.torch or '?'} | megatron-core "
                      f"{env.megatron_core or '?'} | world size {env.world_size}")
@@ -116,6 +119,31 @@ def header_line(cfg: DiffConfig, command: str = "graphdoctor diff") -> str:
             f" heads), seq {cfg.seq_length}, mbs {cfg.micro_batch_size}x{cfg.num_microbatches}, "
             f"{cfg.dtype}, dropout {cfg.dropout:g}, {cfg.steps} steps, warmup "
             f"{cfg.cuda_graph_warmup_steps}, {policy}")
+
+
+def model_line(facts: dict[str, Any], num_parameters: int | None = None) -> str:
+    """`  model: ...`: the model as built (graphdoctor.config.description.model_facts), in one line."""
+    parts = [f"{facts.get('num_layers')} layers x {facts.get('hidden_size')}",
+             f"{facts.get('num_attention_heads')} heads"
+             + (f" / {facts['num_query_groups']} query groups" if facts.get("attention") == "GQA" else "")
+             + f" ({facts.get('attention')})",
+             f"ffn {facts.get('ffn_hidden_size')} {facts.get('activation')}"]
+    position = facts.get("position_embedding")
+    parts.append(f"{position} (base {facts['rotary_base']})" if facts.get("rotary_base") else str(position))
+    parts += [str(facts.get("normalization")), "tied embeddings" if facts.get("tied_embeddings") else "untied embeddings",
+              f"vocab {facts.get('vocab_size')}", f"{facts.get('layer_spec')} spec", str(facts.get("dtype"))]
+    if facts.get("fp8"):
+        parts.append(f"fp8 {facts['fp8']}" + (f" {facts['fp8_recipe']}" if facts.get("fp8_recipe") else ""))
+    moe = facts.get("moe")
+    if moe:
+        parts.append(f"MoE {moe.get('num_experts')} experts top-{moe.get('topk')} {moe.get('dispatcher')}")
+    if facts.get("mtp_num_layers"):
+        parts.append(f"MTP {facts['mtp_num_layers']}")
+    if facts.get("hybrid_layer_pattern"):
+        parts.append(f"hybrid {facts['hybrid_layer_pattern']}")
+    if num_parameters:
+        parts.append(f"{num_parameters / 1e9:.3g} B parameters")
+    return escape_control(f"  model: {', '.join(parts)}; from {facts.get('source')}")
 
 
 def placement_line(cfg: DiffConfig) -> str:
@@ -250,5 +278,6 @@ def write_json(report: DiffReport, path: str | os.PathLike[str]) -> Path:
     return target
 
 
-__all__ = ["header_line", "json_safe", "launch_table", "launch_table_from_sections", "placement_line", "render_text",
+__all__ = ["header_line", "json_safe", "launch_table", "launch_table_from_sections", "model_line", "placement_line",
+           "render_text",
            "summary_rows", "write_json"]

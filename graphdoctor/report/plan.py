@@ -69,13 +69,13 @@ def plan_exit_code(screenings: list[Screening], of: PlanOf) -> int:
     return 0 if any(item.runnable for item in screenings) else 1
 
 
-def render_diff_plan(config: DiffConfig, screenings: list[Screening]) -> str:
+def render_diff_plan(config: DiffConfig, screenings: list[Screening], *, model_lines: tuple[str, ...] = ()) -> str:
     """`diff --plan`: the run as diff would read it (the header of its summary), one row per implementation, and
     which children it would start. A row with an error-level finding still runs in diff (`check` says why it is
     expected to fail or to differ); an unavailable one is reported as such, as diff reports it."""
     from graphdoctor.report.diff import header_line, placement_line
 
-    lines = [header_line(config, "graphdoctor diff --plan")]
+    lines = [header_line(config, "graphdoctor diff --plan"), *model_lines]
     if config.nproc_per_node > 1:
         lines.append(placement_line(config))
     lines += ["", plan_table(screenings, "diff"), ""]
@@ -90,8 +90,10 @@ def render_diff_plan(config: DiffConfig, screenings: list[Screening]) -> str:
     return "\n".join(lines)
 
 
-def plan_document(of: PlanOf, config: DiffConfig, screenings: list[Screening]) -> dict[str, Any]:
-    """The `plan` JSON document: `of` (`diff` or `advise`), the config as read, one row per screened
+def plan_document(of: PlanOf, config: DiffConfig, screenings: list[Screening], *, model: dict[str, Any] | None = None,
+                  skeleton: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `plan` JSON document: `of` (`diff` or `advise`), the config as read, the model as it would be built
+    (`model`: its facts; `skeleton`: what building it on the meta device said), one row per screened
     configuration (`candidate`, `plan`, `rejections`, `unavailable`, `warnings`) and the exit code."""
     rows = []
     for item in screenings:
@@ -99,7 +101,7 @@ def plan_document(of: PlanOf, config: DiffConfig, screenings: list[Screening]) -
         rows.append({"candidate": item.candidate.to_dict(), "plan": plan,
                      "rejections": [r.to_dict() for r in errors], "unavailable": item.unavailable,
                      "warnings": list(warnings)})
-    return envelope("plan", {"of": of, "config": config.to_dict(), "rows": rows,
+    return envelope("plan", {"of": of, "config": config.to_dict(), "model": model, "skeleton": skeleton, "rows": rows,
                              "exit_code": plan_exit_code(screenings, of)})
 
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from graphdoctor.config import RUN_FILE_SECTIONS, RunFile, load_run_file
+from graphdoctor.config.bridge import BridgeConfig
+from graphdoctor.config.description import plain
+from graphdoctor.config.functional_test import FunctionalTest
 from graphdoctor.config.megatron_lm import validate_transformer
 from graphdoctor.errors import UsageError, where_from
 from graphdoctor.report.envelope import SCHEMA_VERSION as ENVELOPE_SCHEMA_VERSION
@@ -19,7 +22,7 @@ from graphdoctor.rules.base import Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.facts import PESSIMISTIC, EnvironmentFacts
 from graphdoctor.rules.finding import Finding, Severity
-from graphdoctor.rules.megatron_args import MegatronArgs, parse_megatron_args
+from graphdoctor.rules.megatron_args import MegatronArgs, parse_megatron_args, parse_megatron_uses
 from graphdoctor.rules.registry import all_rules
 
 SCHEMA_VERSION = ENVELOPE_SCHEMA_VERSION
@@ -127,6 +130,12 @@ def build_context(
     validate_transformer(run_file.transformer, run_file.path)
     parsed = megatron_args if isinstance(megatron_args, MegatronArgs) or megatron_args is None \
         else parse_megatron_args(megatron_args)
+    if isinstance(run_file.source, FunctionalTest):
+        parsed = _merged(parse_megatron_uses(list(run_file.source.uses)), parsed)
+    elif isinstance(run_file.source, BridgeConfig):
+        bridge = run_file.source
+        run_file = _bridge_run_file(bridge)
+        where = {f"transformer.{key.removeprefix('model.')}": at for key, at in bridge.where.items()}
     transformer = dict(run_file.transformer)
     args: dict[str, Any] = {}
     run = dict(run_file.run)
@@ -158,6 +167,26 @@ def build_context(
         megatron_lm=parsed is not None or bool(own),
     )
     return ctx, where, notes
+
+
+def _merged(first: MegatronArgs, second: MegatronArgs | None) -> MegatronArgs:
+    """A functional test's flags with a --megatron-args line over them."""
+    if second is None:
+        return first
+    return MegatronArgs(transformer={**first.transformer, **second.transformer}, args={**first.args, **second.args},
+                        run={**first.run, **second.run}, locations={**first.locations, **second.locations},
+                        notes=[*first.notes, *second.notes])
+
+
+def _bridge_run_file(bridge: BridgeConfig) -> RunFile:
+    """A Megatron-Bridge config as the rules read a run file: its model's TransformerConfig fields and graph
+    settings (plain: enums by name), its batch and sequence as `run:`."""
+    transformer = {k: plain(v) for k, v in bridge.transformer.items()}
+    transformer.update({k: v for k, v in bridge.graph.items() if v is not None})
+    run = {k: v for k, v in bridge.run.items() if k in ("micro_batch_size",)}
+    if bridge.model.get("seq_length") is not None:
+        run["seq_length"] = bridge.model["seq_length"]
+    return RunFile(path=bridge.path, transformer=transformer, env=dict(bridge.env), run=run)
 
 
 def check(

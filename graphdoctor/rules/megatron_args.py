@@ -131,7 +131,15 @@ def parse_megatron_args(text_or_at: str) -> MegatronArgs:
         UsageError: a known flag without its value or with a value of the wrong type.
         InputFileError: an unreadable @file.
     """
-    uses = scan_launch_line(text_or_at)
+    return parse_megatron_uses(scan_launch_line(text_or_at))
+
+
+def parse_megatron_uses(uses: list[FlagUse]) -> MegatronArgs:
+    """The flags `check` understands (FLAGS) of scanned flag uses (a launch line's, a functional test's).
+
+    Raises:
+        UsageError: a known flag without its value or with a value of the wrong type.
+    """
     result = MegatronArgs()
     ignored: list[str] = []
     for use in uses:
@@ -171,5 +179,6 @@ def parse_megatron_args(text_or_at: str) -> MegatronArgs:
 
 
 __all__ = ["ARGS_DEFAULTS", "FLAGS", "TRANSFORMER_DEFAULTS_FROM_ARGS", "FlagUse", "convert_value", "MegatronArgs", "parse_megatron_args",
+           "parse_megatron_uses",
            "scan_launch_line", "unresolved_note",
            "parse_moe_layer_freq"]

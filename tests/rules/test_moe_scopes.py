@@ -61,8 +61,8 @@ def _run_file(config: str, scope: str) -> dict[str, Any]:
 
 def megatron_accepts(mapping: dict[str, Any]) -> bool:
     """TransformerConfig of the graphed child, as graphdoctor diff builds it (CPU only)."""
-    from graphdoctor.child.megatron_setup import transformer_config
     from graphdoctor.config import RunFile
+    from graphdoctor.config.build import child_transformer_config as transformer_config
 
     run = RunFile(path="<test>", transformer=mapping["transformer"], env={}, run=mapping["run"])
     config = diff_config_from(run)

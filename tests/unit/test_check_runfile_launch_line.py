@@ -40,10 +40,12 @@ def test_a_bad_value_in_the_run_files_launch_line_names_the_run_file(tmp_path: P
 
     path = tmp_path / "run.yaml"
     path.write_text("run:\n  megatron_args: '--num-layers two'\n", encoding="utf-8")
-    expected = f"{path}: run.megatron_args: --num-layers: got 'two', expected an integer"
+    said = {"check": "--num-layers: got 'two', expected an integer",
+            "diff": "Megatron-LM's parser refuses the line: argument --num-layers: invalid int value: 'two'"}
     for command in (["check", str(path)], ["diff", "--config", str(path), "-q"]):
         result = CliRunner().invoke(main, command)
         assert result.exit_code == 2, result.output
+        expected = f"{path}: run.megatron_args: {said[command[0]]}"
         assert result.stderr.strip() == f"graphdoctor: error: {expected}", result.stderr
     # a --megatron-args given on the command line is named by its flag alone, as before
     flag = CliRunner().invoke(main, ["diff", "--config", str(path), "--megatron-args", "--num-layers x", "-q"])

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from graphdoctor.child.megatron_setup import transformer_config
 from graphdoctor.cli import main
 from graphdoctor.cli.diff import build_config
 from graphdoctor.config import GRAPH_FIELDS, DiffConfig
+from graphdoctor.config.build import child_transformer_config as transformer_config
 from graphdoctor.errors import UsageError
 from graphdoctor.options import DIFF_OPTIONS
 
@@ -99,10 +99,10 @@ def test_graph_settings_megatron_refuses_are_refused_in_one_line(tmp_path: Path,
 def test_the_child_never_lets_the_eager_reference_build_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard behind RUN_OWNED_FIELDS: were a graph setting to reach the eager reference's TransformerConfig,
     the child refuses to train it rather than compare graphs against graphs."""
-    from graphdoctor.child import megatron_setup
+    from graphdoctor.config import child_model
 
     config = DiffConfig(impls=("full_iteration",), transformer={"cuda_graph_scope": "full_iteration"})
     assert _graphs(config, "eager") == ("none", False, [])  # skipped: the API's mapping is not consulted
-    monkeypatch.setattr(megatron_setup, "RUN_OWNED_FIELDS", frozenset())
+    monkeypatch.setattr(child_model, "RUN_OWNED_FIELDS", frozenset())
     with pytest.raises(UsageError, match="the eager reference would build CUDA graphs .*'full_iteration'"):
         transformer_config(config, "eager", 0.0)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from graphdoctor.child.distributed import one_gpu
-from graphdoctor.child.megatron_setup import transformer_config
 from graphdoctor.cli import main
 from graphdoctor.cli.diff import build_config
 from graphdoctor.config import TRANSFORMER_TWINS, DiffConfig
+from graphdoctor.config.build import child_transformer_config as transformer_config
+from graphdoctor.config.child_model import one_gpu
 from graphdoctor.diff import DiffReport
 from graphdoctor.errors import UsageError
 from graphdoctor.options import DIFF_OPTIONS

@@ -14,31 +14,9 @@ from typing import Any
 import pytest
 
 from graphdoctor.config import load_run_file
-from graphdoctor.config.entry_points import build_layer_spec, moe_spec_arguments
 
 REPO = Path(__file__).resolve().parents[2]
 RUNFILES = REPO / "fixtures" / "runfiles"
-
-
-def test_moe_spec_arguments_come_from_transformer_config_names() -> None:
-    assert moe_spec_arguments(None) == {}
-    assert moe_spec_arguments({"num_moe_experts": None, "hidden_size": 64}) == {}
-    assert moe_spec_arguments({"num_moe_experts": 4}) == {"num_experts": 4, "moe_grouped_gemm": False}
-    assert moe_spec_arguments({"num_moe_experts": 8, "moe_grouped_gemm": True}) == \
-        {"num_experts": 8, "moe_grouped_gemm": True}
-
-
-def test_local_layer_spec_builds_moe_layers_only_with_experts() -> None:
-    from megatron.core.transformer.mlp import MLP
-    from megatron.core.transformer.moe.experts import SequentialMLP
-    from megatron.core.transformer.moe.moe_layer import MoELayer
-
-    dense = build_layer_spec("local", {"hidden_size": 64})
-    assert getattr(dense.submodules.mlp.func, "__self__", None) is MLP  # MLP.as_mlp_submodule
-    moe = build_layer_spec("local", {"num_moe_experts": 4, "moe_grouped_gemm": True})
-    assert moe.submodules.mlp.func is MoELayer
-    # the local backend has no grouped GEMM: SequentialMLP whatever moe_grouped_gemm says
-    assert moe.submodules.mlp.keywords["submodules"].experts.func is SequentialMLP
 
 
 BUILD = textwrap.dedent("""
@@ -119,7 +97,7 @@ def test_moe_metrics_are_cleared_in_place(built: dict[str, Any]) -> None:
 
 
 def test_moe_run_defaults_add_bias_linear_off_unless_given() -> None:
-    from graphdoctor.child.megatron_setup import moe_defaults
+    from graphdoctor.config.child_model import moe_defaults
 
     run = load_run_file(RUNFILES / "moe_drop_pad.yaml")
     without = {k: v for k, v in run.transformer.items() if k != "add_bias_linear"}

@@ -256,8 +256,9 @@ def test_torch_distributed_run_starts_two_ranks_each_with_its_own_events(tmp_pat
 
 def test_megatron_configs_carry_the_placement_and_ddp_settings() -> None:
     """The TransformerConfig and DistributedDataParallelConfig a rank builds (Megatron's own classes)."""
-    from graphdoctor.child.distributed import ddp_config, one_gpu
-    from graphdoctor.child.megatron_setup import transformer_config
+    from graphdoctor.child.distributed import ddp_config
+    from graphdoctor.config.build import child_transformer_config as transformer_config
+    from graphdoctor.config.child_model import one_gpu
 
     config = DiffConfig(nproc_per_node=4, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
                         num_microbatches=2, sequence_parallel=True, use_distributed_optimizer=True,

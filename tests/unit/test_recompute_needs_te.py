@@ -54,7 +54,8 @@ def test_recompute_set_by_the_run_file_or_the_launch_line_is_refused_too(tmp_pat
     run.write_text("transformer:\n  recompute_granularity: selective\n  recompute_modules: [layernorm]\n",
                    encoding="utf-8")
     assert _refused(diff_config_from(load_run_file(run)), None) == ["GD309"]
-    line = diff_config_from(None, megatron_args="--recompute-granularity selective --recompute-modules moe_act")
+    line = diff_config_from(None, megatron_args="--recompute-granularity selective --recompute-modules layernorm "
+                                                "--transformer-impl local")
     assert _refused(line, None) == ["GD309"]
 
 

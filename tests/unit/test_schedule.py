@@ -182,7 +182,7 @@ def test_bad_schedule_values_are_refused_with_field_and_expectation(field: str, 
 
 
 def test_megatron_validates_recompute_settings_on_the_cpu() -> None:
-    from graphdoctor.child.megatron_setup import transformer_config
+    from graphdoctor.config.build import child_transformer_config as transformer_config
 
     config = DiffConfig(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     assert transformer_config(config, "full_iteration", 0.0).recompute_granularity == "full"

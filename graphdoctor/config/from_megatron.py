@@ -1,0 +1,364 @@
+"""DiffConfig values from a model Megatron describes: a Megatron-LM launch line (or functional test) resolved by
+Megatron-LM's own parser, or a Megatron-Bridge `model:` built as Megatron's TransformerConfig; and each child's
+own model (child_model), with graphdoctor's part put in: the shrink, the graph settings per implementation, the
+placement and the batches.
+
+What graphdoctor owns goes in as Megatron settings before Megatron validates them (flags on a line, fields on a
+mapping), so that what Megatron derives from them (sequence parallel off at T 1, the TE RNG tracker for graphs,
+the padded vocabulary, default ffn size and kv channels) is what the run gets; the DiffConfig fields are then read
+back from what Megatron resolved, so the report, the placement and the children say the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from graphdoctor.config.bridge import UNSET_EVAL_INTERVAL, BridgeConfig
+from graphdoctor.config.codec import decode, encode
+from graphdoctor.config.description import ModelDescription, describe_model
+from graphdoctor.config.graph_settings import graph_choice
+from graphdoctor.config.launch_scan import parse_moe_layer_freq
+from graphdoctor.config.megatron_line import (
+    MEGATRON_ERRORS,
+    NOT_APPLIED_WHY,
+    MegatronLine,
+    describe_args,
+    dest_values,
+    megatron_args,
+    megatron_message,
+    needs_te,
+    not_applied,
+    with_values,
+)
+from graphdoctor.config.megatron_lm import megatron_flags
+from graphdoctor.config.shrink import format_freq, hybrid_layer_count, shrink_hybrid_pattern, shrink_moe_layer_freq
+from graphdoctor.errors import MissingDependencyError, UsageError
+
+LINE_FIELDS: tuple[str, ...] = (
+    "num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size", "vocab_size", "seed",
+    "cuda_graph_warmup_steps", "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
+    "expert_model_parallel_size", "expert_tensor_parallel_size", "overlap_grad_reduce", "use_distributed_optimizer",
+    "ddp_bucket_size", "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+)
+"""DiffConfig fields that are Megatron settings of the same name: given by a flag or the run file, they go into the
+model's settings before Megatron validates them."""
+
+SAME_WEIGHTS: dict[str, Any] = {"use_cpu_initialization": True}
+"""graphdoctor's own setting for every child: weights initialised on the CPU from the seed, so that eager and
+every graphed child start from the same weights whatever RNG tracker their graphs need."""
+
+EAGER_GRAPHS: dict[str, Any] = {"cuda_graph_impl": "none", "cuda_graph_modules": [], "enable_cuda_graph": False,
+                                "external_cuda_graph": False}
+PER_CHILD: frozenset[str] = frozenset({"cuda_graph_scope", "inference_cuda_graph_scope"})
+"""Graph settings Megatron-LM derives from each child's cuda_graph_impl (validate_args normalises the inference
+scope per implementation): not the run's, so not in the rules' view of it."""
+MEGATRON_DROPOUT = 0.1
+DEFAULT_VOCAB = 1024
+"""diff's vocabulary when the line names a tokenizer but no --vocab-size (synthetic tokens need a size)."""
+REQUIRED_DEFAULTS: dict[str, Any] = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 128,
+                                     "max_position_embeddings": 0, "micro_batch_size": 2}
+"""Settings Megatron-LM requires that a partial line may leave out: DiffConfig's defaults (max_position_embeddings
+follows the sequence length)."""
+
+
+def megatron_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The Megatron settings (TransformerConfig / Megatron-LM names) of the DiffConfig values given explicitly."""
+    out: dict[str, Any] = {k: values[k] for k in LINE_FIELDS if values.get(k) is not None}
+    if "recompute_modules" in out:
+        out["recompute_modules"] = list(out["recompute_modules"])
+    if values.get("dtype") is not None:
+        out.update(bf16=values["dtype"] == "bf16", fp16=values["dtype"] == "fp16")
+    if values.get("dropout") is not None:
+        out.update(hidden_dropout=values["dropout"], attention_dropout=values["dropout"])
+    if values.get("layer_spec") in ("local", "te", "transformer_engine"):
+        out["transformer_impl"] = "local" if values["layer_spec"] == "local" else "transformer_engine"
+    return out
+
+
+def _shrink(current: Mapping[str, Any], settings: dict[str, Any], notes: list[str]) -> None:
+    """Per-layer patterns made to fit a smaller --num-layers, and a pipeline layout dropped with its pipeline."""
+    layers = settings.get("num_layers")
+    freq = current.get("moe_layer_freq")
+    if layers is not None and freq is not None:
+        pattern = parse_moe_layer_freq(freq) if isinstance(freq, str) else freq
+        shrunk = shrink_moe_layer_freq(pattern, layers)
+        if shrunk != pattern:
+            settings["moe_layer_freq"] = format_freq(shrunk) if isinstance(freq, str) else shrunk
+            notes.append(f"--moe-layer-freq shrunk to {format_freq(shrunk)} for {layers} layers (every kind of "
+                         "layer kept)")
+    hybrid = current.get("hybrid_layer_pattern")
+    if layers is not None and hybrid and hybrid_layer_count(str(hybrid)) != layers:
+        settings["hybrid_layer_pattern"] = shrink_hybrid_pattern(str(hybrid), layers)
+        notes.append(f"--hybrid-layer-pattern shrunk to {settings['hybrid_layer_pattern']} for {layers} layers")
+    layout = current.get("pipeline_model_parallel_layout")
+    if layout and settings.get("pipeline_model_parallel_size", 0) == 1:
+        settings["pipeline_model_parallel_layout"] = None
+        notes.append("--pipeline-model-parallel-layout dropped with the pipeline (pipeline size 1)")
+    elif layout and layers is not None:
+        raise UsageError(f"--num-layers {layers}: the line's --pipeline-model-parallel-layout {layout} places its "
+                         "own layers on pipeline stages; give --pipeline-model-parallel-size 1 or a line with a "
+                         f"layout for {layers} layers")
+
+
+def _line_settings(line: MegatronLine) -> dict[str, Any]:
+    """The line's own values of the settings _shrink reads (their text)."""
+    given = dest_values(line)
+    return {k: (v[0] if v else None) for k, v in given.items()
+            if k in ("moe_layer_freq", "hybrid_layer_pattern", "pipeline_model_parallel_layout")}
+
+
+def _world(values: Mapping[str, Any], line: MegatronLine, notes: list[str]) -> int:
+    """Processes of every child: --nproc-per-node, else the line's torchrun (one node), else 1."""
+    if values.get("nproc_per_node") is not None:
+        return int(values["nproc_per_node"])
+    counts = []
+    for flag, default in (("--nproc-per-node", None), ("--nnodes", ("1",))):
+        given = line.launcher.get(flag, default)
+        if not given or not str(given[0]).isdigit():
+            return 1
+        counts.append(int(given[0]))
+    if counts[1] != 1:
+        notes.append(f"--nnodes {counts[1]}: diff runs on one host; nproc_per_node keeps its default "
+                     "(--nproc-per-node N to choose)")
+        return 1
+    return counts[0]
+
+
+def _overridden(line: MegatronLine, settings: Mapping[str, Any]) -> list[str]:
+    """`num_layers 2 (line: --num-layers 32)` for each setting given over a different one of the line's."""
+    table = megatron_flags()
+    out = []
+    for group in line.groups:
+        dest = table[group[0]].dest
+        if dest in settings and _show(list(group[1:])) != _show(settings[dest]):
+            out.append(f"{dest} {_show(settings[dest])} (line: {' '.join(group)})")
+    return list(dict.fromkeys(out))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value)) if value else "true"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def resolve_line(values: dict[str, Any], line: MegatronLine, source: str) -> dict[str, Any]:
+    """DiffConfig values of a Megatron-LM line: the explicit `values` (flags, run file) put into the line, the line
+    parsed and validated by Megatron-LM for diff's processes, the eager reference's model described, and the
+    DiffConfig fields read back from Megatron's args.
+
+    Raises:
+        UsageError: Megatron-LM refuses the line or a value; a placement that does not fit; a shrink that loses a kind
+            of layer.
+        MissingDependencyError: megatron.training does not import, or the model needs Transformer Engine.
+    """
+    notes = list(line.notes)
+    graph_choice(lambda name: _given(line, name), lambda name: "--" + name.replace("_", "-"))
+    settings = megatron_settings(values)
+    _shrink(_line_settings(line), settings, notes)
+    overridden = _overridden(line, settings)
+    world = _world(values, line, notes)
+    given = dest_values(line)
+    if "vocab_size" not in settings and "vocab_size" not in given and "padded_vocab_size" not in given:
+        settings["vocab_size"] = DEFAULT_VOCAB
+        notes.append(f"the line sets no --vocab-size (its tokenizer decides it in Megatron-LM); diff trains "
+                     f"synthetic tokens over {DEFAULT_VOCAB} (--vocab-size N to choose)")
+    missing = {dest: value for dest, value in REQUIRED_DEFAULTS.items() if dest not in settings and dest not in given}
+    if "max_position_embeddings" in missing:
+        sequence = settings.get("seq_length", missing.get("seq_length"))
+        missing["max_position_embeddings"] = int(sequence if sequence is not None else given["seq_length"][0])
+    if missing:
+        settings.update(missing)
+        notes.append("the line sets no " + ", ".join(f"--{d.replace('_', '-')}" for d in missing) + " (Megatron-LM "
+                     "needs them): diff takes " + ", ".join(f"{d} {v}" for d, v in missing.items()))
+    line = with_values(line, {**settings, **SAME_WEIGHTS})
+    args, warned = megatron_args(line, world_size=world)
+    if values.get("num_microbatches") is not None:
+        batch = args.micro_batch_size * int(values["num_microbatches"]) * args.data_parallel_size
+        line = with_values(line, {"global_batch_size": batch})
+        args, warned = megatron_args(line, world_size=world)
+    graphs = graph_choice(lambda name: _graph_arg(args, name), lambda name: "--" + name.replace("_", "-"))
+    eager = with_values(line, EAGER_GRAPHS | {"cuda_graph_scope_deprecated": None})
+    eager_args, _ = megatron_args(eager, world_size=world)
+    run_transformer = {k: v for k, v in (values.get("transformer") or {}).items() if k not in LINE_FIELDS}
+    model = describe_args(eager_args, eager, source=source, transformer=run_transformer)
+    out = dict(values)
+    out.update(_read_back(args, world))
+    if values.get("layer_spec") not in (None, "local", "te", "transformer_engine"):
+        out["layer_spec"] = values["layer_spec"]
+        model = model.replace(layer_spec=values["layer_spec"])
+    if "impls" not in values and graphs.impl != "none":
+        out["impls"] = (graphs.impl,)
+    elif graphs.impl != "none" and tuple(values["impls"]) != (graphs.impl,):
+        overridden.append(f"impls {','.join(values['impls'])} (line: --cuda-graph-impl {graphs.impl})")
+    if "cuda_graph_modules" not in values and graphs.modules:
+        out["cuda_graph_modules"] = graphs.modules
+    if "eval_interval" not in values and ("eval_interval" in given or "eval_iters" in given):
+        out.update(_evaluation(args, notes))
+    out["model"] = dataclasses.replace(model, overrides={k: encode(v) for k, v in run_transformer.items()})
+    out["transformer"] = model_view(out["model"])
+    changed = "explicit values override the launch line: " + ", ".join(overridden) if overridden else None
+    out["launch_notes"] = tuple(n for n in (*notes, *warned, not_applied(line), changed) if n)
+    return out
+
+
+def _given(line: MegatronLine, name: str) -> Any:
+    """A graph setting as the line gives it, before Megatron's parser (whose own check of a module name says only
+    KeyError: 'atn'): modules as a list, a flag without values as True, else its value."""
+    given = dest_values(line)
+    dest = "cuda_graph_scope_deprecated" if name == "cuda_graph_scope" else name
+    if dest not in given:
+        return None
+    values = list(given[dest])
+    if name in ("cuda_graph_modules", "cuda_graph_scope"):
+        return values
+    return values[0] if values else True
+
+
+def _graph_arg(args: Any, name: str) -> Any:
+    value = getattr(args, "cuda_graph_scope_deprecated" if name == "cuda_graph_scope" else name, None)
+    if isinstance(value, list):
+        return [getattr(v, "name", v) for v in value]
+    return value
+
+
+def _read_back(args: Any, world: int) -> dict[str, Any]:
+    """DiffConfig fields from Megatron-LM's validated args."""
+    dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    return {
+        "num_layers": args.num_layers, "hidden_size": args.hidden_size,
+        "num_attention_heads": args.num_attention_heads, "seq_length": args.seq_length,
+        "micro_batch_size": args.micro_batch_size,
+        "num_microbatches": max(1, args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)),
+        "vocab_size": args.vocab_size or args.padded_vocab_size, "dtype": dtype,
+        "dropout": max(args.hidden_dropout, args.attention_dropout), "seed": args.seed,
+        "cuda_graph_warmup_steps": args.cuda_graph_warmup_steps, "nproc_per_node": world,
+        "tensor_model_parallel_size": args.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": args.pipeline_model_parallel_size,
+        "sequence_parallel": bool(args.sequence_parallel),
+        "expert_model_parallel_size": args.expert_model_parallel_size,
+        "expert_tensor_parallel_size": args.expert_tensor_parallel_size,
+        "overlap_grad_reduce": bool(args.overlap_grad_reduce),
+        "use_distributed_optimizer": bool(args.use_distributed_optimizer),
+        "ddp_bucket_size": args.ddp_bucket_size,
+        "layer_spec": "local" if args.transformer_impl == "local" else "te",
+    }
+
+
+def _evaluation(args: Any, notes: list[str]) -> dict[str, Any]:
+    """eval_interval and eval_iters as Megatron-LM runs them: every interval and after the last step, only with
+    eval_iters > 0 (its do_valid)."""
+    interval, iters = args.eval_interval, args.eval_iters or 0
+    if not iters or interval == 0:
+        notes.append("--eval-iters 0 or --eval-interval 0: the line never evaluates; diff runs no evaluation")
+        return {"eval_interval": 0}
+    if interval is None:
+        notes.append(f"evaluation after the last training step only (no --eval-interval), {iters} forward-only "
+                     "iterations, as Megatron-LM would run it (--eval-interval K --eval-iters E to choose)")
+        return {"eval_interval": UNSET_EVAL_INTERVAL, "eval_iters": iters}
+    notes.append(f"evaluation after every {interval} training steps and after the last, {iters} forward-only "
+                 "iterations each, as Megatron-LM would run them (--eval-interval K --eval-iters E to choose)")
+    return {"eval_interval": interval, "eval_iters": iters}
+
+
+def resolve_bridge(values: dict[str, Any], bridge: BridgeConfig) -> dict[str, Any]:
+    """DiffConfig values of a Megatron-Bridge `model:`: the explicit `values` and graphdoctor's settings put into its
+    TransformerConfig fields, the TransformerConfig built (Megatron validates it), the model described, the
+    DiffConfig fields read back from it.
+
+    Raises:
+        UsageError: Megatron's TransformerConfig refuses the settings; a placement that does not fit.
+        MissingDependencyError: the settings need Transformer Engine, which is not installed here.
+    """
+    notes: list[str] = []
+    run = {k: v for k, v in bridge.run.items() if k not in ("global_batch_size",)}
+    merged = {**run, **values}
+    settings = megatron_settings(merged)
+    model_fields = dict(bridge.model)
+    for name in ("seq_length", "vocab_size"):
+        if name in settings:
+            model_fields[name] = settings.pop(name)
+    for name in ("micro_batch_size", "seed", "overlap_grad_reduce", "use_distributed_optimizer", "ddp_bucket_size"):
+        settings.pop(name, None)
+    _shrink({k: bridge.transformer.get(k) for k in ("moe_layer_freq", "pipeline_model_parallel_layout")}
+            | {"hybrid_layer_pattern": model_fields.get("hybrid_layer_pattern")}, settings, notes)
+    if "hybrid_layer_pattern" in settings:
+        model_fields["hybrid_layer_pattern"] = settings.pop("hybrid_layer_pattern")
+    fields = {**decode(dict(bridge.transformer), f"{bridge.path}: model"), **settings, **SAME_WEIGHTS,
+              **EAGER_GRAPHS}
+    tconfig, model_config = _bridge_objects(bridge, fields, decode(model_fields, f"{bridge.path}: model"))
+    model = describe_model(tconfig, model_config, source=f"Megatron-Bridge {bridge.path}",
+                           layer_spec=bridge.layer_spec, te_rng_tracker=bridge.te_rng_tracker)
+    world = int(merged.get("nproc_per_node") or 1)
+    model_parallel = tconfig.tensor_model_parallel_size * tconfig.pipeline_model_parallel_size * \
+        tconfig.context_parallel_size
+    if world % model_parallel:
+        raise UsageError(f"placement: {bridge.path}'s model parallelism (tensor {tconfig.tensor_model_parallel_size} "
+                         f"x pipeline {tconfig.pipeline_model_parallel_size} x context "
+                         f"{tconfig.context_parallel_size}) needs a multiple of {model_parallel} processes, diff "
+                         f"starts {world}; give --nproc-per-node {model_parallel}, or shrink it with "
+                         "--tensor-model-parallel-size and --pipeline-model-parallel-size")
+    micro = int(merged.get("micro_batch_size") or 1)
+    out = dict(merged)
+    out.update({
+        "num_layers": tconfig.num_layers, "hidden_size": tconfig.hidden_size,
+        "num_attention_heads": tconfig.num_attention_heads, "seq_length": int(model_config.seq_length),
+        "micro_batch_size": micro, "vocab_size": int(model_config.vocab_size or DEFAULT_VOCAB),
+        "dtype": "bf16" if tconfig.bf16 else "fp16" if tconfig.fp16 else "fp32",
+        "dropout": max(tconfig.hidden_dropout, tconfig.attention_dropout),
+        "cuda_graph_warmup_steps": tconfig.cuda_graph_warmup_steps, "nproc_per_node": world,
+        "tensor_model_parallel_size": tconfig.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": tconfig.pipeline_model_parallel_size,
+        "sequence_parallel": bool(tconfig.sequence_parallel),
+        "expert_model_parallel_size": tconfig.expert_model_parallel_size,
+        "expert_tensor_parallel_size": tconfig.expert_tensor_parallel_size,
+        "layer_spec": "local" if tconfig.transformer_impl == "local" else "te",
+    })
+    batch = bridge.run.get("global_batch_size")
+    if values.get("num_microbatches") is None and batch:
+        data_parallel = world // model_parallel
+        out["num_microbatches"] = max(1, int(batch) // (micro * data_parallel))
+    graphs = graph_choice(lambda name: bridge.graph.get(name), lambda name: f"{bridge.path}: model.{name}")
+    if "impls" not in values and graphs.impl != "none":
+        out["impls"] = (graphs.impl,)
+    if "cuda_graph_modules" not in values and graphs.modules:
+        out["cuda_graph_modules"] = graphs.modules
+    out["model"] = model
+    out["transformer"] = model_view(model)
+    skipped = f"settings that do not apply ({NOT_APPLIED_WHY}): {', '.join(bridge.not_applied)}" \
+        if bridge.not_applied else None
+    out["launch_notes"] = tuple(n for n in (*notes, skipped) if n)
+    return out
+
+
+def _bridge_objects(bridge: BridgeConfig, fields: dict[str, Any], model_fields: dict[str, Any]) -> tuple[Any, Any]:
+    """Megatron's TransformerConfig and model config of a Bridge `model:` (Megatron validates them)."""
+    import warnings
+
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+    from megatron.training.models import GPTModelConfig, HybridModelConfig
+
+    cls = MLATransformerConfig if fields.get("multi_latent_attention") else TransformerConfig
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tconfig = cls(**fields)
+            model_cls = GPTModelConfig if bridge.kind == "gpt" else HybridModelConfig
+            return tconfig, model_cls(transformer=tconfig, **model_fields)
+    except MEGATRON_ERRORS as exc:
+        if needs_te(exc):
+            raise MissingDependencyError(f"{bridge.path}: the model needs Transformer Engine, which is not installed "
+                                         f"here (Megatron: {megatron_message(exc)})") from None
+        raise UsageError(f"{bridge.path}: Megatron's TransformerConfig refuses model: {megatron_message(exc)}") \
+            from None
+
+
+def model_view(model: ModelDescription) -> dict[str, Any]:
+    """The TransformerConfig fields of a resolved model, plain (enums by name), without the graph settings each
+    child sets: what the rule catalogue reads of the run (DiffConfig.transformer)."""
+    return {k: model.value(k) for k in model.transformer if k not in EAGER_GRAPHS and k not in PER_CHILD}
+
+
+__all__ = ["DEFAULT_VOCAB", "EAGER_GRAPHS", "LINE_FIELDS", "SAME_WEIGHTS", "megatron_settings", "model_view",
+           "resolve_bridge", "resolve_line"]

@@ -1,0 +1,103 @@
+"""A Megatron-LM functional-test `model_config.yaml` (tests/functional_tests/test_cases/*/*/): ENV_VARS, and
+MODEL_ARGS turned into flags the way Megatron-LM's own harness turns them
+(tests/functional_tests/shell_test_utils/_run_training.sh): `true` is the bare flag, a value in `[ ]` is its
+items, a value in `( )` or with spaces or `|` is one word, anything else the word itself; `${VAR}` values the
+file does not set are left out, as the launch-line reader leaves them.
+
+Read with the run file's strict YAML (duplicate keys, depth and size bounded); nothing in it runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graphdoctor.config.launch_scan import FlagUse
+from graphdoctor.config.schema import load_yaml_strict
+from graphdoctor.errors import InputFileError
+from graphdoctor.inputs import describe, read_text
+
+MAX_FUNCTIONAL_TEST_BYTES = 1 << 20
+SECTIONS: tuple[str, ...] = ("ENV_VARS", "MODEL_ARGS")
+OTHER_KEYS: frozenset[str] = frozenset({"TEST_TYPE", "METRICS", "LAUNCHER", "BEFORE_SCRIPT", "AFTER_SCRIPT",
+                                        "MODE", "THROUGHPUT_TEST_PARAMS", "SPEC"})
+"""Keys of the harness that describe the test, not the run."""
+_VARIABLE = re.compile(r"\$\{?[A-Za-z_]\w*\}?")
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionalTest:
+    """What a functional-test file sets for a run."""
+
+    path: str
+    uses: tuple[FlagUse, ...]
+    """MODEL_ARGS as flag uses, with their lines (`model_config.yaml:12`)."""
+    env: dict[str, str]
+    """ENV_VARS."""
+
+
+def is_functional_test(data: Any) -> bool:
+    """A mapping with MODEL_ARGS (the harness's format)."""
+    return isinstance(data, Mapping) and isinstance(data.get("MODEL_ARGS"), Mapping)
+
+
+def _words(value: Any) -> list[str]:
+    """The harness's words for one MODEL_ARGS value."""
+    text = str(value).strip()
+    if re.fullmatch(r"\[[^\]]+\]", text):
+        return text[1:-1].split()
+    return [text]
+
+
+def _use(flag: str, value: Any, where: str) -> FlagUse:
+    if value is True:
+        return FlagUse(flag=flag, values=(), where=where)
+    words = _words("" if value is None else value)
+    unresolved = tuple(w for w in words if _VARIABLE.search(w))
+    if unresolved:
+        return FlagUse(flag=flag, values=(), where=where, unresolved=unresolved)
+    return FlagUse(flag=flag, values=tuple(w for w in words if w), where=where)
+
+
+def read_functional_test(path: str | Path, data: Any = None, lines: Mapping[int, Mapping[str, int]] | None = None,
+                         ) -> FunctionalTest:
+    """Read a functional-test file (or its already-loaded YAML `data` with the loader's `lines`).
+
+    Raises:
+        InputFileError: unreadable, bad YAML, no MODEL_ARGS mapping, a key that is not a flag, an ENV_VARS value
+            that is not a scalar.
+    """
+    where = str(path)
+    if data is None:
+        data, lines = load_yaml_strict(read_text(path, "functional test", max_bytes=MAX_FUNCTIONAL_TEST_BYTES), where)
+    lines = lines or {}
+    if not is_functional_test(data):
+        raise InputFileError(f"{where}: expected a functional test's MODEL_ARGS mapping")
+    args: Mapping[str, Any] = data["MODEL_ARGS"]
+    arg_lines = lines.get(id(args), {})
+    uses: list[FlagUse] = []
+    for key, value in args.items():
+        flag = str(key)
+        if not flag.startswith("--"):
+            raise InputFileError(f"{where}:{arg_lines.get(flag, '?')}: MODEL_ARGS key {describe(flag)} is not a "
+                                 "Megatron-LM flag (expected --name)")
+        if isinstance(value, Mapping | list) or value is False:
+            raise InputFileError(f"{where}:{arg_lines.get(flag, '?')}: MODEL_ARGS.{flag}: got {describe(value)}, "
+                                 "expected true or a value (the harness passes nothing else)")
+        uses.append(_use(flag, value, f"{where}:{arg_lines.get(flag, '?')}"))
+    env_section = data.get("ENV_VARS") or {}
+    if not isinstance(env_section, Mapping):
+        raise InputFileError(f"{where}: ENV_VARS must be a mapping, got {describe(env_section)}")
+    env: dict[str, str] = {}
+    for key, value in env_section.items():
+        if isinstance(value, Mapping | list):
+            raise InputFileError(f"{where}: ENV_VARS.{key} must be a scalar, got {describe(value)}")
+        env[str(key)] = "" if value is None else str(value)
+    return FunctionalTest(path=where, uses=tuple(uses), env=env)
+
+
+__all__ = ["MAX_FUNCTIONAL_TEST_BYTES", "OTHER_KEYS", "SECTIONS", "FunctionalTest", "is_functional_test",
+           "read_functional_test"]
