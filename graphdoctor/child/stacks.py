@@ -20,8 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-STACKS_ENV = "GRAPHDOCTOR_STACKS"
-"""Environment variable holding the stacks-file prefix (`<workdir>/stacks-<name>`)."""
+from graphdoctor.protocol.processes import PARENT_PID_ENV, STACKS_ENV
 
 LAUNCHER_LABEL = "launcher"
 """Label of torchrun's own launcher process."""
@@ -36,10 +35,6 @@ not have run."""
 
 BACKSTOP_MARK = "Timeout ("
 """How faulthandler's own watchdog starts its dump."""
-
-PARENT_PID_ENV = "GRAPHDOCTOR_PARENT_PID"
-"""Environment variable holding the pid of the graphdoctor process that started this child
-(graphdoctor.parent.runner sets it); the child dies with that process (die_with_parent)."""
 
 PR_SET_PDEATHSIG = 1
 """prctl option: the signal this process gets when the thread that started it ends."""
@@ -169,15 +164,9 @@ def main() -> None:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
-def launcher_command(*torchrun_args: str) -> list[str]:
-    """`python -P -m graphdoctor.child.stacks torch.distributed.run ARGS...` with this interpreter."""
-    return [sys.executable, "-P", "-m", "graphdoctor.child.stacks", "torch.distributed.run", *torchrun_args]
-
-
 if __name__ == "__main__":
     main()
 
 
-__all__ = ["BACKSTOP_MARK", "BACKSTOP_S", "LAUNCHER_LABEL", "PARENT_PID_ENV", "STACKS_ENV", "TEARDOWN_BOUND_S", "die_with_parent", "dump_now",
-           "exit_within", "launcher_command",
-           "rank_label", "register", "stacks_path"]
+__all__ = ["BACKSTOP_MARK", "BACKSTOP_S", "LAUNCHER_LABEL", "TEARDOWN_BOUND_S", "die_with_parent", "dump_now",
+           "exit_within", "rank_label", "register", "stacks_path"]

@@ -46,9 +46,9 @@ def multi_gpu_placement(nproc: int, tp: int, pp: int) -> Placement:
 
 def launch_command(spec_path: Path, nproc: int) -> list[str]:
     """torch.distributed.run for one child: standalone (its own rendezvous on a free port), N ranks."""
-    from graphdoctor.child.stacks import launcher_command
+    from graphdoctor.protocol.processes import launcher_command
 
-    # Through graphdoctor.child.stacks: the launcher, too, dumps its stack at a timeout (SIGUSR1).
+    # Through graphdoctor.child.stacks (protocol.processes.launcher_command): the launcher, too, dumps its stack at a timeout (SIGUSR1).
     return launcher_command("--standalone", "--nproc-per-node", str(nproc), "-m", "graphdoctor.child",
                             str(spec_path))
 

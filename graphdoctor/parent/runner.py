@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from graphdoctor.child.stacks import PARENT_PID_ENV, STACKS_ENV
 from graphdoctor.errors import Stopped
 from graphdoctor.parent.processes import TOKEN_ENV, kill_all, left_running, new_token, signal_all
+from graphdoctor.protocol.processes import PARENT_PID_ENV, STACKS_ENV
 
 DETERMINISTIC_ENV = {
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from graphdoctor.child.stacks import launcher_command
 from graphdoctor.compare.phases import teardown_note
 from graphdoctor.compare.verdict import judge, verdict_for_failure
 from graphdoctor.config import DiffConfig
@@ -21,6 +20,7 @@ from graphdoctor.parent.hangs import parse_dump, timeout_outcome
 from graphdoctor.parent.runner import ProcessResult, read_stacks, run_isolated
 from graphdoctor.protocol import ChildSpec, Placement, Role, RunRecord, read_events, run_name
 from graphdoctor.protocol.events import Phase, Teardown, decode, encode
+from graphdoctor.protocol.processes import launcher_command
 from graphdoctor.report.diff import render_text, write_json
 from graphdoctor.rules import get_rule, rule_fix
 from graphdoctor.types import MAX_STACK_FRAMES, Diagnosis, RankExit, RankStack, Verdict

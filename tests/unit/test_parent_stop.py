@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from graphdoctor.child.stacks import PARENT_PID_ENV
 from graphdoctor.parent.stopping import Stopped
+from graphdoctor.protocol.processes import PARENT_PID_ENV
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 
@@ -40,7 +40,7 @@ time.sleep(300)
 PARENT = """\
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from graphdoctor.child.stacks import launcher_command
+from graphdoctor.protocol.processes import launcher_command
 from graphdoctor.parent.runner import python_command, run_isolated
 from graphdoctor.parent.stopping import Stopped, stop_children_on_signals
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from graphdoctor.child.stacks import launcher_command
 from graphdoctor.cli import main
 from graphdoctor.compare.verdict import stopped_row, verdict_for_failure
 from graphdoctor.config import DiffConfig
@@ -27,6 +26,7 @@ from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.launch import fold_launch
 from graphdoctor.parent.runner import ProcessResult, allow_starts, run_isolated, stop_running
 from graphdoctor.protocol import ChildSpec, Placement, Role, RunRecord, read_events, run_name
+from graphdoctor.protocol.processes import launcher_command
 from graphdoctor.protocol.spec import rank_path
 from graphdoctor.report.diff import render_text
 from graphdoctor.report.html import render_payload

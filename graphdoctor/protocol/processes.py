@@ -1,0 +1,22 @@
+"""How the parent starts a child's processes and what it tells them through the environment: both sides read
+these names (graphdoctor.parent.runner sets them, graphdoctor.child.stacks acts on them)."""
+
+from __future__ import annotations
+
+import sys
+
+STACKS_ENV = "GRAPHDOCTOR_STACKS"
+"""Environment variable holding the stacks-file prefix (`<workdir>/stacks-<name>`)."""
+
+PARENT_PID_ENV = "GRAPHDOCTOR_PARENT_PID"
+"""Environment variable holding the pid of the graphdoctor process that started this child
+(graphdoctor.parent.runner sets it); the child dies with that process (graphdoctor.child.stacks.die_with_parent)."""
+
+
+def launcher_command(*torchrun_args: str) -> list[str]:
+    """`python -P -m graphdoctor.child.stacks torch.distributed.run ARGS...` with this interpreter: torchrun's
+    launcher with its stack dump registered (graphdoctor.child.stacks)."""
+    return [sys.executable, "-P", "-m", "graphdoctor.child.stacks", "torch.distributed.run", *torchrun_args]
+
+
+__all__ = ["PARENT_PID_ENV", "STACKS_ENV", "launcher_command"]
