@@ -146,6 +146,11 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            "T"),
     Option("pipeline-model-parallel-size", "pipeline_model_parallel_size", int,
            "Megatron pipeline-parallel size; must divide the layers.", "P"),
+    Option("expert-model-parallel-size", "expert_model_parallel_size", int,
+           "Megatron expert-parallel size (MoE experts sharded over the data-parallel ranks); must divide the "
+           "experts and the ranks of a pipeline stage.", "E"),
+    Option("expert-tensor-parallel-size", "expert_tensor_parallel_size", int,
+           "Megatron expert tensor-parallel size.", "N", default_text="the tensor-parallel size"),
     Option("sequence-parallel", "sequence_parallel", bool,
            "Megatron sequence parallelism (tensor-parallel size > 1).", ""),
     Option("overlap-grad-reduce", "overlap_grad_reduce", bool,

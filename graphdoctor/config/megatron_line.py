@@ -27,8 +27,8 @@ from typing import Any
 
 from graphdoctor.config.description import ModelDescription, describe_model, unvalidated_class
 from graphdoctor.config.launch_scan import FlagUse
-from graphdoctor.config.megatron_lm import MegatronFlag, launcher_flags, megatron_flags
-from graphdoctor.errors import MissingDependencyError, UsageError
+from graphdoctor.config.megatron_lm import MegatronFlag, launcher_flags, megatron_flags, training_arguments
+from graphdoctor.errors import UsageError
 from graphdoctor.installed import te_findable
 from graphdoctor.suggest import did_you_mean
 
@@ -189,7 +189,7 @@ def _megatron_process(argv: list[str], world_size: int, env: Mapping[str, str],
             torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
             torch.cuda.get_device_properties = lambda device=None: _Gpu(capability)  # type: ignore[assignment,return-value]
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(errors), \
-                    warnings.catch_warnings(record=True) as caught:
+                    warnings.catch_warnings(record=True) as caught, _quiet_logging():
                 warnings.simplefilter("always")
                 yield caught, errors
         finally:
@@ -199,6 +199,20 @@ def _megatron_process(argv: list[str], world_size: int, env: Mapping[str, str],
             torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
             torch.cuda.get_device_capability = saved_capability  # type: ignore[assignment]
             torch.cuda.get_device_properties = saved_properties  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _quiet_logging() -> Iterator[None]:
+    """Megatron's INFO and WARNING log lines while it validates (its pipeline-layout table, ...) kept out of
+    graphdoctor's output; what it warns of reaches the notes through `warnings`."""
+    import logging
+
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
 
 
 MEGATRON_ERRORS = (Exception,)
@@ -247,11 +261,7 @@ def megatron_args(line: MegatronLine, *, world_size: int, capability: tuple[int,
             message), or the line's model parallelism does not fit `world_size` (the placement it needs).
         MissingDependencyError: megatron.training does not import.
     """
-    try:
-        from megatron.training import arguments
-    except Exception as exc:  # an optional dependency of megatron.training may raise anything at import
-        raise MissingDependencyError(f"reading a Megatron-LM line needs megatron.training (shipped with "
-                                     f"megatron-core): {type(exc).__name__}: {exc}".splitlines()[0][:300]) from None
+    arguments = training_arguments()
     with _megatron_process(line.argv(), world_size, line.env, capability or DEFAULT_CAPABILITY) as (caught, errors):
         try:
             args = arguments.parse_args()
@@ -333,7 +343,7 @@ def _model_configs(args: Any, transformer: Mapping[str, Any] | None, unvalidated
         cls = unvalidated_class(cls)
         args = argparse.Namespace(**{**vars(args), "multi_latent_attention": False,
                                      "heterogeneous_layers_config_path": None})
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_logging():
         warnings.simplefilter("ignore")
         tconfig = core_transformer_config_from_args(args, config_class=cls)
         if transformer:

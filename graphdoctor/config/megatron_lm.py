@@ -67,6 +67,32 @@ def _choices(action: argparse.Action) -> tuple[str, ...] | None:
 
 
 @cache
+def training_arguments() -> Any:
+    """Megatron-LM's megatron.training.arguments, imported with the root logger left as it was: importing
+    megatron.training runs logging.basicConfig(level=INFO) with a handler on stdout (training.py:36), which would
+    print every library's INFO lines into graphdoctor's output (`--json -` included).
+
+    Raises:
+        MissingDependencyError: megatron.training (part of the megatron-core wheel) does not import.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.training import arguments
+    except Exception as exc:  # an optional dependency of megatron.training may raise anything at import
+        raise MissingDependencyError(
+            f"reading a Megatron-LM line needs megatron.training.arguments (shipped with megatron-core): "
+            f"{type(exc).__name__}: {exc}".splitlines()[0][:300]) from None
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return arguments
+
+
+@cache
 def megatron_flags() -> dict[str, MegatronFlag]:
     """Every option string of Megatron-LM's `add_megatron_arguments` parser -> MegatronFlag.
 
@@ -74,20 +100,11 @@ def megatron_flags() -> dict[str, MegatronFlag]:
         MissingDependencyError: megatron.training (part of the megatron-core wheel) does not import.
     """
     parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
-    # As the CLI does (graphdoctor/cli/__init__.py): torch logs "No CUDA runtime is found" when megatron
-    # imports cpp_extension on a CPU machine; the pytest plugin reads launch lines outside the CLI.
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    arguments = training_arguments()
     with warnings.catch_warnings():
-        # megatron and torch warn at import, and argparse about BooleanOptionalAction(type=...) while
-        # the parser is built; none of it is the user's problem
+        # argparse warns about BooleanOptionalAction(type=...) while the parser is built; not the user's problem
         warnings.simplefilter("ignore")
-        try:
-            from megatron.training.arguments import add_megatron_arguments
-        except Exception as exc:  # an optional dependency of megatron.training may raise anything at import
-            raise MissingDependencyError(
-                f"--megatron-args needs Megatron-LM's megatron.training.arguments (shipped with megatron-core): "
-                f"{type(exc).__name__}: {exc}".splitlines()[0][:300]) from None
-        add_megatron_arguments(parser)
+        arguments.add_megatron_arguments(parser)
     groups = {id(a): g.title or "" for g in parser._action_groups for a in g._group_actions}
     table: dict[str, MegatronFlag] = {}
     for action in parser._actions:
@@ -199,4 +216,4 @@ def validate_transformer(values: dict[str, Any], where: str) -> None:
 
 
 __all__ = ["NO_DEFAULT", "PATTERN_TYPES", "MegatronFlag", "config_fields", "enum_default_name", "launcher_flags",
-           "megatron_flags", "transformer_fields", "validate_transformer"]
+           "megatron_flags", "training_arguments", "transformer_fields", "validate_transformer"]

@@ -115,7 +115,8 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
 def header_line(cfg: DiffConfig, command: str = "graphdoctor diff") -> str:
     """The first line of a diff's summary (and of `diff --plan`): the model, the run and the comparison policy."""
     policy = "bitwise" if cfg.bitwise else f"rtol={cfg.rtol:g} atol={cfg.atol:g}"
-    return (f"{command}: GPTModel {cfg.num_layers}x{cfg.hidden_size} ({cfg.num_attention_heads}"
+    kind = "HybridModel" if cfg.model is not None and cfg.model.kind == "hybrid" else "GPTModel"
+    return (f"{command}: {kind} {cfg.num_layers}x{cfg.hidden_size} ({cfg.num_attention_heads}"
             f" heads), seq {cfg.seq_length}, mbs {cfg.micro_batch_size}x{cfg.num_microbatches}, "
             f"{cfg.dtype}, dropout {cfg.dropout:g}, {cfg.steps} steps, warmup "
             f"{cfg.cuda_graph_warmup_steps}, {policy}")

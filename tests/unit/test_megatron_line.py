@@ -203,7 +203,7 @@ def test_check_reads_the_same_scripts() -> None:
     assert parsed.transformer["cuda_graph_impl"] == "local"
     assert parsed.transformer["cuda_graph_modules"] == ["attn"]
     assert parsed.transformer["num_moe_experts"] == 4
-    assert parsed.locations["transformer.num_moe_experts"] == f"{MOE}:50"
+    assert parsed.locations["transformer.num_moe_experts"] == f"{MOE}:51"
     code, out, _ = invoke("check", "--megatron-args", f"@{GPT}", "--format", "json")
     assert code in (0, 1) and json.loads(out)["schema_version"] == 2
 
