@@ -32,6 +32,7 @@ GPT_MODEL_ARGS=(
     --transformer-impl local
     --no-gradient-accumulation-fusion  # its fused kernel needs Apex
     --no-persist-layer-norm            # so does the persistent LayerNorm (torch LayerNorm refuses it)
+    --no-masked-softmax-fusion         # its kernel is built with Megatron-LM, not shipped with megatron-core
     --attention-backend auto # Can use (flash/fused/unfused/local)
     --hidden-dropout 0.0
     --attention-dropout 0.0

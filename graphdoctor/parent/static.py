@@ -139,6 +139,37 @@ def refuse_what_cannot_build(config: DiffConfig) -> None:
     if refusals:
         first = refusals[0]
         raise MissingDependencyError(f"{first.message} ({first.code}); fix: {first.fix}")
+    missing = missing_fused_softmax(config)
+    if missing:
+        raise MissingDependencyError(missing)
+
+
+FUSED_SOFTMAX_MODULES: tuple[str, ...] = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
+                                          "scaled_softmax_cuda")
+"""Megatron's fused softmax kernels (built with Megatron-LM's own sources, not shipped in the megatron-core
+wheel): FusedScaleMaskSoftmax imports them at the first forward (megatron/core/fusions/fused_softmax.py:357)."""
+
+
+def missing_fused_softmax(config: DiffConfig) -> str | None:
+    """Why every child's first forward would fail for want of Megatron's fused softmax kernel, or None: the local
+    spec's attention with masked_softmax_fusion on (Megatron-LM's default) takes the kernel for 16-bit inputs of
+    the shapes its is_kernel_available admits (fused_softmax.py:253-259), and imports it then (seen on the H200:
+    `ModuleNotFoundError: No module named 'scaled_masked_softmax_cuda'` in the eager reference's step 0)."""
+    import importlib.util
+
+    local = config.layer_spec in (None, "local") and config.model_provider is None
+    fusion = config.transformer.get("masked_softmax_fusion", False)
+    heads = config.num_attention_heads // max(1, config.tensor_model_parallel_size)
+    shapes = 16 < config.seq_length <= 4096 and config.seq_length % 4 == 0 \
+        and (config.micro_batch_size * heads) % 4 == 0
+    if not (local and fusion and config.dtype in ("bf16", "fp16") and shapes):
+        return None
+    if any(importlib.util.find_spec(name) is not None for name in FUSED_SOFTMAX_MODULES):
+        return None
+    return ("masked_softmax_fusion (Megatron-LM's default) on the local spec takes Megatron's fused softmax kernel "
+            "(scaled_masked_softmax_cuda, built with Megatron-LM's sources), which is not installed here: every "
+            "child's first forward would fail (megatron/core/fusions/fused_softmax.py:357); fix: "
+            "--no-masked-softmax-fusion on the line")
 
 
 def refuse_before_gpu_work(config: DiffConfig, command: str, *, gpu: bool = True) -> None:
@@ -224,6 +255,6 @@ def _in_moe_code(location: str | None, tail: list[str]) -> bool:
     return any(MEGATRON_MOE_FRAME.search(text or "") for text in (location, *tail))
 
 
-__all__ = ["ENV_RULES", "INSTALLATION_REFUSALS", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings",
+__all__ = ["ENV_RULES", "FUSED_SOFTMAX_MODULES", "INSTALLATION_REFUSALS", "missing_fused_softmax", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings",
            "installation_refusals", "installation_static_findings", "local_scope_static_findings", "moe_static_findings",
            "refuse_before_gpu_work", "refuse_what_cannot_build", "schedule_static_findings", "this_machine", "with_static_findings"]
