@@ -124,12 +124,44 @@ def assert_same_model(name: str, impl: str, extra_flags: list[str]) -> None:
         assert_same_specs(model, their_model)
 
 
+def spec_form(value: Any) -> Any:
+    """A layer spec as plain data: classes and functions by name, partials by function and arguments, specs and
+    other dataclasses by their fields (Megatron builds fresh partials for each spec, equal only in form)."""
+    import functools
+    import inspect
+
+    if isinstance(value, functools.partial):
+        return ("partial", spec_form(value.func), [spec_form(a) for a in value.args],
+                sorted((k, spec_form(v)) for k, v in value.keywords.items()))
+    if inspect.isclass(value) or inspect.isfunction(value) or inspect.ismethod(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__qualname__, {f.name: spec_form(getattr(value, f.name)) for f in dataclasses.fields(value)})
+    if isinstance(value, dict):
+        return sorted((str(k), spec_form(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return [spec_form(v) for v in value]
+    return repr(value)
+
+
+def _model_parallel_world() -> None:
+    """One gloo process with Megatron's model-parallel groups: the MoE block spec reads the pipeline rank."""
+    import torch
+    from megatron.core import parallel_state
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+
+
 def assert_same_specs(model: Any, their_model: Any) -> None:
     """The layer spec and the MTP block spec GPTModelBuilder gives GPTModel, from both model configs."""
     from megatron.training.models.gpt import default_layer_spec, mtp_block_spec
 
+    _model_parallel_world()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert default_layer_spec(model, None) == default_layer_spec(their_model, None)
         spec = default_layer_spec(their_model, None)
-        assert mtp_block_spec(model, spec, None) == mtp_block_spec(their_model, spec, None)
+        assert spec_form(default_layer_spec(model, None)) == spec_form(spec)
+        assert spec_form(mtp_block_spec(model, spec, None)) == spec_form(mtp_block_spec(their_model, spec, None))

@@ -84,14 +84,29 @@ def _resolve_megatron_lm(values: dict[str, Any], test: FunctionalTest | None) ->
     if text is not None:
         test = read_megatron_file(str(text)) or test
     if test is not None and (text is None or str(text).startswith("@")):
-        line = read_uses(test.uses, env={**test.env, **values.get("env", {})})
+        over = split_at_file(str(text))[1] if text is not None else ""
+        uses = [*test.uses, *(scan_launch(over)[0] if over else [])]
         values["env"] = {**test.env, **values.get("env", {})}
-        return resolve_line(values, line, f"functional test {test.path}")
-    uses, exported = scan_launch(str(text))
+        return resolve_line(values, read_uses(uses, env=values["env"]), f"functional test {test.path}")
+    path, extra = split_at_file(str(text))
+    uses, exported = scan_launch(path if path else str(text))
+    if path and extra:
+        uses += scan_launch(extra)[0]  # flags after the file go over its own, as argparse keeps the last
     values["env"] = {**exported, **values.get("env", {})}
     line = read_uses(uses, env=values["env"])
-    label = str(text)[1:] if str(text).startswith("@") else "--megatron-args"
+    label = path[1:] if path else "--megatron-args"
     return resolve_line(values, line, f"launch line {label}")
+
+
+def split_at_file(text: str) -> tuple[str | None, str]:
+    """`@FILE --flag v ...` -> ("@FILE", "--flag v ..."): a launch file, then flags over it; ("@FILE", "") for a file
+    alone (its name may hold spaces), (None, text) for a line."""
+    if not text.startswith("@"):
+        return None, text
+    if Path(text[1:]).exists() or " " not in text.strip():
+        return text, ""
+    head, _, rest = text.partition(" ")
+    return head, rest.strip()
 
 
 def read_megatron_file(text_or_at: str) -> FunctionalTest | None:
@@ -100,9 +115,10 @@ def read_megatron_file(text_or_at: str) -> FunctionalTest | None:
     Raises:
         InputFileError: an unreadable or malformed YAML file.
     """
-    if not text_or_at.startswith("@") or Path(text_or_at[1:]).suffix not in (".yaml", ".yml"):
+    at, _ = split_at_file(text_or_at)
+    if at is None or Path(at[1:]).suffix not in (".yaml", ".yml"):
         return None
-    path = text_or_at[1:]
+    path = at[1:]
     data, lines = load_yaml_strict(read_text(path, "functional test"), path)
     return read_functional_test(path, data, lines) if is_functional_test(data) else None
 
@@ -164,4 +180,4 @@ def _check_type(key: str, value: Any, annotation: str) -> None:
 
 
 
-__all__ = ["LIST_FIELDS", "diff_config_from", "read_megatron_file"]
+__all__ = ["LIST_FIELDS", "diff_config_from", "read_megatron_file", "split_at_file"]

@@ -139,9 +139,26 @@ def refuse_what_cannot_build(config: DiffConfig) -> None:
     if refusals:
         first = refusals[0]
         raise MissingDependencyError(f"{first.message} ({first.code}); fix: {first.fix}")
-    missing = missing_fused_softmax(config)
+    missing = missing_fused_softmax(config) or missing_fused_wgrad(config)
     if missing:
         raise MissingDependencyError(missing)
+
+
+def missing_fused_wgrad(config: DiffConfig) -> str | None:
+    """Why every child's set-up would fail for want of Apex's fused weight-gradient kernel, or None: with
+    gradient_accumulation_fusion on (Megatron-LM's default) every Megatron ColumnParallelLinear (GPTModel's output
+    layer, whatever the layer spec) refuses to be built without fused_weight_gradient_mlp_cuda
+    (megatron/core/tensor_parallel/layers.py:1070; seen on the H200 for Megatron-LM's Llama-3 and Mixtral lines
+    on the Transformer Engine spec)."""
+    import importlib.util
+
+    if not config.transformer.get("gradient_accumulation_fusion", False) or config.model_provider is not None:
+        return None
+    if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None:
+        return None
+    return ("gradient_accumulation_fusion (Megatron-LM's default) needs Apex's fused_weight_gradient_mlp_cuda, which "
+            "is not installed here: every child's set-up would fail building the output layer "
+            "(megatron/core/tensor_parallel/layers.py:1070); fix: --no-gradient-accumulation-fusion on the line")
 
 
 FUSED_SOFTMAX_MODULES: tuple[str, ...] = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
@@ -255,6 +272,7 @@ def _in_moe_code(location: str | None, tail: list[str]) -> bool:
     return any(MEGATRON_MOE_FRAME.search(text or "") for text in (location, *tail))
 
 
-__all__ = ["ENV_RULES", "FUSED_SOFTMAX_MODULES", "INSTALLATION_REFUSALS", "missing_fused_softmax", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings",
+__all__ = ["ENV_RULES", "FUSED_SOFTMAX_MODULES", "INSTALLATION_REFUSALS", "missing_fused_softmax",
+           "missing_fused_wgrad", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings",
            "installation_refusals", "installation_static_findings", "local_scope_static_findings", "moe_static_findings",
            "refuse_before_gpu_work", "refuse_what_cannot_build", "schedule_static_findings", "this_machine", "with_static_findings"]
