@@ -60,9 +60,10 @@ class Option:
 
 DIFF_OPTIONS: tuple[Option, ...] = (
     Option("megatron-args", "megatron_args", str,
-           "A Megatron-LM launch line or @FILE (a torchrun line or a whole shell script): model shape, "
-           "TransformerConfig flags, graphs, batch, dtype, dropout and seed come from it; the other options "
-           "and the run file override it; flags that do not apply are listed once (docs/diff.md).",
+           "A Megatron-LM launch line, @FILE (a torchrun line, a whole shell script, a functional test's "
+           "model_config.yaml) or '@FILE FLAGS' (flags over the file): read by Megatron-LM's own parser and "
+           "validation and built as Megatron builds it; the other options and the run file go over it; flags "
+           "that do not reach the model are listed once (docs/diff.md).",
            "ARGS|@FILE"),
     Option("impl", "impls", str, f"Comma-separated graphed implementations ({', '.join(IMPLS)}).",
            "LIST"),

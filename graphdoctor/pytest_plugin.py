@@ -28,7 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("graphdoctor", "graphdoctor: eager vs CUDA-graph checks")
     add_pytest_options(group)
     group.addoption("--gd-config", dest="gd_config", default=None, metavar="RUN.yaml",
-                    help="Run file with transformer:, env: and run: mappings. Default: none.")
+                    help="Run file (transformer:, env:, run:), a Megatron-LM functional test's model_config.yaml or a "
+                         "Megatron-Bridge ConfigContainer YAML. Default: none.")
     group.addoption("--gd-report-dir", dest="gd_report_dir", default=None, metavar="DIR",
                     help="Write the JSON report of every graphdoctor_diff call into DIR, one file per "
                          "test (named after its node id). Default: none.")

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 @click.command("advise")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, metavar="RUN.yaml",
-              help="Run file with transformer:, env: and run: mappings (as for diff). Default: none.")
+              help="Run file (transformer:, env:, run:), a Megatron-LM functional test's model_config.yaml or a "
+                   "Megatron-Bridge ConfigContainer YAML (as for diff). Default: none.")
 @click_options(DIFF_OPTIONS)
 @click.option("--max-candidates", type=click.IntRange(min=1), default=32, metavar="N",
               help="Graphed configurations to run at most, candidates first, then bisection runs; the "

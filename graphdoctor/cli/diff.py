@@ -81,7 +81,8 @@ def run_then_write[ReportT](run: Callable[[Any], ReportT], write: Callable[[Repo
 @click.command("diff")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               metavar="RUN.yaml",
-              help="Run file with transformer:, env: and run: mappings. Default: none.")
+              help="Run file (transformer:, env:, run:), a Megatron-LM functional test's model_config.yaml or a "
+                   "Megatron-Bridge ConfigContainer YAML: the model as Megatron builds it. Default: none.")
 @click_options(DIFF_OPTIONS)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Write the full JSON report (schema in docs/diff.md). Default: none.")
