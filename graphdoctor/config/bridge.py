@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.config.codec import NAME, TARGET, decode, is_target
-from graphdoctor.config.schema import load_yaml_strict
+from graphdoctor.config.schema import loaded_yaml
 from graphdoctor.errors import InputFileError, UsageError
-from graphdoctor.inputs import describe, read_text
+from graphdoctor.inputs import describe
 
 MAX_BRIDGE_BYTES = 4 << 20
 
@@ -140,9 +140,7 @@ def read_bridge(path: str | Path, data: Any = None, lines: Mapping[int, Mapping[
         UsageError: a `model:` value that does not decode (a `_target_` outside Megatron's and torch's names).
     """
     where = str(path)
-    if data is None:
-        data, lines = load_yaml_strict(read_text(path, "Megatron-Bridge config", max_bytes=MAX_BRIDGE_BYTES), where)
-    lines = lines or {}
+    data, lines = loaded_yaml(path, "Megatron-Bridge config", MAX_BRIDGE_BYTES, data, lines)
     if not is_bridge_config(data):
         raise InputFileError(f"{where}: expected a Megatron-Bridge ConfigContainer with a model: section")
     sections = {str(k): v for k, v in data.items() if not str(k).startswith("_")}

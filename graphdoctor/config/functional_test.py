@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.config.launch_scan import FlagUse
-from graphdoctor.config.schema import load_yaml_strict
+from graphdoctor.config.schema import loaded_yaml
 from graphdoctor.errors import InputFileError
-from graphdoctor.inputs import describe, read_text
+from graphdoctor.inputs import describe
 
 MAX_FUNCTIONAL_TEST_BYTES = 1 << 20
 SECTIONS: tuple[str, ...] = ("ENV_VARS", "MODEL_ARGS")
@@ -71,9 +71,7 @@ def read_functional_test(path: str | Path, data: Any = None, lines: Mapping[int,
             that is not a scalar.
     """
     where = str(path)
-    if data is None:
-        data, lines = load_yaml_strict(read_text(path, "functional test", max_bytes=MAX_FUNCTIONAL_TEST_BYTES), where)
-    lines = lines or {}
+    data, lines = loaded_yaml(path, "functional test", MAX_FUNCTIONAL_TEST_BYTES, data, lines)
     if not is_functional_test(data):
         raise InputFileError(f"{where}: expected a functional test's MODEL_ARGS mapping")
     args: Mapping[str, Any] = data["MODEL_ARGS"]

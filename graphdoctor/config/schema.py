@@ -9,11 +9,13 @@ have the same ranges as DiffConfig. Errors name the file, the line and the field
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from graphdoctor.errors import InputFileError, UsageError
-from graphdoctor.inputs import check_tree, describe, describe_error
+from graphdoctor.inputs import check_tree, describe, describe_error, read_text
 
 MAX_RUN_FILE_VALUES = 100_000
 """Values a run file may hold once YAML aliases are expanded (a hand-written file has hundreds)."""
@@ -83,6 +85,18 @@ def load_yaml_strict(text: str, where: str) -> tuple[Any, dict[int, dict[str, in
         raise InputFileError(f"{where}: a value YAML cannot convert ({describe_error(exc)})") from None
     check_tree(data, where, max_nodes=MAX_RUN_FILE_VALUES, max_depth=MAX_RUN_FILE_DEPTH)
     return data, lines
+
+
+def loaded_yaml(path: str | os.PathLike[str], what: str, max_bytes: int, data: Any = None,
+                lines: Mapping[int, Mapping[str, int]] | None = None) -> tuple[Any, Mapping[int, Mapping[str, int]]]:
+    """`data` and its `lines` as the caller already loaded them (load_yaml_strict), or the file read strictly.
+
+    Raises:
+        InputFileError: as read_text and load_yaml_strict.
+    """
+    if data is None:
+        return load_yaml_strict(read_text(path, what, max_bytes=max_bytes), str(path))
+    return data, lines or {}
 
 
 _NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
@@ -168,5 +182,6 @@ __all__ = [
     "check_field_range",
     "check_plain_values",
     "load_yaml_strict",
+    "loaded_yaml",
     "validate_section",
 ]
