@@ -52,8 +52,9 @@ class Setup:
     """TECudaGraphHelper for transformer_engine (None otherwise)."""
 
 
-def init_distributed(place: Placement) -> None:
-    """Process group (NCCL) and model-parallel groups, from the child's placement (idempotent)."""
+def init_distributed(place: Placement, config: DiffConfig | None = None) -> None:
+    """Process group (NCCL) and model-parallel groups, from the child's placement and the run's expert-parallel
+    sizes (idempotent)."""
     from megatron.core import parallel_state
 
     torch.cuda.set_device(place.local_rank)
@@ -72,9 +73,15 @@ def init_distributed(place: Placement) -> None:
         torch.distributed.init_process_group(backend="nccl", device_id=torch.device("cuda", place.local_rank),
                                              **where)
     if not parallel_state.model_parallel_is_initialized():
+        experts: dict[str, Any] = {}
+        if config is not None and config.expert_model_parallel_size > 1:
+            experts["expert_model_parallel_size"] = config.expert_model_parallel_size
+        if config is not None and config.expert_tensor_parallel_size is not None:
+            experts["expert_tensor_parallel_size"] = config.expert_tensor_parallel_size
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=place.tensor_model_parallel_size,
             pipeline_model_parallel_size=place.pipeline_model_parallel_size,
+            **experts,
         )
 
 
@@ -266,7 +273,7 @@ def build_setup(spec: ChildSpec) -> Setup:
     config, impl = spec.config, spec.impl
     model_description = child_model(config, impl, spec.dropout)
     require_transformer_engine(model_description, impl)
-    init_distributed(spec.placement)
+    init_distributed(spec.placement, config)
     if impl == "transformer_engine":
         # Megatron-LM's initialize.py:288 leaves the legacy default stream for this impl; on it,
         # TE's backward capture fails with cudaErrorStreamCaptureImplicit (AccumulateGrad work on

@@ -169,8 +169,10 @@ class DiffConfig:
 
     transformer: dict[str, Any] = field(default_factory=dict)
     """Extra TransformerConfig fields from the run file's `transformer:` mapping. The copies of what DiffConfig
-    owns (TRANSFORMER_TWINS, the dropouts, bf16/fp16) take the DiffConfig's values; the children take none of
-    RUN_OWNED_FIELDS from here (diff_config_from reads a run file's graph settings into impls instead)."""
+    owns (TRANSFORMER_TWINS, the dropouts, bf16/fp16) take the DiffConfig's values; graphdoctor's own model takes
+    none of RUN_OWNED_FIELDS from here (diff_config_from reads a run file's graph settings into impls instead).
+    With a `model` Megatron resolved, its TransformerConfig fields in plain form, without each child's graph
+    settings: what the rule catalogue reads of the run (from_megatron.model_view); the children build `model`."""
 
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables set in every child run (the run file's `env:` mapping)."""

@@ -166,3 +166,18 @@ def test_a_hybrid_line_without_mamba_ssm_is_unavailable_in_one_line() -> None:
     code, out, _ = invoke("diff", "--plan", "--megatron-args", line)
     assert code == 0 and out.startswith("graphdoctor diff --plan: HybridModel 4x256"), out
     assert "hybrid M*M-" in out and "need mamba_ssm" in out
+
+
+def test_expert_parallel_placements_are_refused_in_one_line() -> None:
+    from graphdoctor.config import DiffConfig
+
+    moe = {"num_moe_experts": 4, "moe_router_topk": 2}
+    placed = DiffConfig(nproc_per_node=2, expert_model_parallel_size=2, transformer=moe)
+    assert placed.expert_model_parallel_size == 2
+    with pytest.raises(UsageError, match=r"expert_model_parallel_size 4 x expert_tensor_parallel_size 1 = 4 does not "
+                                         r"divide the 2 ranks of a pipeline stage"):
+        DiffConfig(nproc_per_node=2, expert_model_parallel_size=4, transformer=moe)
+    with pytest.raises(UsageError, match="num_moe_experts 4 is not divisible by expert_model_parallel_size 3"):
+        DiffConfig(nproc_per_node=3, expert_model_parallel_size=3, transformer=moe)
+    code, _, err = invoke("diff", "--plan", "--expert-model-parallel-size", "2")
+    assert code == 2 and "does not divide the 1 ranks" in err and len(err.strip().splitlines()) == 1
