@@ -141,10 +141,13 @@ def model_facts(model: ModelDescription) -> dict[str, Any]:
     activation = str(value("activation_func") or "").rpartition(".")[2]
     gated = bool(value("gated_linear_unit"))
     heads, groups = value("num_attention_heads"), value("num_query_groups")
+    hidden = value("hidden_size")
+    # TransformerConfig.__post_init__ makes an unset ffn_hidden_size 4 x hidden_size
+    ffn = value("ffn_hidden_size") or (4 * hidden if isinstance(hidden, int) else None)
     facts: dict[str, Any] = {
         "kind": model.kind, "source": model.source,
-        "num_layers": value("num_layers"), "hidden_size": value("hidden_size"),
-        "ffn_hidden_size": value("ffn_hidden_size"), "num_attention_heads": heads,
+        "num_layers": value("num_layers"), "hidden_size": hidden,
+        "ffn_hidden_size": ffn, "num_attention_heads": heads,
         "num_query_groups": groups or heads,
         "attention": "MLA" if model.transformer_class.endswith("MLATransformerConfig") else
         ("GQA" if groups and groups != heads else "MHA"),
