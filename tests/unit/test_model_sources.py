@@ -136,9 +136,13 @@ def test_plan_builds_the_model_on_the_meta_device() -> None:
 
 
 def test_the_lines_own_te_checks_make_its_rows_unavailable_here_not_refused() -> None:
-    """The Llama-3 line as written, on this CPU machine without Transformer Engine: planned, every row unavailable
-    with Megatron's reason; diff itself refuses it in one line."""
-    args = ["--megatron-args", f"@{LLAMA}", "--num-layers", "2", "--nproc-per-node", "1", "--num-microbatches", "2"]
+    """The Llama-3 line on this CPU machine without Transformer Engine (or Apex): planned, every row unavailable
+    with Megatron's reason; diff itself refuses it in one line. As written, its default gradient_accumulation_fusion
+    is refused first (no Apex kernel here): the fix goes over the file."""
+    shrink = ["--num-layers", "2", "--nproc-per-node", "1", "--num-microbatches", "2"]
+    code, _, err = invoke("diff", "--plan", "--megatron-args", f"@{LLAMA}", *shrink)
+    assert code == 2 and "fix: --no-gradient-accumulation-fusion on the line" in err.strip().splitlines()[-1]
+    args = ["--megatron-args", f"@{LLAMA} --no-gradient-accumulation-fusion", *shrink]
     code, out, _ = invoke("diff", "--plan", *args)
     assert code == 0, out
     rows = [line for line in out.splitlines() if line.startswith(("local", "full_iteration", "transformer_engine"))]
