@@ -54,7 +54,6 @@ EAGER_GRAPHS: dict[str, Any] = {"cuda_graph_impl": "none", "cuda_graph_modules":
 PER_CHILD: frozenset[str] = frozenset({"cuda_graph_scope", "inference_cuda_graph_scope"})
 """Graph settings Megatron-LM derives from each child's cuda_graph_impl (validate_args normalises the inference
 scope per implementation): not the run's, so not in the rules' view of it."""
-MEGATRON_DROPOUT = 0.1
 DEFAULT_VOCAB = 1024
 """diff's vocabulary when the line names a tokenizer but no --vocab-size (synthetic tokens need a size)."""
 REQUIRED_DEFAULTS: dict[str, Any] = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 128,

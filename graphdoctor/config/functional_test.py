@@ -21,10 +21,6 @@ from graphdoctor.errors import InputFileError
 from graphdoctor.inputs import describe
 
 MAX_FUNCTIONAL_TEST_BYTES = 1 << 20
-SECTIONS: tuple[str, ...] = ("ENV_VARS", "MODEL_ARGS")
-OTHER_KEYS: frozenset[str] = frozenset({"TEST_TYPE", "METRICS", "LAUNCHER", "BEFORE_SCRIPT", "AFTER_SCRIPT",
-                                        "MODE", "THROUGHPUT_TEST_PARAMS", "SPEC"})
-"""Keys of the harness that describe the test, not the run."""
 _VARIABLE = re.compile(r"\$\{?[A-Za-z_]\w*\}?")
 
 
@@ -97,5 +93,5 @@ def read_functional_test(path: str | Path, data: Any = None, lines: Mapping[int,
     return FunctionalTest(path=where, uses=tuple(uses), env=env)
 
 
-__all__ = ["MAX_FUNCTIONAL_TEST_BYTES", "OTHER_KEYS", "SECTIONS", "FunctionalTest", "is_functional_test",
+__all__ = ["MAX_FUNCTIONAL_TEST_BYTES", "FunctionalTest", "is_functional_test",
            "read_functional_test"]
