@@ -16,24 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.child_model import EAGER, megatron_impl
 from graphdoctor.errors import GraphDoctorError
 
-EAGER = "eager"
-"""The implementation name of the eager reference (no CUDA graphs)."""
-
 LEGACY_EAGER = "none"
-"""What reports before schema 2 called the eager reference; read, never written."""
+"""What reports before schema 2 called the eager reference; read, never written (Megatron's cuda_graph_impl
+of the eager reference, graphdoctor.config.child_model.megatron_impl)."""
 
 
 def impl_name(value: str) -> str:
     """An implementation name as current code writes it (`none` from old reports reads as `eager`)."""
     return EAGER if value == LEGACY_EAGER else value
-
-
-def megatron_impl(impl: str) -> str:
-    """TransformerConfig.cuda_graph_impl for one of our implementation names (eager is Megatron's
-    `none`)."""
-    return LEGACY_EAGER if impl == EAGER else impl
 
 
 class Role(enum.StrEnum):
