@@ -21,6 +21,8 @@ from graphdoctor.errors import InputFileError
 from graphdoctor.inputs import describe
 
 MAX_FUNCTIONAL_TEST_BYTES = 1 << 20
+MODES: tuple[str, ...] = ("training", "pretraining", "inference", "rl")
+"""The harness's MODE values (tests/functional_tests/python_test_utils; `pretraining` is `training`)."""
 _VARIABLE = re.compile(r"\$\{?[A-Za-z_]\w*\}?")
 
 
@@ -33,6 +35,11 @@ class FunctionalTest:
     """MODEL_ARGS as flag uses, with their lines (`model_config.yaml:12`)."""
     env: dict[str, str]
     """ENV_VARS."""
+    mode: str = "training"
+    """What the harness runs (its MODE): `training` (pretrain_gpt.py; no MODE), `inference` (the inference
+    examples, with megatron/inference/utils.py's flags) or `rl` (train_rl.py)."""
+    notes: tuple[str, ...] = ()
+    """What reading the file noticed (MODEL_ARGS keys it repeats)."""
 
 
 def is_functional_test(data: Any) -> bool:
@@ -59,8 +66,9 @@ def _use(flag: str, value: Any, where: str) -> FlagUse:
 
 
 def read_functional_test(path: str | Path, data: Any = None, lines: Mapping[int, Mapping[str, int]] | None = None,
-                         ) -> FunctionalTest:
-    """Read a functional-test file (or its already-loaded YAML `data` with the loader's `lines`).
+                         *, repeated: tuple[str, ...] = ()) -> FunctionalTest:
+    """Read a functional-test file (or its already-loaded YAML `data` with the loader's `lines`, and the keys the
+    loader found `repeated`, graphdoctor.config.run_file).
 
     Raises:
         InputFileError: unreadable, bad YAML, no MODEL_ARGS mapping, a key that is not a flag, an ENV_VARS value
@@ -90,8 +98,17 @@ def read_functional_test(path: str | Path, data: Any = None, lines: Mapping[int,
         if isinstance(value, Mapping | list):
             raise InputFileError(f"{where}: ENV_VARS.{key} must be a scalar, got {describe(value)}")
         env[str(key)] = "" if value is None else str(value)
-    return FunctionalTest(path=where, uses=tuple(uses), env=env)
+    mode = str(data.get("MODE") or "training").strip().lower()
+    if mode not in MODES:
+        raise InputFileError(f"{where}: MODE {describe(data.get('MODE'))} is not one Megatron-LM's harness runs "
+                             f"(expected {', '.join(MODES)})")
+    mode = "training" if mode == "pretraining" else mode
+    notes: tuple[str, ...] = ()
+    if repeated:
+        notes = (f"MODEL_ARGS repeats {', '.join(repeated)}: the harness passes each, Megatron-LM's parser keeps the "
+                 "last",)
+    return FunctionalTest(path=where, uses=tuple(uses), env=env, mode=mode, notes=notes)
 
 
-__all__ = ["MAX_FUNCTIONAL_TEST_BYTES", "FunctionalTest", "is_functional_test",
+__all__ = ["MAX_FUNCTIONAL_TEST_BYTES", "MODES", "FunctionalTest", "is_functional_test",
            "read_functional_test"]

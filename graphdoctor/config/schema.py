@@ -39,8 +39,11 @@ PROBABILITY_FIELDS = frozenset({"hidden_dropout", "attention_dropout", "dropout"
 """Dropout probabilities: a number in [0, 1)."""
 
 
-def load_yaml_strict(text: str, where: str) -> tuple[Any, dict[int, dict[str, int]]]:
+def load_yaml_strict(text: str, where: str, repeated: list[str] | None = None) -> tuple[Any, dict[int, dict[str, int]]]:
     """safe_load with duplicate keys refused; also returns id(mapping) -> {key: 1-based line}.
+
+    With a `repeated` list, a duplicate key is not refused: the later value is kept (as a parser taking the flags in
+    order keeps the last) and `key (lines A and B)` is appended to the list.
 
     Raises:
         InputFileError: bad YAML, a duplicate key (with its line), or a document too deep or
@@ -57,7 +60,9 @@ def load_yaml_strict(text: str, where: str) -> tuple[Any, dict[int, dict[str, in
             for key_node, _ in node.value:
                 key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
                 line = key_node.start_mark.line + 1
-                if key in seen:
+                if key in seen and repeated is not None:
+                    repeated.append(f"{key} (lines {seen[key]} and {line})")
+                elif key in seen:
                     raise InputFileError(f"{where}:{line}: duplicate key {describe(key)} (first at line {seen[key]})")
                 seen[key] = line
             return super().construct_mapping(node, deep=deep)
