@@ -62,6 +62,23 @@ REQUIRED_DEFAULTS: dict[str, Any] = {"num_layers": 4, "hidden_size": 256, "num_a
 follows the sequence length)."""
 
 
+def required_settings(given: Mapping[str, Any], settings: Mapping[str, Any], who: str,
+                      ) -> tuple[dict[str, Any], str | None]:
+    """The REQUIRED_DEFAULTS neither the line (`given`, dest -> values) nor `settings` set, and the note saying so
+    (`who`: "diff takes")."""
+    missing = {dest: value for dest, value in REQUIRED_DEFAULTS.items() if dest not in settings and dest not in given}
+    if "max_position_embeddings" in missing:
+        sequence = settings.get("seq_length", missing.get("seq_length"))
+        try:
+            missing["max_position_embeddings"] = int(sequence if sequence is not None else given["seq_length"][0])
+        except (TypeError, ValueError, IndexError):
+            missing["max_position_embeddings"] = REQUIRED_DEFAULTS["seq_length"]
+    if not missing:
+        return {}, None
+    return missing, ("the line sets no " + ", ".join(f"--{d.replace('_', '-')}" for d in missing) + " (Megatron-LM "
+                     f"needs them): {who} " + ", ".join(f"{d} {v}" for d, v in missing.items()))
+
+
 def megatron_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     """The Megatron settings (TransformerConfig / Megatron-LM names) of the DiffConfig values given explicitly."""
     out: dict[str, Any] = {k: values[k] for k in LINE_FIELDS if values.get(k) is not None}
@@ -163,14 +180,10 @@ def resolve_line(values: dict[str, Any], line: MegatronLine, source: str) -> dic
         settings["vocab_size"] = DEFAULT_VOCAB
         notes.append(f"the line sets no --vocab-size (its tokenizer decides it in Megatron-LM); diff trains "
                      f"synthetic tokens over {DEFAULT_VOCAB} (--vocab-size N to choose)")
-    missing = {dest: value for dest, value in REQUIRED_DEFAULTS.items() if dest not in settings and dest not in given}
-    if "max_position_embeddings" in missing:
-        sequence = settings.get("seq_length", missing.get("seq_length"))
-        missing["max_position_embeddings"] = int(sequence if sequence is not None else given["seq_length"][0])
-    if missing:
+    missing, note = required_settings(given, settings, "diff takes")
+    if note:
         settings.update(missing)
-        notes.append("the line sets no " + ", ".join(f"--{d.replace('_', '-')}" for d in missing) + " (Megatron-LM "
-                     "needs them): diff takes " + ", ".join(f"{d} {v}" for d, v in missing.items()))
+        notes.append(note)
     line = with_values(line, {**settings, **SAME_WEIGHTS})
     args, warned = megatron_args(line, world_size=world)
     if values.get("num_microbatches") is not None:
@@ -360,4 +373,5 @@ def model_view(model: ModelDescription) -> dict[str, Any]:
 
 
 __all__ = ["DEFAULT_VOCAB", "EAGER_GRAPHS", "LINE_FIELDS", "SAME_WEIGHTS", "megatron_settings", "model_view",
+           "required_settings",
            "resolve_bridge", "resolve_line"]

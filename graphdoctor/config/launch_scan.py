@@ -30,6 +30,8 @@ class FlagUse:
     """Given to the launcher (torchrun, python) before the training script, not to the script."""
     unresolved: tuple[str, ...] = ()
     """`$VAR` references among the values that the text does not set (left out of `values`)."""
+    script: str | None = None
+    """The script its command runs (`pretrain_gpt.py`, or the module of `python -m pkg.mod`), None without one."""
 
 
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "then", "do", "else", "{", "}"})
@@ -102,7 +104,7 @@ class _Shell:
             return ""
 
         value = _REF.sub(sub, token)
-        if missing or "$(" in token or "`" in token or re.search(r"\$[0-9@*#?]", token):
+        if missing or "$(" in token or "`" in token or re.search(r"\$\{?[0-9@*#?]", token):
             return None, token
         return value, None
 
@@ -120,7 +122,10 @@ def _statement(tokens: list[_Token], shell: _Shell) -> None:
         if shell.array is not None:
             closes = token == ")" or (token.endswith(")") and token.count(")") > token.count("("))
             text = token[:-1] if closes else token
-            if text:
+            spliced = _ARRAY_REF.fullmatch(text.strip('"'))
+            if spliced and spliced.group(1) in shell.variables:  # A+=("${B[@]}"): B's elements, as bash copies them
+                shell.variables[shell.array].extend(shell.variables[spliced.group(1)])
+            elif text:
                 shell.variables[shell.array].append((text, where))
             if closes:
                 shell.array = None
@@ -235,7 +240,7 @@ def scan_launch(text_or_at: str) -> tuple[list[FlagUse], dict[str, str]]:
             raise (InputFileError if label else UsageError)(
                 f"{label or 'the launch line'}: expands to more than {MAX_EXPANDED_WORDS} words "
                 f"(arrays used many times?)")
-    scripts = [c for c in commands if any(t.endswith(".py") for t, _, _ in c)]
+    scripts = [c for c in commands if _script_at(c) >= 0]
     training = [c for c in scripts if any(re.search(r"train[^/]*\.py$", t) for t, _, _ in c)]
     uses: list[FlagUse] = []
     for command in training or scripts or commands:
@@ -244,27 +249,42 @@ def scan_launch(text_or_at: str) -> tuple[list[FlagUse], dict[str, str]]:
     return uses, env
 
 
+_FLAG = re.compile(r"^--[A-Za-z0-9][\w.-]*(=.*)?$", re.S)
+"""A flag word (a `case` pattern such as `--nproc)` is none)."""
+
+
+def _script_at(command: list[tuple[str, str | None, str | None]]) -> int:
+    """The index of the script a command runs (`x.py`, or the module after `-m`), -1 without one."""
+    for i, (token, _, _) in enumerate(command):
+        if token.endswith(".py") or (i > 0 and command[i - 1][0] == "-m" and not token.startswith("-")):
+            return i
+    return -1
+
+
 def _flag_uses(command: list[tuple[str, str | None, str | None]]) -> list[FlagUse]:
-    script = next((i for i, (t, _, _) in enumerate(command) if t.endswith(".py")), -1)
+    script = _script_at(command)
+    name = command[script][0].rsplit("/", 1)[-1] if script >= 0 else None
     uses: list[FlagUse] = []
     i = 0
     while i < len(command):
         at = i
         token, where, missing = command[i]
         i += 1
-        if not token.startswith("--") or token == "--":
+        if not _FLAG.match(token):
             continue
         flag, eq, inline = token.partition("=")
         values: list[str] = [inline] if eq and not missing else []
         unresolved: list[str] = [missing] if eq and missing else []
-        while not eq and i < len(command) and i != script and not command[i][0].startswith("--"):
+        while not eq and i < len(command) and i != script and not command[i][0].startswith("--") \
+                and not (command[i][0] == "-m" and i + 1 == script):
             value, _, gap = command[i]
             if gap:
                 unresolved.append(gap)
             else:
                 values.append(value)
             i += 1
-        uses.append(FlagUse(flag, tuple(values), where, launcher=at < script, unresolved=tuple(unresolved)))
+        uses.append(FlagUse(flag, tuple(values), where, launcher=at < script, unresolved=tuple(unresolved),
+                            script=name))
     return uses
 
 

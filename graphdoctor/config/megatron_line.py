@@ -27,7 +27,13 @@ from typing import Any
 
 from graphdoctor.config.description import ModelDescription, describe_model, unvalidated_class
 from graphdoctor.config.launch_scan import FlagUse
-from graphdoctor.config.megatron_lm import MegatronFlag, launcher_flags, megatron_flags, training_arguments
+from graphdoctor.config.megatron_lm import (
+    MegatronFlag,
+    add_script_flags,
+    launcher_flags,
+    megatron_flags,
+    training_arguments,
+)
 from graphdoctor.errors import UsageError
 from graphdoctor.installed import te_findable
 from graphdoctor.suggest import did_you_mean
@@ -70,6 +76,8 @@ class MegatronLine:
     """What reading the line left out (values that are shell variables it does not set)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment variables the source sets for the run (a functional test's ENV_VARS)."""
+    script: str = "training"
+    """What the line launches (graphdoctor.config.megatron_lm.SCRIPTS): which flags the parser takes."""
 
     def argv(self) -> list[str]:
         """The flags as one argv."""
@@ -80,15 +88,17 @@ class MegatronLine:
         return list(dict.fromkeys(group[0] for group in self.groups))
 
 
-def read_uses(uses: Sequence[FlagUse], *, env: Mapping[str, str] | None = None) -> MegatronLine:
-    """The launch line of scanned flag uses: launcher flags apart, every other flag Megatron-LM's.
+def read_uses(uses: Sequence[FlagUse], *, env: Mapping[str, str] | None = None, script: str = "training",
+              refused: Mapping[str, str] = REFUSED_DESTS) -> MegatronLine:
+    """The launch line of scanned flag uses: launcher flags apart, every other flag Megatron-LM's (with the flags
+    `script` adds).
 
     Raises:
         UsageError: a flag neither Megatron-LM's parser nor torchrun's knows (with the closest), or a flag of
-            REFUSED_DESTS.
+            `refused` (dest -> why).
         MissingDependencyError: Megatron-LM's argument parser does not import.
     """
-    table = megatron_flags()
+    table = megatron_flags(script)
     groups: list[tuple[str, ...]] = []
     launcher: dict[str, tuple[str, ...]] = {}
     where: dict[str, str] = {}
@@ -102,8 +112,8 @@ def read_uses(uses: Sequence[FlagUse], *, env: Mapping[str, str] | None = None) 
             at = f" ({use.where})" if use.where else ""
             raise UsageError(f"{use.flag}{at} is not a Megatron-LM flag{did_you_mean(use.flag, table, cutoff=0.6)} "
                              "(Megatron-LM's parser refuses it)")
-        if spec.dest in REFUSED_DESTS:
-            raise UsageError(f"{use.flag}: {REFUSED_DESTS[spec.dest]}")
+        if spec.dest in refused:
+            raise UsageError(f"{use.flag}: {refused[spec.dest]}")
         if use.unresolved and not use.values and spec.kind not in ("true", "false"):
             skipped.append(f"{use.flag} {use.unresolved[0]}")
             continue
@@ -114,7 +124,8 @@ def read_uses(uses: Sequence[FlagUse], *, env: Mapping[str, str] | None = None) 
     if skipped:
         notes = ("values that are shell variables the text does not set were skipped (the flag is left out): "
                  + ", ".join(skipped),)
-    return MegatronLine(groups=tuple(groups), launcher=launcher, where=where, notes=notes, env=dict(env or {}))
+    return MegatronLine(groups=tuple(groups), launcher=launcher, where=where, notes=notes, env=dict(env or {}),
+                        script=script)
 
 
 def flag_group(dest: str, value: Any) -> tuple[str, ...] | None:
@@ -146,7 +157,7 @@ def flag_group(dest: str, value: Any) -> tuple[str, ...] | None:
 def with_values(line: MegatronLine, values: Mapping[str, Any]) -> MegatronLine:
     """The line with the Megatron-LM settings of `values` (dest -> value): every flag for those dests goes, and
     the flag for each new value is appended (nothing where the parser's default is the value)."""
-    table = megatron_flags()
+    table = megatron_flags(line.script)
     kept = [g for g in line.groups if table[g[0]].dest not in values]
     for dest, value in values.items():
         group = flag_group(dest, value)
@@ -157,7 +168,7 @@ def with_values(line: MegatronLine, values: Mapping[str, Any]) -> MegatronLine:
 
 def dest_values(line: MegatronLine) -> dict[str, tuple[str, ...]]:
     """Dest -> the values of the last flag that sets it (as argparse keeps the last)."""
-    table = megatron_flags()
+    table = megatron_flags(line.script)
     return {table[g[0]].dest: g[1:] for g in line.groups}
 
 
@@ -249,6 +260,22 @@ def needs_te(exc: BaseException) -> bool:
                                                          "TransformerEngine", "install TE"))
 
 
+class MegatronRefusal(UsageError):
+    """Megatron-LM's parser or validate_args refuses a line: `stage` (`parser`, `validate_args`, `placement`) and
+    what Megatron said."""
+
+    def __init__(self, message: str, *, stage: str = "", said: str = "") -> None:
+        super().__init__(message)
+        self.stage, self.said = stage, said or message
+
+    @classmethod
+    def of(cls, stage: str, said: str) -> MegatronRefusal:
+        """The refusal at `stage` with Megatron's words."""
+        what = {"parser": "Megatron-LM's parser refuses the line",
+                "validate_args": "Megatron-LM's validate_args refuses the line"}.get(stage)
+        return cls(f"{what}: {said}" if what else said, stage=stage, said=said)
+
+
 def megatron_args(line: MegatronLine, *, world_size: int, capability: tuple[int, int] | None = None,
                   ) -> tuple[Any, tuple[str, ...]]:
     """Megatron-LM's parse_args and validate_args on the line, for `world_size` processes.
@@ -257,29 +284,71 @@ def megatron_args(line: MegatronLine, *, world_size: int, capability: tuple[int,
         (the validated argparse Namespace, Megatron's warnings as notes).
 
     Raises:
-        UsageError: the parser refuses a flag or a value, validate_args refuses the settings (Megatron's
+        MegatronRefusal: the parser refuses a flag or a value, validate_args refuses the settings (Megatron's
             message), or the line's model parallelism does not fit `world_size` (the placement it needs).
         MissingDependencyError: megatron.training does not import.
     """
+    _, args, notes = parse_and_validate(line, world_size=world_size, capability=capability)
+    return args, notes
+
+
+def parse_and_validate(line: MegatronLine, *, world_size: int | None = None,
+                       capability: tuple[int, int] | None = None) -> tuple[Any, Any, tuple[str, ...]]:
+    """Megatron-LM's parse_args, then validate_args, on the line (with the flags its script adds) for `world_size`
+    processes (None: the fewest the line's model parallelism fits, smallest_world).
+
+    Returns:
+        (the parsed Namespace as validate_args got it, the validated one, Megatron's warnings as notes).
+
+    Raises:
+        MegatronRefusal: as megatron_args.
+        MissingDependencyError: megatron.training does not import.
+    """
+    import copy
+
     arguments = training_arguments()
-    with _megatron_process(line.argv(), world_size, line.env, capability or DEFAULT_CAPABILITY) as (caught, errors):
+    capability = capability or DEFAULT_CAPABILITY
+    with _megatron_process(line.argv(), world_size or 1, line.env, capability) as (caught, errors):
         try:
-            args = arguments.parse_args()
+            args = arguments.parse_args(extra_args_provider=lambda parser: add_script_flags(parser, line.script))
         except SystemExit:
             said = [x for x in errors.getvalue().strip().splitlines() if x.strip()]
-            message = said[-1].split("error: ", 1)[-1] if said else "the parser refused the line"
-            raise UsageError(f"Megatron-LM's parser refuses the line: {message}") from None
+            raise MegatronRefusal.of("parser", said[-1].split("error: ", 1)[-1] if said else "it refused the line") \
+                from None
         except MEGATRON_ERRORS as exc:
-            raise UsageError(f"Megatron-LM's parser refuses the line: {megatron_message(exc)}") from None
+            raise MegatronRefusal.of("parser", megatron_message(exc)) from None
+        if world_size is None:
+            world_size = args.world_size = smallest_world(args)
         _check_fits(args, world_size)
+        given = copy.deepcopy(args)
         try:
-            arguments.validate_args(args, {})
+            # The inference scripts set up under torch's inference mode, which validate_args reads (--fp8-param-gather)
+            with torch_grad(line.script != "inference"):
+                arguments.validate_args(args, {})
         except MEGATRON_ERRORS as exc:
-            raise UsageError(f"Megatron-LM's validate_args refuses the line: {megatron_message(exc)}") from None
+            raise MegatronRefusal.of("validate_args", megatron_message(exc)) from None
     notes = tuple(dict.fromkeys(f"Megatron-LM: {str(w.message).strip().splitlines()[0][:200]}" for w in caught
                                 if w.filename.replace(os.sep, "/").find("megatron/training") >= 0
                                 and str(w.message).strip()))
-    return args, notes
+    return given, args, notes
+
+
+def torch_grad(enabled: bool) -> Any:
+    """torch.set_grad_enabled(enabled), imported when asked."""
+    import torch
+
+    return torch.set_grad_enabled(enabled)
+
+
+def smallest_world(args: Any) -> int:
+    """The fewest processes the parsed line's model parallelism (tensor x pipeline x context, and the experts'
+    expert x expert-tensor x pipeline) fits."""
+    import math
+
+    model = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    expert = args.expert_model_parallel_size * (args.expert_tensor_parallel_size or args.tensor_model_parallel_size) \
+        * args.pipeline_model_parallel_size
+    return math.lcm(model, expert)
 
 
 def _check_fits(args: Any, world_size: int) -> None:
@@ -294,7 +363,7 @@ def _check_fits(args: Any, world_size: int) -> None:
     parts = " x ".join(f"{name} {size}" for name, size in sizes.items() if size > 1) or "1"
     if args.expert_model_parallel_size > 1:
         parts += f", expert {args.expert_model_parallel_size}"
-    raise UsageError(f"placement: the line's model parallelism ({parts}) needs a multiple of {need} processes, "
+    raise MegatronRefusal.of("placement", f"placement: the line's model parallelism ({parts}) needs a multiple of {need} processes, "
                      f"diff starts {world_size}; give --nproc-per-node {need}, or shrink it with "
                      "--tensor-model-parallel-size, --pipeline-model-parallel-size and --expert-model-parallel-size")
 
@@ -390,7 +459,7 @@ NOT_APPLIED_WHY = ("diff trains synthetic batches in its own loop (Adam, lr 1e-3
 
 def not_applied(line: MegatronLine) -> str | None:
     """The one note naming the flags that do not reach diff's runs, by Megatron-LM's argument group."""
-    table = megatron_flags()
+    table = megatron_flags(line.script)
     used = model_dests() | RUN_DESTS | GRAPH_DESTS
     by_group: dict[str, list[str]] = {}
     for flag in line.flags():
@@ -406,6 +475,7 @@ def not_applied(line: MegatronLine) -> str | None:
     return f"flags that do not apply ({NOT_APPLIED_WHY}): {parts}"
 
 
-__all__ = ["DEFAULT_CAPABILITY", "GRAPH_DESTS", "LAUNCH_SCRIPT", "RUN_DESTS", "MegatronLine", "dest_values",
+__all__ = ["DEFAULT_CAPABILITY", "GRAPH_DESTS", "LAUNCH_SCRIPT", "RUN_DESTS", "MegatronLine", "MegatronRefusal",
+           "dest_values", "parse_and_validate", "smallest_world",
            "describe_args", "flag_group", "megatron_args", "megatron_message", "model_dests", "needs_te",
            "not_applied", "read_uses", "with_values"]

@@ -92,9 +92,39 @@ def training_arguments() -> Any:
     return arguments
 
 
+SCRIPTS: tuple[str, ...] = ("training", "inference", "rl")
+"""What a Megatron-LM line launches: pretrain_gpt.py (and the other pretrain scripts), the inference examples, or
+train_rl.py; the inference examples add their own flags to Megatron-LM's parser (add_script_flags)."""
+
+
+def add_script_flags(parser: argparse.ArgumentParser, script: str = "training") -> argparse.ArgumentParser:
+    """Megatron-LM's parser with the flags `script` adds to it (its extra_args_provider): the inference examples'
+    `add_inference_args` (megatron/inference/utils.py, recorded in graphdoctor.config.inference_flags since the
+    wheel lacks it); a flag Megatron-LM's own parser already has is left to it."""
+    if script != "inference":
+        return parser
+    from graphdoctor.config.inference_flags import INFERENCE_FLAGS, SOURCE
+
+    group = parser.add_argument_group(title=f"inference script ({SOURCE})")
+    for row in INFERENCE_FLAGS:
+        options = [str(o) for o in row["options"]]  # type: ignore[attr-defined]
+        if any(o in parser._option_string_actions for o in options):
+            continue
+        kwargs: dict[str, Any] = {"dest": row["dest"]}
+        if row["action"] in ("store_true", "store_false"):
+            kwargs["action"] = row["action"]
+        else:
+            kwargs.update(type={"int": int, "float": float}.get(str(row["type"]), str), default=row["default"])
+            if row["nargs"] is not None:
+                kwargs["nargs"] = row["nargs"]
+        group.add_argument(*options, **kwargs)
+    return parser
+
+
 @cache
-def megatron_flags() -> dict[str, MegatronFlag]:
-    """Every option string of Megatron-LM's `add_megatron_arguments` parser -> MegatronFlag.
+def megatron_flags(script: str = "training") -> dict[str, MegatronFlag]:
+    """Every option string of Megatron-LM's `add_megatron_arguments` parser (with the flags `script` adds,
+    add_script_flags) -> MegatronFlag.
 
     Raises:
         MissingDependencyError: megatron.training (part of the megatron-core wheel) does not import.
@@ -105,6 +135,7 @@ def megatron_flags() -> dict[str, MegatronFlag]:
         # argparse warns about BooleanOptionalAction(type=...) while the parser is built; not the user's problem
         warnings.simplefilter("ignore")
         arguments.add_megatron_arguments(parser)
+        add_script_flags(parser, script)
     groups = {id(a): g.title or "" for g in parser._action_groups for a in g._group_actions}
     table: dict[str, MegatronFlag] = {}
     for action in parser._actions:
@@ -215,5 +246,5 @@ def validate_transformer(values: dict[str, Any], where: str) -> None:
 
 
 
-__all__ = ["NO_DEFAULT", "PATTERN_TYPES", "MegatronFlag", "config_fields", "enum_default_name", "launcher_flags",
+__all__ = ["NO_DEFAULT", "PATTERN_TYPES", "SCRIPTS", "MegatronFlag", "add_script_flags", "config_fields", "enum_default_name", "launcher_flags",
            "megatron_flags", "training_arguments", "transformer_fields", "validate_transformer"]
