@@ -2,7 +2,8 @@
 
 The public API, importable without click and without touching CUDA (names load lazily):
 `diff(DiffConfig) -> DiffReport`, `check(...) -> CheckReport`, `triage(path) -> TriageReport`,
-`account_trace(path) -> TraceAccounting`, `probe(config) -> ProbeReport`.
+`account_trace(path) -> TraceAccounting`, `probe(config) -> ProbeReport`;
+`assert_graphs_match(report)` fails a test with a diff's verdict lines.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ _EXPORTS: dict[str, str] = {
     "load_run_file": "graphdoctor.config",
     "diff": "graphdoctor.diff",
     "DiffReport": "graphdoctor.diff",
+    "assert_graphs_match": "graphdoctor.plugin_session",
     "Verdict": "graphdoctor.types",
     "RunRecord": "graphdoctor.protocol",
     "check": "graphdoctor.rules",

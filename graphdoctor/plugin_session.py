@@ -1,5 +1,6 @@
 """The pytest plugin's session: start-up validation of the `--gd-*` options, skip reasons, one GPU
-per pytest-xdist worker, the verdicts of every `graphdoctor_diff` call and `--gd-report-dir`.
+per pytest-xdist worker, the verdicts of every `graphdoctor_diff` call, `--gd-report-dir` and
+`assert_graphs_match` (a failed diff's verdict lines as the failure message).
 
 No pytest hooks here (graphdoctor/pytest_plugin.py has them), so the logic is testable alone.
 """
@@ -12,7 +13,12 @@ import re
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from graphdoctor.errors import GraphDoctorError
+
+if TYPE_CHECKING:
+    from graphdoctor.diff import DiffReport
 
 TE_IMPL = "transformer_engine"
 USER_PROPERTY = "graphdoctor"
@@ -35,6 +41,39 @@ class Verdicts:
         status = "ok" if self.exit_code == 0 else "FAILED"
         where = f" -> {self.report_path}" if self.report_path is not None else ""
         return f"{self.nodeid}: {verdicts} [{status}]{where}"
+
+
+class GraphMismatchError(GraphDoctorError, AssertionError):
+    """Raised by assert_graphs_match: the diff's exit code is not 0; the message is its verdict lines."""
+
+
+def failure_message(report: DiffReport) -> str:
+    """The verdict lines of a diff (graphdoctor.report.diff.verdict_lines) as one message."""
+    from graphdoctor.report.diff import verdict_lines
+
+    return "\n".join(verdict_lines(report))
+
+
+def assert_graphs_match(report: DiffReport) -> None:
+    """Fail the calling test unless `report.exit_code() == 0`, with the diff's verdict lines as the message.
+
+    Example:
+        report = graphdoctor_diff(impls=("local",), dropout=0.0)
+        graphdoctor.assert_graphs_match(report)
+
+    Args:
+        report: What `graphdoctor_diff(...)` or `graphdoctor.diff(config)` returned.
+
+    Raises:
+        GraphMismatchError: an AssertionError (and a GraphDoctorError) when the exit code is not 0: an
+            implementation failed, a process hung at exit, the reference hit a usage error or a signal
+            stopped the diff. Its first line reads `graphdoctor diff exit code 1: local numeric-divergence`;
+            the lines after it name, per implementation, the verdict, first divergence, module, file:line,
+            fix and rule.
+    """
+    __tracebackhide__ = True  # pytest shows the caller's line, not this one
+    if report.exit_code() != 0:
+        raise GraphMismatchError(failure_message(report))
 
 
 def num_visible_gpus() -> int:
@@ -160,5 +199,5 @@ def set_up_worker_gpu() -> int | None:
     return pin_worker_gpu(os.environ, num_visible_gpus())
 
 
-__all__ = ["USER_PROPERTY", "PluginSession", "Verdicts", "gpu_for_worker", "num_visible_gpus", "pin_worker_gpu",
-           "set_up_worker_gpu", "skip_reason"]
+__all__ = ["USER_PROPERTY", "GraphMismatchError", "PluginSession", "Verdicts", "assert_graphs_match", "failure_message",
+           "gpu_for_worker", "num_visible_gpus", "pin_worker_gpu", "set_up_worker_gpu", "skip_reason"]

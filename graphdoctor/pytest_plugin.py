@@ -1,5 +1,6 @@
 """pytest plugin (entry point `pytest11: graphdoctor`): `--gd-*` options, the `gpu` and
-`graphdoctor` markers, a `graphdoctor_diff` fixture and a terminal summary of its verdicts.
+`graphdoctor` markers, a `graphdoctor_diff` fixture, the verdict lines of its failed diffs in a
+failing test's report and a terminal summary of its verdicts.
 
 Hooks and fixtures only; the logic is in graphdoctor.plugin_session and the work is done by the
 same Python API as the CLI (`graphdoctor.diff.diff`). Options come from the one table in
@@ -8,7 +9,7 @@ graphdoctor.options, so CLI and plugin list the same options.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -20,6 +21,9 @@ MARKER_KWARGS = frozenset(opt.field for opt in DIFF_OPTIONS if opt.field)
 
 OPTIONS_KEY = pytest.StashKey[dict[str, Any]]()
 SESSION_KEY = pytest.StashKey[Any]()
+FAILED_DIFFS_KEY = pytest.StashKey[list[str]]()
+"""On a test item: the verdict lines (one message per call) of its graphdoctor_diff calls that did not pass."""
+FAILED_DIFFS_SECTION = "graphdoctor: diffs in this test that did not pass"
 GPU_MARKER = "gpu: needs a CUDA GPU; skipped, with the reason, where none is visible (graphdoctor plugin)"
 GRAPHDOCTOR_MARKER = "graphdoctor(**fields): DiffConfig fields for the graphdoctor_diff fixture"
 
@@ -76,6 +80,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing test that made a graphdoctor_diff call which did not pass gets that call's verdict lines as a
+    section of its failure (whatever the assertion was: `report.exit_code() == 0` compares two ints, which
+    pytest_assertrepr_compare cannot tie to the report); not when assert_graphs_match raised, whose message
+    holds them already."""
+    report = yield
+    messages = item.stash.get(FAILED_DIFFS_KEY, None)
+    if report.when != "call" or not report.failed or not messages:
+        return report
+    from graphdoctor.plugin_session import GraphMismatchError
+
+    if call.excinfo is not None and call.excinfo.errisinstance(GraphMismatchError):
+        return report
+    content = "\n\n".join(messages)
+    addsection = getattr(report.longrepr, "addsection", None)  # an ExceptionRepr, the usual failure
+    if callable(addsection):
+        addsection(FAILED_DIFFS_SECTION, content)
+    else:
+        report.sections.append((FAILED_DIFFS_SECTION, content))
+    return report
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None or not session.summary:
@@ -106,9 +134,9 @@ def graphdoctor_diff(request: pytest.FixtureRequest) -> Callable[..., Any]:
         @pytest.mark.gpu
         def test_graphs_match(graphdoctor_diff):
             report = graphdoctor_diff(impls=("full_iteration",), dropout=0.0)
-            assert report.exit_code() == 0
+            graphdoctor.assert_graphs_match(report)  # fails with the verdict lines
     """
-    from graphdoctor.plugin_session import USER_PROPERTY, num_visible_gpus, skip_reason
+    from graphdoctor.plugin_session import USER_PROPERTY, failure_message, num_visible_gpus, skip_reason
 
     session = request.config.stash[SESSION_KEY]
     base = {**session.options, **_marker_fields(request)}
@@ -134,6 +162,8 @@ def graphdoctor_diff(request: pytest.FixtureRequest) -> Callable[..., Any]:
                                     "ended") from stop
         verdicts = session.record(request.node.nodeid, report)
         request.node.user_properties.append((USER_PROPERTY, verdicts.line()))
+        if verdicts.exit_code != 0:
+            request.node.stash.setdefault(FAILED_DIFFS_KEY, []).append(failure_message(report))
         return report
 
     return run

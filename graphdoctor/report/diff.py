@@ -112,6 +112,29 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
+def verdict_lines(report: DiffReport) -> list[str]:
+    """A diff's verdicts as a failing test shows them (graphdoctor.assert_graphs_match, the pytest plugin).
+
+    `graphdoctor diff exit code 1: local numeric-divergence` first (pytest's short summary shows that line),
+    then the header line, one line per implementation (its summary row: verdict, first divergence, max abs
+    and rel), then the lines render_text prints under its table (each failure's diagnosis with its module,
+    file:line, fix and rule; control pairs, notes).
+    """
+    verdicts = ", ".join(f"{r.impl} {r.verdict.value}" for r in report.results)
+    stopped = f" (stopped by {report.stopped}: a partial report)" if report.stopped else ""
+    lines = [f"graphdoctor diff exit code {report.exit_code()}{stopped}: {verdicts or 'no implementation'}",
+             header_line(report.config)]
+    for impl, verdict, first, max_abs, max_rel, *_ in summary_rows(report):
+        line = f"{impl}: {verdict}"
+        if first != "-":
+            line += f", first divergence {first}"
+        if max_abs != "-" and not verdict.startswith("match"):
+            line += f", max abs {max_abs}, max rel {max_rel}"
+        lines.append(line)
+    details = _details(report, verbose=False)
+    return [*lines, *details[:-1]]  # _details ends in a blank line
+
+
 def header_line(cfg: DiffConfig, command: str = "graphdoctor diff") -> str:
     """The first line of a diff's summary (and of `diff --plan`): the model, the run and the comparison policy."""
     policy = "bitwise" if cfg.bitwise else f"rtol={cfg.rtol:g} atol={cfg.atol:g}"
@@ -281,4 +304,4 @@ def write_json(report: DiffReport, path: str | os.PathLike[str]) -> Path:
 
 __all__ = ["header_line", "json_safe", "launch_table", "launch_table_from_sections", "model_line", "placement_line",
            "render_text",
-           "summary_rows", "write_json"]
+           "summary_rows", "verdict_lines", "write_json"]
