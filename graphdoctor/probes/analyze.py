@@ -3,7 +3,8 @@
 Pure Python: no torch, no CUDA. Code, name, severity, message template and fix come from the rule
 catalogue (`get_rule`), the one source of truth. Observations are deduplicated by (code, location); a
 failed capture either confirms an observation or, when it only shows the 901 cascade, becomes a GD510
-naming the root.
+naming the root. Library-internal findings (LIBRARY_HIDDEN_CODES with no user frame) are marked, and
+`hide_library_findings` splits them off.
 """
 
 from __future__ import annotations
@@ -53,6 +54,41 @@ def host_only_library(obs: Observation) -> bool:
     return obs.host_only and (obs.library_issuer or not obs.user_code)
 
 
+LIBRARY_HIDDEN_CODES: frozenset[str] = frozenset({"GD507"})
+"""Codes hidden by default when no frame of the recorded stack is user code: host work inside
+Megatron, torch, TE or apex that the user can neither see nor change."""
+
+SHOW_LIBRARY_OPTION = "--show-library-findings"
+"""The `graphdoctor check` flag that shows library-internal findings (Python: show_library_findings)."""
+
+
+def library_internal(obs: Observation) -> bool:
+    """True for an observation hidden by default: its code is in LIBRARY_HIDDEN_CODES and no frame
+    of its stack was user code (`Observation.user_code`, decided by the recorder's pick_location),
+    e.g. the `aten::eq` of Megatron's RNG tracker check inside core attention. A hit with a user
+    frame anywhere on its stack is never library-internal."""
+    return obs.code in LIBRARY_HIDDEN_CODES and not obs.user_code
+
+
+def hide_library_findings(findings: Iterable[Finding]) -> tuple[list[Finding], list[Finding]]:
+    """Split findings into (shown, hidden): hidden are those `analyze` marked
+    `extra['library_internal']`; the order of each part is kept."""
+    shown: list[Finding] = []
+    hidden: list[Finding] = []
+    for finding in findings:
+        (hidden if finding.extra.get("library_internal") is True else shown).append(finding)
+    return shown, hidden
+
+
+def hidden_note(num_hidden: int) -> str | None:
+    """The report note for `num_hidden` hidden library-internal findings, or None when there are none."""
+    if not num_hidden:
+        return None
+    codes = ", ".join(sorted(LIBRARY_HIDDEN_CODES))
+    return (f"probe: {num_hidden} library-internal finding(s) hidden ({codes} with no user frame on the "
+            f"stack); {SHOW_LIBRARY_OPTION} shows them")
+
+
 def _severity(obs: Observation, default: Severity) -> Severity:
     if host_only_library(obs):
         return Severity.INFO
@@ -74,7 +110,7 @@ def _finding(obs: Observation, *, also_in: list[str], confirmed: bool) -> Findin
     return rule.finding(
         locations=(obs.location,), severity=severity, source="probe", detail=detail, where=obs.location,
         extra={"module": obs.module, "operator": obs.operator, "user_code": obs.user_code,
-               "host_only": obs.host_only,
+               "host_only": obs.host_only, "library_internal": library_internal(obs),
                "also_in": also_in, "confirmed_by_capture": confirmed, "detail": obs.detail},
     )
 
@@ -184,4 +220,6 @@ def analyze(observations: Iterable[Observation], captures: Iterable[CaptureResul
     return sorted(findings, key=lambda f: (order[f.severity], f.code))
 
 
-__all__ = ["CAPTURE_BREAKING", "CULPRIT_CODES", "HOST_ONLY_LIBRARY_REASON", "PROBE_CODES", "analyze", "culprit_of", "dedupe", "failing_leaves", "host_only_library"]
+__all__ = ["CAPTURE_BREAKING", "CULPRIT_CODES", "HOST_ONLY_LIBRARY_REASON", "LIBRARY_HIDDEN_CODES", "PROBE_CODES",
+           "SHOW_LIBRARY_OPTION", "analyze", "culprit_of", "dedupe", "failing_leaves", "hidden_note",
+           "hide_library_findings", "host_only_library", "library_internal"]

@@ -15,9 +15,10 @@ from graphdoctor.config import DiffConfig, diff_config_from
 from graphdoctor.errors import NoGPUError
 from graphdoctor.parent.children import user_import_dir
 from graphdoctor.parent.runner import child_env, python_command, run_isolated
-from graphdoctor.probes.analyze import analyze
+from graphdoctor.probes.analyze import analyze, hide_library_findings
 from graphdoctor.probes.types import CaptureResult, Observation, ProbeReport
 from graphdoctor.protocol.spec import ProbeJob
+from graphdoctor.rules.finding import Finding
 
 MAX_WORKER_RUNS = 8
 """Upper bound on fresh worker processes per probe (one more after each poisoned context)."""
@@ -44,6 +45,7 @@ def probe(
     layers: list[int] | None = None,
     timeout_s: float | None = None,
     warmup_iters: int = 2,
+    show_library_findings: bool = False,
     **overrides: Any,
 ) -> ProbeReport:
     """Probe every layer of the configured model for operations that are unsafe to capture.
@@ -56,6 +58,8 @@ def probe(
         layers: decoder layer indices to probe; all when None.
         timeout_s: wall-clock limit of each worker process; default the config's timeout_s.
         warmup_iters: eager calls on a side stream before each capture.
+        show_library_findings: keep library-internal findings (a GD507 with no user frame on its
+            stack) in `findings`; by default they go to `hidden_findings`.
         **overrides: DiffConfig fields that replace the config's (None values are ignored).
 
     Returns:
@@ -82,7 +86,7 @@ def probe(
         if payload.get("tool_error") or poisoned is None:
             break
         remaining = [i for i in remaining if i > poisoned]
-    return report_from_payloads(payloads, spec=diff_config.to_dict())
+    return report_from_payloads(payloads, spec=diff_config.to_dict(), show_library_findings=show_library_findings)
 
 
 def _run_worker(job: ProbeJob, timeout_s: float) -> dict[str, Any]:
@@ -101,8 +105,10 @@ def _run_worker(job: ProbeJob, timeout_s: float) -> dict[str, Any]:
         return result
 
 
-def report_from_payloads(payloads: list[dict[str, Any]], *, spec: dict[str, Any] | None = None) -> ProbeReport:
-    """Merge worker payloads (see megatron.probe_layers) and analyze them into a ProbeReport."""
+def report_from_payloads(payloads: list[dict[str, Any]], *, spec: dict[str, Any] | None = None,
+                         show_library_findings: bool = False) -> ProbeReport:
+    """Merge worker payloads (see megatron.probe_layers) and analyze them into a ProbeReport; the
+    library-internal findings go to `hidden_findings` unless `show_library_findings`."""
     observations: list[Observation] = []
     captures: list[CaptureResult] = []
     tool_errors: list[str] = []
@@ -113,8 +119,13 @@ def report_from_payloads(payloads: list[dict[str, Any]], *, spec: dict[str, Any]
         recording_errors.extend(payload.get("recording_errors", []))
         if payload.get("tool_error"):
             tool_errors.append(str(payload["tool_error"]))
+    findings = analyze(observations, captures)
+    hidden: list[Finding] = []
+    if not show_library_findings:
+        findings, hidden = hide_library_findings(findings)
     return ProbeReport(
-        findings=tuple(analyze(observations, captures)),
+        findings=tuple(findings),
+        hidden_findings=tuple(hidden),
         captures=tuple(captures),
         num_observations=len(observations),
         tool_errors=tuple(tool_errors),

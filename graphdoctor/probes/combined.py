@@ -12,6 +12,7 @@ from typing import Any
 
 from graphdoctor.config import RunFile
 from graphdoctor.errors import UsageError
+from graphdoctor.probes.analyze import hidden_note
 from graphdoctor.probes.api import probe
 from graphdoctor.probes.types import ProbeReport
 from graphdoctor.rules import CheckReport, EnvironmentFacts, MegatronArgs, check
@@ -49,6 +50,7 @@ def check_with_probes(
     select: Iterable[str] | None = None,
     timeout_s: float | None = None,
     layers: list[int] | None = None,
+    show_library_findings: bool = False,
 ) -> ProbedCheck:
     """Run the static rules, then probe the configured model, and merge both into one report.
 
@@ -62,6 +64,8 @@ def check_with_probes(
         select: only report these codes, static and probe alike (default: all).
         timeout_s: wall-clock limit of each probe worker; default the config's timeout_s.
         layers: decoder layer indices to probe; all when None.
+        show_library_findings: also report library-internal probe findings (a GD507 with no user
+            frame on its stack); by default they are left out and one note counts them.
 
     Returns:
         The ProbedCheck; `exit_code` is 0, 1 or 2 as for `graphdoctor check`.
@@ -74,13 +78,16 @@ def check_with_probes(
         raise UsageError(f"probe_timeout: got {timeout_s!r}, expected seconds > 0")
     wanted = {c.strip().upper() for c in select} if select is not None else None
     static = check(run_file_or_mapping, megatron_args, env, facts=facts, select=wanted)
-    probed = probe(config, layers=layers, timeout_s=timeout_s)
+    probed = probe(config, layers=layers, timeout_s=timeout_s, show_library_findings=show_library_findings)
     findings = [f for f in probed.findings if wanted is None or f.code in wanted]
-    return ProbedCheck(report=static.merged(findings, probe_notes(config, probed)), probe=probed)
+    num_hidden = sum(1 for f in probed.hidden_findings if wanted is None or f.code in wanted)
+    notes = probe_notes(config, probed, num_hidden=num_hidden)
+    return ProbedCheck(report=static.merged(findings, notes), probe=probed)
 
 
-def probe_notes(config: Any, report: ProbeReport) -> list[str]:
-    """Notes for the merged report: ignored config fields, a capture summary and tool errors."""
+def probe_notes(config: Any, report: ProbeReport, *, num_hidden: int | None = None) -> list[str]:
+    """Notes for the merged report: ignored config fields, a capture summary, the count of hidden
+    library-internal findings (`num_hidden`, default all of `report.hidden_findings`) and tool errors."""
     notes = []
     for name in UNUSED_BY_PROBES:
         value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
@@ -92,6 +99,9 @@ def probe_notes(config: Any, report: ProbeReport) -> list[str]:
     if failed:
         summary += f" ({', '.join(failed)})"
     notes.append(f"{summary}; {report.num_observations} unsafe operation(s) recorded")
+    hidden = hidden_note(len(report.hidden_findings) if num_hidden is None else num_hidden)
+    if hidden is not None:
+        notes.append(hidden)
     notes.extend(f"probe tool error: {error}" for error in report.tool_errors)
     return notes
 

@@ -114,6 +114,10 @@ class ProbeReport:
     tool_errors: tuple[str, ...] = ()
     """Problems of the probe itself (worker crash, timeout, model build failure)."""
 
+    hidden_findings: tuple[Finding, ...] = ()
+    """Library-internal findings left out of `findings` (`extra['library_internal']`: a GD507 with no
+    user frame on its stack); empty when they were asked for, then they are in `findings`."""
+
     extra: dict[str, Any] = field(default_factory=dict)
     """Run facts for JSON consumers (spec, torch version, worker runs)."""
 
@@ -140,6 +144,7 @@ class ProbeReport:
             "captures": [c.to_dict() for c in self.captures],
             "num_observations": self.num_observations,
             "tool_errors": list(self.tool_errors),
+            "hidden_findings": [f.to_dict() for f in self.hidden_findings],
             "extra": dict(self.extra),
         }
 
