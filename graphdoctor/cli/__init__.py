@@ -12,6 +12,7 @@ import errno
 import logging
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +53,9 @@ class _Group(click.Group):
         # torch logs "No CUDA runtime is found" from cpp_extension when megatron imports it on a
         # CPU machine: noise on every CPU command, never actionable there.
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        # megatron-core warns at import that Apex is missing (its norm falls back to torch's): the rules that
+        # depend on Apex (GD308) and the refusals of what cannot build without it say so where it matters.
+        warnings.filterwarnings("ignore", message="Apex is not installed", category=UserWarning)
         return super().invoke(ctx)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
