@@ -9,11 +9,20 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from graphdoctor.rules.context import CheckContext
+    from graphdoctor.rules.finding import Severity
 
 
 def t(*names: str) -> tuple[str, ...]:
     """`transformer.<name>` keys for Hit.fields."""
     return tuple(f"transformer.{n}" for n in names)
+
+
+def rewritten(ctx: CheckContext) -> Severity | None:
+    """The severity of a deprecated spelling: info on a Megatron-LM line, whose validate_args rewrites it by itself
+    (with its own deprecation warning); the rule's own elsewhere."""
+    from graphdoctor.rules.finding import Severity
+
+    return Severity.INFO if ctx.megatron_lm else None
 
 
 def given(ctx: CheckContext, *names: str) -> tuple[str, ...]:
@@ -32,4 +41,4 @@ def selective_recompute(ctx: CheckContext) -> tuple[list[str], tuple[str, ...]] 
     return list(modules), (*given(ctx, "recompute_granularity", "recompute_modules"), *declared)
 
 
-__all__ = ["given", "selective_recompute", "t"]
+__all__ = ["given", "rewritten", "selective_recompute", "t"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from graphdoctor.checks import given, t
+from graphdoctor.checks import given, rewritten, t
 
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
@@ -48,6 +48,7 @@ class LegacyFlagWithCudaGraphImpl(Rule):
     name = "legacy-flag-with-cuda-graph-impl"
     severity = Severity.ERROR
     fix = FixAvailability.ALWAYS
+    applies_to_inference = True
     template = "{flag}=True together with cuda_graph_impl={impl!r}; Megatron rejects the combination"
     fix_template = "Remove {flag} and keep cuda_graph_impl={impl!r}"
 
@@ -84,6 +85,7 @@ class LegacyFlagsBothEnabled(Rule):
     name = "legacy-flags-both-enabled"
     severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     template = "enable_cuda_graph and external_cuda_graph are both True; they select different implementations"
     fix_template = "Replace both flags with cuda_graph_impl='local' or 'transformer_engine'"
 
@@ -120,6 +122,7 @@ class DeprecatedLegacyCudaGraphFlag(Rule):
     name = "deprecated-legacy-cuda-graph-flag"
     severity = Severity.WARNING
     fix = FixAvailability.ALWAYS
+    applies_to_inference = True
     template = "{flag} is deprecated; Megatron rewrites it to cuda_graph_impl={impl!r}"
     fix_template = "Replace {flag}: true with cuda_graph_impl: {impl}"
 
@@ -128,7 +131,7 @@ class DeprecatedLegacyCudaGraphFlag(Rule):
             return
         for flag, impl in (("enable_cuda_graph", "local"), ("external_cuda_graph", "transformer_engine")):
             if ctx.value(flag):
-                yield Hit(t(flag), {"flag": flag, "impl": impl})
+                yield Hit(t(flag), {"flag": flag, "impl": impl}, severity=rewritten(ctx))
 
 
 class CudaGraphScopeWithModules(Rule):
@@ -159,6 +162,7 @@ class CudaGraphScopeWithModules(Rule):
     name = "cuda-graph-scope-with-modules"
     severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     template = "cuda_graph_scope={scope!r} and cuda_graph_modules={modules!r} are both set"
     fix_template = "Move the cuda_graph_scope values into cuda_graph_modules and delete cuda_graph_scope"
 
@@ -194,12 +198,13 @@ class DeprecatedCudaGraphScope(Rule):
     name = "deprecated-cuda-graph-scope"
     severity = Severity.WARNING
     fix = FixAvailability.ALWAYS
+    applies_to_inference = True
     template = "cuda_graph_scope={scope!r} is deprecated"
     fix_template = "Rename cuda_graph_scope to cuda_graph_modules"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         if ctx.value("cuda_graph_scope") is not None and not ctx.graph.scope_with_modules:
-            yield Hit(t("cuda_graph_scope"), {"scope": ctx.value("cuda_graph_scope")})
+            yield Hit(t("cuda_graph_scope"), {"scope": ctx.value("cuda_graph_scope")}, severity=rewritten(ctx))
 
 
 class DeprecatedFullModuleValue(Rule):
@@ -229,13 +234,14 @@ class DeprecatedFullModuleValue(Rule):
     name = "deprecated-full-module-value"
     severity = Severity.WARNING
     fix = FixAvailability.ALWAYS
+    applies_to_inference = True
     template = "cuda_graph_modules 'full' is deprecated (it means the whole layer)"
     fix_template = "Replace 'full' with an empty cuda_graph_modules list"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         fields = given(ctx, "cuda_graph_modules", "cuda_graph_scope")
         if ctx.graph.used_full and not ctx.graph.full_mixed and fields:
-            yield Hit(fields)
+            yield Hit(fields, severity=rewritten(ctx))
 
 
 class NanCheckWithFullIteration(Rule):
@@ -275,6 +281,8 @@ class NanCheckWithFullIteration(Rule):
     fix_template = "Add --no-check-for-nan-in-loss-and-grad"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
+        if ctx.bridge is not None:
+            return  # a Megatron-Bridge config: Bridge's own rerun_state_machine check is GD142
         if ctx.megatron_lm and ctx.graph.impl == "full_iteration" and ctx.arg("check_for_nan_in_loss_and_grad"):
             yield Hit(("args.check_for_nan_in_loss_and_grad", *t("cuda_graph_impl", "cuda_graph_modules")))
 
@@ -282,13 +290,15 @@ class NanCheckWithFullIteration(Rule):
 class TeRngTrackerNotEnabled(Rule):
     """## What it does
     Flags a Megatron-LM launch with CUDA graphs and Transformer Engine (as `--transformer-impl`, the
-    default, or as `--cuda-graph-impl`) without `--te-rng-tracker`.
+    default, or as `--cuda-graph-impl`) whose run gets no TE RNG tracker: only where Megatron-LM's
+    `validate_args` could not be asked (megatron.training does not import where the check runs).
 
     ## Why is this bad?
-    TE graphs register only TE's RNG states (TE `graph.py:485-490`), so Megatron-LM silently forces
-    `te_rng_tracker=True` with the warning "te_rng_tracker is not enabled, enabling it for CUDA
-    graphs." (`arguments.py:1873-1879`). Scripts that build the model outside Megatron-LM get no such
-    rescue, and NVIDIA/Megatron-LM#1566 shows the tracker clash when it is missing.
+    TE graphs register only TE's RNG states (TE `graph.py:485-490`); NVIDIA/Megatron-LM#1566 shows the
+    tracker clash when it is missing. Megatron-LM's `validate_args` turns it on by itself, with the
+    warning "te_rng_tracker is not enabled, enabling it for CUDA graphs." (`arguments.py:1873-1879`):
+    wherever `check` reads a line through Megatron-LM, that is what the run gets, and the note says so
+    instead of a finding. Megatron-Bridge refuses the same configuration (its own rule).
 
     ## Example
     ```
@@ -302,19 +312,27 @@ class TeRngTrackerNotEnabled(Rule):
 
     ## Fix
     Add `--te-rng-tracker` (and pass `te_rng_tracker=True` to `model_parallel_cuda_manual_seed`).
+
+    ## Known problems
+    With megatron-core installed (a dependency of graphdoctor) validate_args is always asked, so this rule
+    does not report; it stays for a check made where megatron.training cannot import.
     """
 
     code = "GD116"
     name = "te-rng-tracker-not-enabled"
     severity = Severity.WARNING
     fix = FixAvailability.ALWAYS
-    template = "CUDA graphs with Transformer Engine ({which}) but te_rng_tracker is off; Megatron-LM forces it on"
+    template = "CUDA graphs with Transformer Engine ({which}) but te_rng_tracker is off"
     fix_template = "Add --te-rng-tracker"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         impl, transformer_impl = ctx.graph.impl, ctx.value("transformer_impl")
         if not ctx.megatron_lm or impl == "none" or ctx.arg("te_rng_tracker"):
             return
+        if ctx.bridge is not None:
+            return  # a Megatron-Bridge config: Bridge refuses instead of turning the tracker on (GD143)
+        if ctx.megatron is not None and (ctx.megatron.args is not None or ctx.megatron.refusal is not None):
+            return  # Megatron-LM read the line: validate_args turns the tracker on (the reading's note)
         if "transformer_engine" in (impl, transformer_impl):
             which = "cuda_graph_impl" if impl == "transformer_engine" else "transformer_impl"
             yield Hit(("args.te_rng_tracker", *t("cuda_graph_impl")), {"which": which})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from graphdoctor.checks import t
+from graphdoctor.checks import rewritten, t
 
 from graphdoctor.config.graph_settings import (
     ALLOWED_INFERENCE_SCOPES,
@@ -48,6 +48,7 @@ class FullModuleMixedWithOthers(Rule):
     name = "full-module-mixed-with-others"
     severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     template = "cuda_graph_modules={modules!r} combines 'full' with other modules"
     fix_template = "Drop 'full' (whole layer = empty list) or drop the other modules"
 
@@ -84,6 +85,7 @@ class UnknownCudaGraphModule(Rule):
     name = "unknown-cuda-graph-module"
     severity = Severity.ERROR
     fix = FixAvailability.NONE
+    applies_to_inference = True
     template = "cuda_graph_modules entry {entry!r} is not a CudaGraphModule name"
     fix_template = "Use one of attn, mlp, moe, moe_router, moe_preprocess, mamba"
 
@@ -120,6 +122,7 @@ class DeprecatedFullIterationModuleValue(Rule):
     name = "deprecated-full-iteration-module-value"
     severity = Severity.WARNING
     fix = FixAvailability.ALWAYS
+    applies_to_inference = True
     template = "cuda_graph_modules {value!r} is deprecated; {effect}"
     fix_template = "Remove {value!r} from cuda_graph_modules and set {replacement}"
 
@@ -135,7 +138,7 @@ class DeprecatedFullIterationModuleValue(Rule):
         else:
             effect, replacement = "it sets inference_cuda_graph_scope='block'", "inference_cuda_graph_scope='block'"
         yield Hit(t("cuda_graph_modules", "cuda_graph_scope"),
-                  {"value": value, "effect": effect, "replacement": replacement})
+                  {"value": value, "effect": effect, "replacement": replacement}, severity=rewritten(ctx))
 
 
 class MultipleDeprecatedModuleValues(Rule):
@@ -164,6 +167,7 @@ class MultipleDeprecatedModuleValues(Rule):
     name = "multiple-deprecated-module-values"
     severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     template = "cuda_graph_modules mixes deprecated values {values!r}"
     fix_template = "Replace the deprecated values with cuda_graph_impl / inference_cuda_graph_scope"
 
@@ -201,6 +205,7 @@ class DeprecatedModuleValueConflict(Rule):
     name = "deprecated-module-value-conflict"
     severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     template = "cuda_graph_modules {value!r} cannot be combined with {field}={got!r}"
     fix_template = "Remove {value!r} from cuda_graph_modules and set cuda_graph_impl / inference_cuda_graph_scope"
 
@@ -243,6 +248,7 @@ class UnknownCudaGraphImpl(Rule):
     name = "unknown-cuda-graph-impl"
     severity = Severity.ERROR
     fix = FixAvailability.NONE
+    applies_to_inference = True
     template = "cuda_graph_impl={impl!r} is not an implementation Megatron knows"
     fix_template = "Set cuda_graph_impl to one of none, local, transformer_engine, full_iteration"
 
@@ -279,6 +285,7 @@ class InvalidInferenceGraphScope(Rule):
     name = "invalid-inference-graph-scope"
     severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     template = "inference_cuda_graph_scope={scope!r} is not valid for cuda_graph_impl={impl!r} (allowed: {allowed})"
     fix_template = "Set inference_cuda_graph_scope to one of {allowed} or unset it"
 
@@ -321,6 +328,7 @@ class ModulesWithFullIterationImpl(Rule):
     name = "modules-with-full-iteration-impl"
     severity = Severity.ERROR
     fix = FixAvailability.ALWAYS
+    applies_to_inference = True
     template = "cuda_graph_modules={modules!r} with cuda_graph_impl='full_iteration'"
     fix_template = "Empty cuda_graph_modules, or choose cuda_graph_impl='local'/'transformer_engine'"
 
@@ -356,6 +364,7 @@ class ModulesWithoutGraphImpl(Rule):
     name = "modules-without-graph-impl"
     severity = Severity.WARNING
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     template = "cuda_graph_modules={modules!r} has no effect with cuda_graph_impl='none'"
     fix_template = "Set cuda_graph_impl or delete cuda_graph_modules"
 

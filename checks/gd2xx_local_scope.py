@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from graphdoctor.checks.gd1xx_bridge import bridge_refuses_local
 from graphdoctor.checks.gd2xx_moe_dispatch import per_layer_runs
 
 from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS
@@ -39,11 +40,12 @@ def builds_gpt_layers(ctx: CheckContext) -> bool:
 def local_layer_graph(modules: tuple[str, ...], moe: bool) -> str | None:
     """What `local` graphs in a GPT TransformerLayer for a non-empty list: `whole` (the layer's whole
     forward), `nothing`, or None where Megatron refuses the list (`mlp` on MoE layers: GD204; MoE
-    modules on a dense model: GD203, transformer_config.py:2491-2495)."""
+    modules on a dense model: GD203, transformer_config.py:2491-2495) or its set-up crashes (`mlp` without
+    `attn` on dense layers: GD240)."""
     if "attn" in modules:
         return "whole"
     if "mlp" in modules:
-        return None if moe else "whole"
+        return None  # dense: Megatron's set-up crashes (GD240); MoE: Megatron refuses it (GD204)
     if not moe and {"moe", "moe_router", "moe_preprocess"} & set(modules):
         return None
     return "nothing"
@@ -98,8 +100,8 @@ class LocalScopeIsWholeLayerOrNothing(Rule):
                     "local graphs")
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if not builds_gpt_layers(ctx):
-            return
+        if not builds_gpt_layers(ctx) or bridge_refuses_local(ctx):
+            return  # (a Megatron-Bridge config refuses these `local` graphs itself: GD141)
         for run in per_layer_runs(ctx):
             if run.impl != "local" or not run.modules:
                 continue
@@ -114,3 +116,61 @@ class LocalScopeIsWholeLayerOrNothing(Rule):
 
 
 __all__ = ["LocalScopeIsWholeLayerOrNothing", "builds_gpt_layers", "local_layer_graph"]
+
+
+SETUP_CRASH = "megatron/core/transformer/transformer_layer.py:566"
+"""`assert not self.is_moe_layer` in create_mcore_cudagraph_manager, reached from GraphableMegatronModule.__init__
+(module.py:172-174) before TransformerLayer.__init__ sets is_moe_layer (transformer_layer.py:445)."""
+
+
+def local_mlp_crashes(modules: tuple[str, ...]) -> bool:
+    """`local` with this non-empty list reaches the `mlp` branch of create_mcore_cudagraph_manager."""
+    return "mlp" in modules and "attn" not in modules
+
+
+class LocalMlpScopeCrashesAtBuild(Rule):
+    """## What it does
+    Flags `cuda_graph_impl: local` with `cuda_graph_modules` holding `mlp` and not `attn`, on a model built of
+    Megatron's `TransformerLayer` (its GPT local and Transformer Engine specs, and specs built on them).
+
+    ## Why is this bad?
+    The model is never built. `TransformerLayer.__init__` calls `GraphableMegatronModule.__init__`
+    (`module.py:172-174`), whose `create_mcore_cudagraph_manager` takes the `mlp` branch and runs
+    `assert not self.is_moe_layer` (`transformer_layer.py:566`) before `__init__` has set `is_moe_layer`
+    (`transformer_layer.py:445`): `AttributeError: 'TransformerLayer' object has no attribute 'is_moe_layer'`
+    on every rank, at set-up (megatron-core 0.19.2; NVIDIA-NeMo/Megatron-Bridge#4583). Had it been built, `mlp`
+    would have graphed the whole layer anyway (GD219).
+
+    ## Example
+    ```yaml
+    transformer: {cuda_graph_impl: local, cuda_graph_modules: [mlp]}
+    ```
+
+    ## Use instead
+    ```yaml
+    transformer: {cuda_graph_impl: transformer_engine, cuda_graph_modules: [mlp]}
+    ```
+
+    ## Fix
+    Use `transformer_engine` for an MLP-only graph, or an empty `cuda_graph_modules` for whole-layer `local` graphs.
+
+    ## Known problems
+    A custom layer class that overrides `create_mcore_cudagraph_manager` (Megatron's `MoETransformerLayer`, which
+    hybrid specs build) does not crash; `model_provider` models are not judged. On MoE layers Megatron refuses
+    `mlp` earlier (GD204).
+    """
+
+    code = "GD240"
+    name = "local-mlp-scope-crashes-at-build"
+    severity = Severity.ERROR
+    fix = FixAvailability.SOMETIMES
+    template = ("local {modules} crashes while Megatron builds the model: AttributeError: 'TransformerLayer' object "
+                "has no attribute 'is_moe_layer' (at {location}; Megatron-Bridge#4583)")
+    fix_template = "Use transformer_engine for an MLP-only graph, or an empty cuda_graph_modules for whole-layer local graphs"
+
+    def detect(self, ctx: CheckContext) -> Iterator[Hit]:
+        if ctx.run.get("model_provider") or ctx.is_moe or bridge_refuses_local(ctx):
+            return  # (MoE: Megatron refuses `mlp` first, GD204; Megatron-Bridge refuses local scopes, GD141)
+        for run in per_layer_runs(ctx):
+            if run.impl == "local" and run.modules and local_mlp_crashes(run.modules):
+                yield Hit(run.fields, {"modules": list(run.modules), "location": SETUP_CRASH})

@@ -56,6 +56,7 @@ class ExpandableSegmentsWithNcclGraphRegister(Rule):
     name = "expandable-segments-with-nccl-graph-register"
     severity = Severity.ERROR
     fix = FixAvailability.ALWAYS
+    applies_to_inference = True
     template = "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True but NCCL_GRAPH_REGISTER={reg!r} ({where})"
     fix_template = "Set NCCL_GRAPH_REGISTER=0 in the job environment"
 
@@ -217,6 +218,7 @@ class TransformerEngineMissing(Rule):
     name = "transformer-engine-missing"
     severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     machine_facts = ("te_version", "te_has_torch_extension")
     machine_question = "is Transformer Engine installed there, with its PyTorch extension?"
     template = "cuda_graph_impl='transformer_engine' but {why} on the training machine"
@@ -296,6 +298,7 @@ class TransformerEngineTooOld(Rule):
     name = "transformer-engine-too-old"
     severity = Severity.WARNING
     fix = FixAvailability.NONE
+    applies_to_inference = True
     machine_facts = ("te_version",)
     machine_question = "which Transformer Engine is installed there?"
     template = "Transformer Engine {te} is older than {need}: {what}"
@@ -385,12 +388,14 @@ class NondeterministicTeAlgosAllowed(Rule):
     name = "nondeterministic-te-algos-allowed"
     severity = Severity.INFO
     fix = FixAvailability.ALWAYS
-    template = "NVTE_ALLOW_NONDETERMINISTIC_ALGO={value!r}; graph-vs-eager comparisons will not be bitwise"
+    template = "NVTE_ALLOW_NONDETERMINISTIC_ALGO {value}; graph-vs-eager comparisons will not be bitwise"
     fix_template = "Set NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 in the job environment"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         if ctx.graph.enabled and ctx.env and ctx.env.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") != "0":
-            yield Hit(("env.NVTE_ALLOW_NONDETERMINISTIC_ALGO",), {"value": ctx.env.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO")})
+            value = ctx.env.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO")
+            yield Hit(("env.NVTE_ALLOW_NONDETERMINISTIC_ALGO",),
+                      {"value": "unset (Transformer Engine allows them)" if value is None else f"={value!r}"})
 
 
 class LocalGraphsWeakRefsWithTransformerEngine(Rule):
@@ -444,6 +449,7 @@ class LocalGraphsWeakRefsWithTransformerEngine(Rule):
     name = "te-weak-refs-in-local-graphs"
     severity = Severity.WARNING
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     machine_facts = ("te_version", "te_has_torch_extension")
     machine_question = "does Transformer Engine import there, with its PyTorch extension?"
     template = ("local CUDA graphs with Transformer Engine {te} importable: megatron-core 0.19.2's make_weakref "

@@ -57,6 +57,7 @@ class SequenceParallelLocalSpecWithoutApex(Rule):
     name = "sequence-parallel-local-spec-without-apex"
     severity = Severity.ERROR
     fix = FixAvailability.SOMETIMES
+    applies_to_inference = True
     machine_facts = ("apex_installed",)
     machine_question = "is NVIDIA Apex installed there?"
     template = "sequence_parallel with the local layer spec ({which}) and no Apex: torch LayerNorm refuses it"

@@ -79,6 +79,10 @@ class EvalReplaysTrainingGraph(Rule):
 
     ## Fix
     Evaluate without graphs (delete them first) or use the transformer_engine impl, whose eval runs eager.
+
+    ## Known problems
+    Not reported for train_rl.py: its evaluation generates rollouts through the inference engine and its
+    inference graphs (megatron/training/training.py, `perform_rl_step`), not through the training layers' graphs.
     """
 
     code = "GD402"
@@ -89,7 +93,7 @@ class EvalReplaysTrainingGraph(Rule):
     fix_template = "Run evaluation eagerly or switch to cuda_graph_impl='transformer_engine'"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl != "local":
+        if ctx.graph.impl != "local" or (ctx.megatron is not None and ctx.megatron.script == "rl"):
             return
         if ctx.megatron_lm:
             iters = ctx.arg("eval_iters")

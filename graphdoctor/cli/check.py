@@ -17,7 +17,7 @@ from graphdoctor.errors import UsageError
 from graphdoctor.options import DIFF_OPTIONS, Option, click_options
 
 FORMAT_CHOICE = click.Choice(["text", "json", "md"])
-OUTPUT_FORMAT_CHOICE = click.Choice(["text", "concise", "json", "github", "sarif", "markdown", "md"])
+OUTPUT_FORMAT_CHOICE = click.Choice(["full", "text", "table", "concise", "json", "github", "sarif", "markdown", "md"])
 
 CHECK_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--config", {"type": click.Path(dir_okay=False), "metavar": "RUN.yaml", "multiple": True,
@@ -41,8 +41,9 @@ CHECK_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--ignore", {"metavar": "CODES", "default": None,
                   "help": "Codes or prefixes never reported. Default: none, or [tool.graphdoctor] ignore."}),
     ("--output-format", {"type": OUTPUT_FORMAT_CHOICE, "default": None, "metavar": "FMT",
-                         "help": "text, concise (path:line:col: GDxxx message), json, github (workflow "
-                                 "annotations), sarif (SARIF 2.1.0) or markdown. Default: text, or "
+                         "help": "full (a block per finding: code, severity, message, where, fix; alias text), "
+                                 "table, concise (path:line:col: GDxxx message), json, github (workflow "
+                                 "annotations), sarif (SARIF 2.1.0) or markdown. Default: full, or "
                                  "[tool.graphdoctor] output-format."}),
     ("--format", {"type": OUTPUT_FORMAT_CHOICE, "default": None, "metavar": "FMT",
                   "help": "Alias of --output-format."}),
@@ -52,6 +53,10 @@ CHECK_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--probe-timeout", {"type": float, "metavar": "SECONDS", "default": None,
                          "help": "Wall-clock limit of each probe worker process. Default: run.timeout_s "
                                  "of --config, else 300."}),
+    ("--show-library-findings", {"is_flag": True, "default": False,
+                                 "help": "With --probe, also report GD507 hits with no user frame on the stack "
+                                         "(inside megatron/core, torch, TE, apex), marked "
+                                         "extra.library_internal; otherwise one note counts them. Default: off."}),
 ]
 
 PROBE_MODEL_NAMES: tuple[str, ...] = (
@@ -108,7 +113,7 @@ def _settings(params: dict[str, Any]) -> tuple[set[str] | None, Any, str]:
     if target is None and params.get("probe"):
         target = "local"  # the probes run on this GPU machine: it is the training machine
     facts = resolve_target(target, params.get("gpu_arch"))
-    fmt = params.get("output_format") or params.get("format") or project.output_format or "text"
+    fmt = params.get("output_format") or params.get("format") or project.output_format or "full"
     if fmt not in OUTPUT_FORMAT_CHOICE.choices:
         raise UsageError(f"output-format: got {fmt!r}, expected one of {', '.join(OUTPUT_FORMAT_CHOICE.choices)}")
     return codes, facts, fmt
@@ -149,7 +154,8 @@ def _probed_report(params: dict[str, Any], inputs: list[Any], codes: set[str] | 
     check_input = inputs[0] if inputs else CheckInput()
     config = build_config(check_input.run_file, {o.field: params[o.field] for o in PROBE_MODEL_OPTIONS if o.field})
     result = check_with_probes(config, check_input.run_file, check_input.megatron_args, facts=facts,
-                               select=sorted(codes) if codes is not None else None, timeout_s=params["probe_timeout"])
+                               select=sorted(codes) if codes is not None else None, timeout_s=params["probe_timeout"],
+                               show_library_findings=bool(params.get("show_library_findings")))
     batch = BatchReport(results=(suppress(check_input, result.report),), facts=facts)
     return batch, result.exit_code if result.exit_code == 2 else batch.exit_code()
 
@@ -159,6 +165,8 @@ def _ignored_model_flags(params: dict[str, Any]) -> list[str]:
     given = [f"--{o.name}" for o in PROBE_MODEL_OPTIONS if o.field and params.get(o.field) is not None]
     if params.get("probe_timeout") is not None:
         given.append("--probe-timeout")
+    if params.get("show_library_findings"):
+        given.append("--show-library-findings")
     return [f"{flag} has no effect without --probe" for flag in given]
 
 

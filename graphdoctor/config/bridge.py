@@ -5,7 +5,8 @@ and the model config Megatron builds, the CUDA-graph settings, `train:` batches,
 
 `_target_` entries stay in Megatron's dump format (graphdoctor.config.codec decodes them, Megatron's and torch's
 names only); enums are read by `_name_` (Bridge's old CudaGraphScope numbers differ from CudaGraphModule's).
-What a section sets that diff does not run (optimizer, scheduler, data, logging, checkpoints) is listed once.
+What a section sets that diff does not run (optimizer, scheduler, data, logging, checkpoints) is listed once;
+what Bridge's own validate()/provide() refuse a start on is kept as BridgeGuards for `check`'s GD141-GD145.
 """
 
 from __future__ import annotations
@@ -53,6 +54,70 @@ DDP_FIELDS: dict[str, str] = {"overlap_grad_reduce": "overlap_grad_reduce",
 APPLIED_SECTIONS: frozenset[str] = frozenset({"model", "train", "rng", "ddp", "env_vars", "mixed_precision"})
 
 
+BRIDGE_SOURCE = "Megatron-Bridge 067f987 (2026-08-22)"
+"""The Bridge sources BridgeGuards mirrors (src/megatron/bridge/utils/cuda_graph.py, training/config.py,
+models/gpt_provider.py); read them again before relying on a line."""
+FULL_NAMES: frozenset[str] = frozenset({"full_iteration", "full_iteration_inference", "full"})
+"""Module names Bridge's `cuda_graph_module_names` drops (utils/cuda_graph.py)."""
+
+
+GUARD_KEYS: tuple[str, ...] = (
+    "model.cuda_graph_impl", "model.cuda_graph_modules", "model.cuda_graph_scope", "model.inference_cuda_graph_scope",
+    "model.use_te_rng_tracker", "rng.te_rng_tracker", "rerun_state_machine.check_for_nan_in_loss",
+    "dataset.offline_packing_specs", "dataset.offline_packing_specs.pad_cu_seqlens", "dataset.pad_to_max_length",
+    "dataset.dataset_kwargs.pad_to_max_length",
+)
+"""The keys BridgeGuards reads (BridgeGuards.given: those the file sets)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeGuards:
+    """What Megatron-Bridge's own ConfigContainer.validate() and GPTModelProvider.provide() read before they refuse
+    a start (GD141-GD145), plain, with Bridge's defaults for a key the file does not set (`given` says which)."""
+
+    cuda_graph_impl: str = "none"
+    """`model.cuda_graph_impl` (TransformerConfig's default `none`)."""
+    graph_names: tuple[str, ...] = ()
+    """`model.cuda_graph_modules` then the deprecated `model.cuda_graph_scope`, by member name as Bridge's
+    `_member_name_list` reads them (a string splits at commas; `full` or empty is no module)."""
+    inference_scopes: tuple[str, ...] = ()
+    """`model.inference_cuda_graph_scope` by member name."""
+    check_for_nan_in_loss: bool = True
+    """`rerun_state_machine.check_for_nan_in_loss` (megatron-training's RerunStateMachineConfig default True)."""
+    rng_te_rng_tracker: bool = False
+    """`rng.te_rng_tracker` (RNGConfig default False)."""
+    model_use_te_rng_tracker: bool = False
+    """`model.use_te_rng_tracker` (GPTModelProvider default False)."""
+    offline_packing: bool = False
+    """`dataset.offline_packing_specs` is set (not null): validate()'s packing checks run."""
+    pad_cu_seqlens: bool = False
+    """`dataset.offline_packing_specs.pad_cu_seqlens` (PackedSequenceSpecs default False)."""
+    pad_to_max_length: bool = False
+    """`dataset.pad_to_max_length is True or dataset.dataset_kwargs.pad_to_max_length is True` (validate()'s own
+    test, before it turns padding on for pipeline or expert parallelism)."""
+    given: frozenset[str] = frozenset()
+    """The GUARD_KEYS the file sets (the others are Bridge's defaults above)."""
+
+    @property
+    def graph_modules(self) -> list[str]:
+        """Bridge's `cuda_graph_module_names`: the per-layer modules, without the full-iteration names."""
+        return [name for name in dict.fromkeys(self.graph_names) if name not in FULL_NAMES]
+
+    @property
+    def full_iteration(self) -> bool:
+        """Bridge's `is_full_iteration_cuda_graph`: impl full_iteration, or local with a `full_iteration` module."""
+        if self.cuda_graph_impl == "full_iteration":
+            return True
+        return self.cuda_graph_impl == "local" and "full_iteration" in self.graph_names
+
+    @property
+    def local_refused(self) -> bool:
+        """`validate_cuda_graph_configuration` refuses `local`: not a full-iteration graph and not a local
+        inference graph (no modules and an inference scope of `layer` or `block`)."""
+        inference = not self.graph_modules and bool({"layer", "block"} & set(self.inference_scopes))
+        return self.cuda_graph_impl == "local" and not self.full_iteration and not inference
+
+
 @dataclass(frozen=True, slots=True)
 class BridgeConfig:
     """What a ConfigContainer YAML sets for diff."""
@@ -74,9 +139,12 @@ class BridgeConfig:
     te_rng_tracker: bool = False
     env: dict[str, str] = field(default_factory=dict)
     where: dict[str, str] = field(default_factory=dict)
-    """`section.field` -> `path:line`."""
+    """`section`, `section.field` (and `dataset.offline_packing_specs.field`, `dataset.dataset_kwargs.field`) ->
+    `path:line`."""
     not_applied: tuple[str, ...] = ()
     """`model.hf_model_id`, `optimizer`, ...: what diff does not take."""
+    guards: BridgeGuards = field(default_factory=BridgeGuards)
+    """What Bridge's own validate()/provide() refuse on (`check` only)."""
 
 
 def is_bridge_config(data: Any) -> bool:
@@ -151,8 +219,7 @@ def read_bridge(path: str | Path, data: Any = None, lines: Mapping[int, Mapping[
     transformer_names, gpt_names, hybrid_names = _field_names(bool(model_section.get("multi_latent_attention")))
     kind = _kind(model_section)
     model_names = gpt_names if kind == "gpt" else hybrid_names
-    model_lines = lines.get(id(model_section), {})
-    at = {f"model.{k}": f"{where}:{v}" for k, v in model_lines.items()}
+    at = _key_lines(data, lines, where)
     values = {**{k: v for k, v in BRIDGE_PROVIDER_DEFAULTS.items() if k not in model_section},
               **{str(k): v for k, v in model_section.items() if not str(k).startswith("_")}}
     transformer: dict[str, Any] = {}
@@ -189,7 +256,7 @@ def read_bridge(path: str | Path, data: Any = None, lines: Mapping[int, Mapping[
     skipped.extend(sorted(name for name in sections if name not in APPLIED_SECTIONS and sections[name] is not None))
     return BridgeConfig(path=where, kind=kind, transformer=transformer, model=model, layer_spec=spec, graph=graph,
                         run=run, te_rng_tracker=rng_tracker or bool(values.get("use_te_rng_tracker")), env=env,
-                        where=at, not_applied=tuple(skipped))
+                        where=at, not_applied=tuple(skipped), guards=_guards(sections, at, where))
 
 
 def _run_values(sections: Mapping[str, Any], where: str) -> tuple[dict[str, Any], bool]:
@@ -219,5 +286,95 @@ def _run_values(sections: Mapping[str, Any], where: str) -> tuple[dict[str, Any]
     return run, bool(rng.get("te_rng_tracker"))
 
 
-__all__ = ["BRIDGE_PROVIDER_DEFAULTS", "LAYER_SPECS", "MAX_BRIDGE_BYTES", "BridgeConfig", "is_bridge_config",
-           "read_bridge"]
+def _key_lines(data: Mapping[str, Any], lines: Mapping[int, Mapping[str, int]], where: str) -> dict[str, str]:
+    """`section` and `section.key` -> `path:line` for every section, and one level deeper for the dataset's
+    `offline_packing_specs` and `dataset_kwargs` (what the GD141-GD145 findings point at)."""
+    at = {str(name): f"{where}:{line}" for name, line in lines.get(id(data), {}).items()}
+    nested = [(str(name), body) for name, body in data.items() if isinstance(body, Mapping)]
+    dataset = data.get("dataset")
+    if isinstance(dataset, Mapping):
+        nested += [(f"dataset.{key}", dataset[key]) for key in ("offline_packing_specs", "dataset_kwargs")
+                   if isinstance(dataset.get(key), Mapping)]
+    for name, body in nested:
+        for key, line in lines.get(id(body), {}).items():
+            at[f"{name}.{key}"] = f"{where}:{line}"
+    return at
+
+
+def _names(value: Any) -> list[str]:
+    """Bridge's `_member_name_list` of a plain graph value (utils/cuda_graph.py `_as_list`, `_member_name`)."""
+    value = _plain_graph(value)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        items: list[Any] = [] if value in ("", "full") else value.split(",")
+    else:
+        items = list(value) if isinstance(value, list) else [value]
+    return [str(item).rsplit(".", 1)[-1] for item in items]
+
+
+def _flag(section: Mapping[str, Any], key: str, default: bool, at: Mapping[str, str], where: str) -> bool:
+    """The true/false setting `key` (`section.name`) of a Bridge section; null reads false, as Bridge's truth
+    tests read it.
+
+    Raises:
+        UsageError: anything but true, false or null.
+    """
+    name = key.rpartition(".")[2]
+    if name not in section:
+        return default
+    value = section[name]
+    if value is not None and not isinstance(value, bool):
+        raise UsageError(f"{at.get(key, where)}: {key}: got {describe(value)}, expected true or false")
+    return bool(value)
+
+
+def _mapping(sections: Mapping[str, Any], key: str, at: Mapping[str, str], where: str) -> Mapping[str, Any]:
+    """The Bridge sub-config `key` (`section` or `section.name`), {} when absent or null.
+
+    Raises:
+        InputFileError: set to something other than a mapping.
+    """
+    value = sections.get(key.rpartition(".")[2])
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InputFileError(f"{at.get(key, where)}: {key}: expected a mapping, got {describe(value)}")
+    return value
+
+
+def _guards(sections: Mapping[str, Any], at: Mapping[str, str], where: str) -> BridgeGuards:
+    """BridgeGuards of a ConfigContainer's sections (`at`: their key lines, for errors)."""
+    model: Mapping[str, Any] = sections["model"]
+    rerun = _mapping(sections, "rerun_state_machine", at, where)
+    rng = _mapping(sections, "rng", at, where)
+    dataset = _mapping(sections, "dataset", at, where)
+    specs = _mapping(dataset, "dataset.offline_packing_specs", at, where)
+    kwargs = _mapping(dataset, "dataset.dataset_kwargs", at, where)
+    impl = model.get("cuda_graph_impl")
+    return BridgeGuards(
+        cuda_graph_impl=impl if isinstance(impl, str) else "none",
+        graph_names=(*_names(model.get("cuda_graph_modules")), *_names(model.get("cuda_graph_scope"))),
+        inference_scopes=tuple(_names(model.get("inference_cuda_graph_scope"))),
+        check_for_nan_in_loss=_flag(rerun, "rerun_state_machine.check_for_nan_in_loss", True, at, where),
+        rng_te_rng_tracker=_flag(rng, "rng.te_rng_tracker", False, at, where),
+        model_use_te_rng_tracker=_flag(model, "model.use_te_rng_tracker", False, at, where),
+        offline_packing=dataset.get("offline_packing_specs") is not None,
+        pad_cu_seqlens=_flag(specs, "dataset.offline_packing_specs.pad_cu_seqlens", False, at, where),
+        pad_to_max_length=dataset.get("pad_to_max_length") is True or kwargs.get("pad_to_max_length") is True,
+        given=frozenset(key for key in GUARD_KEYS if _has(sections, key)),
+    )
+
+
+def _has(sections: Mapping[str, Any], key: str) -> bool:
+    """The dotted `key` is set in the file (every part of its path a mapping holding the next)."""
+    node: Any = sections
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+__all__ = ["BRIDGE_PROVIDER_DEFAULTS", "BRIDGE_SOURCE", "LAYER_SPECS", "MAX_BRIDGE_BYTES", "BridgeConfig",
+           "BridgeGuards", "is_bridge_config", "read_bridge"]

@@ -126,6 +126,11 @@ def render_github(report: BatchReport) -> str:
             prop_text = f"file={_escape_property(path)},title=graphdoctor input error" if Path(path).is_file() \
                 else "title=graphdoctor input error"
             lines.append(f"::error {prop_text}::{_escape_data(result.error)}")
+        line = result.report.not_checked_line() if result.report is not None else None
+        if line:
+            path = result.input.label
+            where = f"file={_escape_property(path)}," if Path(path).is_file() else ""
+            lines.append(f"::notice {where}title=graphdoctor not checked::{_escape_data(line)}")
     lines.append(_summary(report))
     return "\n".join(lines) + "\n"
 

@@ -1,6 +1,6 @@
-"""Render check results and rule documentation: text (a table that fits the terminal), JSON (the
-envelope of report/envelope.py) or Markdown; concise, github and sarif live in report/annotations.py
-and report/sarif.py, dispatched from `render_batch`. Returns strings, never prints.
+"""Render check results and rule documentation: full text (a block per finding, report/findings_full.py), a table
+that fits the terminal, JSON (the envelope of report/envelope.py) or Markdown; concise, github and sarif live in
+report/annotations.py and report/sarif.py, dispatched from `render_batch`. Returns strings, never prints.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from graphdoctor.rules.engine import CheckReport
 
 FORMATS: tuple[str, ...] = ("text", "json", "md")
-OUTPUT_FORMATS: tuple[str, ...] = ("text", "concise", "json", "github", "sarif", "markdown")
-"""`check --output-format` choices (`md` is accepted as a spelling of `markdown`)."""
+OUTPUT_FORMATS: tuple[str, ...] = ("full", "table", "concise", "json", "github", "sarif", "markdown")
+"""`check --output-format` choices (`text` is accepted as a spelling of `full`, `md` of `markdown`)."""
 
 
 def _short_field(name: str) -> str:
@@ -83,26 +83,41 @@ def render_report(report: CheckReport, fmt: str = "text", width: int | None = No
     if fmt != "text":
         raise ValueError(f"format: got {fmt!r}, expected one of {', '.join(FORMATS)}")
     parts = _text_table(report, width)
-    parts.extend(f"note: {n}" for n in report.notes)
+    parts.extend(f"note: {n}" for n in _notes(report))
     parts.append(summary)
     return escape_control("\n".join(parts) + "\n")
 
 
-def _batch_text(batch: BatchReport, width: int | None, markdown: bool) -> str:
+def _notes(report: CheckReport) -> list[str]:
+    line = report.not_checked_line()
+    return [*report.notes, *([line] if line else [])]
+
+
+def _batch_text(batch: BatchReport, width: int | None, style: str) -> str:
+    """`full` (a block per finding), `table` or `markdown`, for every input."""
+    from graphdoctor.report.findings_full import note_lines, report_blocks
+
     parts: list[str] = []
     several = len(batch.results) > 1
+    markdown = style == "markdown"
     for result in batch.results:
         if several:
             parts.append(f"## {result.input.label}" if markdown else f"{result.input.label}:")
         if result.error is not None:
             parts.append(f"error: {result.error}")
         elif result.report is not None:
-            parts.append(_md_table(result.report) if markdown
-                         else "\n".join(_text_table(result.report, width, result.input.label)))
-            parts.extend(("- " if markdown else "note: ") + n for n in result.report.notes)
+            if markdown:
+                parts.append(_md_table(result.report))
+                parts.extend("- " + n for n in _notes(result.report))
+            elif style == "table":
+                parts.append("\n".join(_text_table(result.report, width, result.input.label)))
+                parts.extend("note: " + n for n in _notes(result.report))
+            else:
+                parts.extend(report_blocks(result.report, width))
+                parts.extend(note_lines(_notes(result.report), width))
         if several:
             parts.append("")
-    parts.extend(("- " if markdown else "note: ") + n for n in batch.notes)
+    parts.extend(("- " + n for n in batch.notes) if markdown else note_lines(batch.notes, width))
     summary = _summary(batch.counts()) + (f" in {len(batch.results)} inputs" if several else "")
     if batch.num_input_errors:
         summary += f"; {batch.num_input_errors} input(s) could not be checked"
@@ -118,8 +133,9 @@ def render_batch(batch: BatchReport, fmt: str = "text", width: int | None = None
     """
     if fmt == "json":
         return json.dumps(envelope("check", batch.to_payload()), indent=2, default=str) + "\n"
-    if fmt in ("text", "markdown", "md"):
-        return _batch_text(batch, width, markdown=fmt != "text")
+    if fmt in ("text", "full", "table", "markdown", "md"):
+        style = {"text": "full", "md": "markdown"}.get(fmt, fmt)
+        return _batch_text(batch, width, style)
     if fmt in ("concise", "github"):
         from graphdoctor.report.annotations import render_concise, render_github
 

@@ -45,6 +45,10 @@ class Rule:
     fix: ClassVar[FixAvailability]
     status: ClassVar[Status] = Status.STABLE
     since: ClassVar[str] = "0.1"
+    applies_to_inference: ClassVar[bool] = False
+    """True for rules that also judge a run whose graphs are inference graphs only (Megatron-LM's inference
+    scripts, train_rl.py without --rl-training-cuda-graphs): flag spellings and the installation; the others are
+    about graphs replayed in training."""
     runtime: ClassVar[bool] = False
     """True for rules detected at run time on the GPU; `detect` then never reports."""
     detected_by: ClassVar[str] = "runtime probes (`graphdoctor check --probe`)"
@@ -151,6 +155,7 @@ class Rule:
             "status": cls.status.value,
             "since": cls.since,
             "runtime": cls.runtime,
+            "applies_to_inference": cls.applies_to_inference,
             "machine_facts": list(cls.machine_facts),
             "summary": cls.summary(),
             "explanation": cls.doc(),

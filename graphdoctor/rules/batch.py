@@ -101,6 +101,8 @@ class BatchReport:
             "has_errors": self.has_errors,
             "counts": self.counts(),
             "findings": findings,
+            "not_checked": [{**f.to_dict(), "input": r.input.label} for r in self.results if r.report is not None
+                            for f in r.report.not_checked],
             "notes": [*self.notes, *(f"{r.input.label}: {n}" if len(self.results) > 1 else n
                                      for r in self.results if r.report is not None for n in r.report.notes)],
             "inputs": [{"path": r.input.label, "kind": r.input.kind, "error": r.error,
@@ -123,7 +125,8 @@ def suppress(check_input: CheckInput, report: CheckReport) -> InputResult:
     """Drop the findings an inline comment suppresses; say how many in the result."""
     kept, dropped = partition(report.findings)
     notes = report.notes + ((f"{len(dropped)} finding(s) suppressed by inline comments",) if dropped else ())
-    return InputResult(check_input, CheckReport(findings=tuple(kept), notes=notes), num_suppressed=len(dropped))
+    return InputResult(check_input, CheckReport(findings=tuple(kept), notes=notes, not_checked=report.not_checked),
+                       num_suppressed=len(dropped))
 
 
 def check_many(inputs: Sequence[CheckInput], facts: EnvironmentFacts | None = None,

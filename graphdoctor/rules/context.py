@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphdoctor.config.bridge import BridgeConfig
 from graphdoctor.config.graph_settings import GraphSettings, normalize
 from graphdoctor.config.megatron_lm import NO_DEFAULT, transformer_fields, validate_transformer
 from graphdoctor.rules.facts import EnvironmentFacts
@@ -16,6 +17,7 @@ from graphdoctor.rules.megatron_args import (
     ARGS_DEFAULTS,
     TRANSFORMER_DEFAULTS_FROM_ARGS,
 )
+from graphdoctor.rules.megatron_reading import MegatronReading
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,11 @@ class CheckContext:
     facts: EnvironmentFacts = field(default_factory=EnvironmentFacts)
     megatron_lm: bool = False
     """A Megatron-LM launch line was given: its defaults and its validate_args rules apply."""
+    megatron: MegatronReading | None = None
+    """What Megatron-LM's parser and validate_args made of the line (None without one)."""
+    bridge: BridgeConfig | None = None
+    """The input is a Megatron-Bridge ConfigContainer (None for a run file, a functional test or a launch line):
+    Bridge's own refusals apply (GD141-GD145) and the Megatron-LM rules they replace stand down."""
     graph: GraphSettings = field(init=False)
 
     def __post_init__(self) -> None:
@@ -48,6 +55,12 @@ class CheckContext:
     def arg(self, name: str) -> Any:
         """A Megatron-LM setting (`args.*`): given value or Megatron-LM's default."""
         return self.args.get(name, ARGS_DEFAULTS.get(name))
+
+    @property
+    def training_graphs(self) -> bool:
+        """The run captures graphs while training (a Megatron-LM line for the inference scripts, or train_rl.py
+        without --rl-training-cuda-graphs, captures inference graphs only)."""
+        return self.megatron is None or self.megatron.training_graphs
 
     @property
     def recompute_granularity(self) -> str | None:

@@ -15,6 +15,7 @@ from graphdoctor.config import RUN_FILE_SECTIONS, RunFile, load_run_file
 from graphdoctor.config.bridge import BridgeConfig
 from graphdoctor.config.description import plain
 from graphdoctor.config.functional_test import FunctionalTest
+from graphdoctor.config.launch_scan import FlagUse
 from graphdoctor.config.megatron_lm import validate_transformer
 from graphdoctor.errors import UsageError, where_from
 from graphdoctor.report.envelope import SCHEMA_VERSION as ENVELOPE_SCHEMA_VERSION
@@ -22,7 +23,8 @@ from graphdoctor.rules.base import Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.facts import PESSIMISTIC, EnvironmentFacts
 from graphdoctor.rules.finding import Finding, Severity
-from graphdoctor.rules.megatron_args import MegatronArgs, parse_megatron_args, parse_megatron_uses
+from graphdoctor.rules.megatron_args import FLAGS, MegatronArgs, parse_megatron_args, parse_megatron_uses
+from graphdoctor.rules.megatron_reading import MegatronReading, read_for_check, script_kind, settled_note
 from graphdoctor.rules.registry import all_rules
 
 SCHEMA_VERSION = ENVELOPE_SCHEMA_VERSION
@@ -36,6 +38,9 @@ class CheckReport:
 
     findings: tuple[Finding, ...]
     notes: tuple[str, ...] = ()
+    not_checked: tuple[Finding, ...] = ()
+    """The rules that need the training machine (`--target`) and would report under some answer of it: kept apart
+    from the findings, one line in the text output."""
 
     @property
     def has_errors(self) -> bool:
@@ -48,7 +53,8 @@ class CheckReport:
 
     def merged(self, findings: Iterable[Finding], notes: Iterable[str] = ()) -> CheckReport:
         """A new report with more findings (e.g. from runtime probes) and notes."""
-        return CheckReport(findings=_sorted([*self.findings, *findings]), notes=(*self.notes, *notes))
+        return CheckReport(findings=_sorted([*self.findings, *findings]), notes=(*self.notes, *notes),
+                           not_checked=self.not_checked)
 
     def to_dict(self) -> dict[str, Any]:
         """The payload of the `check` JSON document (wrapped by report.envelope; docs/json.md)."""
@@ -57,8 +63,16 @@ class CheckReport:
             "has_errors": self.has_errors,
             "counts": counts,
             "findings": [f.to_dict() for f in self.findings],
+            "not_checked": [f.to_dict() for f in self.not_checked],
             "notes": list(self.notes),
         }
+
+    def not_checked_line(self) -> str | None:
+        """The one line naming the rules not checked for want of `--target`."""
+        if not self.not_checked:
+            return None
+        codes = ", ".join(dict.fromkeys(f"{f.code} {f.name}" for f in self.not_checked))
+        return f"not checked, the training machine is unknown (--target FILE|local|te=..,torch=.. names it): {codes}"
 
 
 def _sorted(findings: Iterable[Finding]) -> tuple[Finding, ...]:
@@ -130,16 +144,20 @@ def build_context(
     validate_transformer(run_file.transformer, run_file.path)
     parsed = megatron_args if isinstance(megatron_args, MegatronArgs) or megatron_args is None \
         else parse_megatron_args(megatron_args)
+    script = "training"
     if isinstance(run_file.source, FunctionalTest):
         parsed = _merged(parse_megatron_uses(list(run_file.source.uses)), parsed)
+        script = run_file.source.mode
     elif isinstance(run_file.source, BridgeConfig):
         bridge = run_file.source
         run_file = _bridge_run_file(bridge)
-        where = {f"transformer.{key.removeprefix('model.')}": at for key, at in bridge.where.items()}
+        where = _bridge_where(bridge)
     transformer = dict(run_file.transformer)
     args: dict[str, Any] = {}
     run = dict(run_file.run)
-    notes: list[str] = []
+    notes: list[str] = list(run_file.source.notes) if isinstance(run_file.source, FunctionalTest) else []
+    uses: list[FlagUse] = []
+    line_env: dict[str, str] | None = None
     own = run.get("megatron_args")
     if isinstance(own, str) and own.strip():
         # The run file's own launch line sits under its transformer: and run: keys, as `diff` reads it
@@ -152,6 +170,8 @@ def build_context(
         run = {**line.run, **run}
         where = {**line.locations, **where}
         notes.extend(line.notes)
+        uses.extend(line.uses)
+        line_env = line.env
     if parsed is not None:
         validate_transformer(parsed.transformer, "--megatron-args")
         transformer.update(parsed.transformer)
@@ -159,14 +179,60 @@ def build_context(
         run.update(parsed.run)
         where.update(parsed.locations)
         notes.extend(parsed.notes)
+        uses.extend(parsed.uses)
     if facts is None:
         facts = EnvironmentFacts.unknown_machine(run.get("gpu_arch"))
-    merged_env = {**facts.env, **run_file.env, **{str(k): str(v) for k, v in (env or {}).items()}}
+    exported = {**(line_env or {}), **(parsed.env if parsed is not None else {})}
+    merged_env = {**facts.env, **run_file.env, **exported, **{str(k): str(v) for k, v in (env or {}).items()}}
+    reading = None
+    if uses:
+        if script == "training":
+            script = script_kind(next((u.script for u in uses if u.script), None))
+        reading = read_for_check(uses, env=merged_env, script=script, capability=_capability(facts),
+                                 values=run_file.transformer)
+        _settle(reading, transformer, args, run, notes, kept=set(run_file.transformer))
+        for unknown in reading.unknown:
+            where[f"flag.{unknown.flag}"] = unknown.where or unknown.flag
+        where.setdefault("megatron_line", next((u.where for u in uses if u.where), "--megatron-args"))
     ctx = CheckContext(
         transformer=transformer, args=args, run=run, env=merged_env, facts=facts,
-        megatron_lm=parsed is not None or bool(own),
+        megatron_lm=parsed is not None or bool(own), megatron=reading,
+        bridge=run_file.source if isinstance(run_file.source, BridgeConfig) else None,
     )
     return ctx, where, notes
+
+
+def _capability(facts: EnvironmentFacts) -> tuple[int, int] | None:
+    """The training GPU's compute capability validate_args is asked for, when the facts know it."""
+    arch = facts.gpu_capability
+    return (int(arch[0]), int(arch[1])) if arch is not None else None
+
+
+def _settle(reading: MegatronReading, transformer: dict[str, Any], args: dict[str, Any], run: dict[str, Any],
+            notes: list[str], *, kept: set[str]) -> None:
+    """What validate_args set by itself, into the settings the rules read (FLAGS' keys), and its one note; the
+    TransformerConfig fields a run file gives beside the line (`kept`) stay as given (Megatron-LM never saw them)."""
+    from graphdoctor.config.megatron_lm import megatron_flags
+
+    notes.extend(reading.notes)
+    if reading.args is None:
+        return
+    table = megatron_flags(reading.script)
+    sections = {"transformer": transformer, "args": args, "run": run}
+    read: list[str] = []
+    for flag, (section, key, kind) in FLAGS.items():
+        spec = table.get(flag)
+        if spec is None or spec.dest not in reading.settled or spec.dest in read or \
+                (section == "transformer" and key in kept):
+            continue
+        value = reading.settled[spec.dest]
+        if kind in ("true", "false") and value is None:
+            value = False
+        sections[section][key] = value
+        read.append(spec.dest)
+    note = settled_note(reading, read)
+    if note:
+        notes.append(note)
 
 
 def _merged(first: MegatronArgs, second: MegatronArgs | None) -> MegatronArgs:
@@ -175,18 +241,28 @@ def _merged(first: MegatronArgs, second: MegatronArgs | None) -> MegatronArgs:
         return first
     return MegatronArgs(transformer={**first.transformer, **second.transformer}, args={**first.args, **second.args},
                         run={**first.run, **second.run}, locations={**first.locations, **second.locations},
-                        notes=[*first.notes, *second.notes])
+                        notes=[*first.notes, *second.notes], uses=[*first.uses, *second.uses],
+                        env={**first.env, **second.env})
 
 
 def _bridge_run_file(bridge: BridgeConfig) -> RunFile:
     """A Megatron-Bridge config as the rules read a run file: its model's TransformerConfig fields and graph
-    settings (plain: enums by name), its batch and sequence as `run:`."""
+    settings (plain: enums by name), its batch and sequence as `run:`; `source` stays the Bridge config (the
+    context's `bridge`, for Bridge's own refusals)."""
     transformer = {k: plain(v) for k, v in bridge.transformer.items()}
     transformer.update({k: v for k, v in bridge.graph.items() if v is not None})
     run = {k: v for k, v in bridge.run.items() if k in ("micro_batch_size",)}
     if bridge.model.get("seq_length") is not None:
         run["seq_length"] = bridge.model["seq_length"]
-    return RunFile(path=bridge.path, transformer=transformer, env=dict(bridge.env), run=run)
+    return RunFile(path=bridge.path, transformer=transformer, env=dict(bridge.env), run=run, source=bridge)
+
+
+def _bridge_where(bridge: BridgeConfig) -> dict[str, str]:
+    """A Megatron-Bridge config's key locations: `model.X` also as `transformer.X` (what the Megatron-side rules
+    name), every key as the file names it (`rerun_state_machine.check_for_nan_in_loss`, for the Bridge rules)."""
+    model = {f"transformer.{key.removeprefix('model.')}": at for key, at in bridge.where.items()
+             if key.startswith("model.")}
+    return {**bridge.where, **model}
 
 
 def check(
@@ -219,8 +295,13 @@ def check(
     ctx, where, notes = build_context(run_file_or_mapping, megatron_args, env, facts=facts)
     wanted = {c.upper() for c in select} if select is not None else None
     findings: list[Finding] = []
+    unchecked: list[Finding] = []
+    not_applied = 0
     for rule in all_rules():
         if rule.runtime or (wanted is not None and rule.code not in wanted):
+            continue
+        if not ctx.training_graphs and not rule.applies_to_inference:
+            not_applied += 1
             continue
         reported: set[tuple[str, ...]] = set()
         for hit in rule.detect(ctx):
@@ -228,8 +309,17 @@ def check(
             findings.append(rule.finding(fields=hit.fields, locations=_locations(hit.fields, where),
                                          severity=hit.severity, **hit.params))
         for fields in _unchecked_hits(rule, ctx) - reported:
-            findings.append(rule.not_checked(fields=fields, locations=_locations(fields, where)))
-    return CheckReport(findings=_sorted(findings), notes=tuple(notes))
+            unchecked.append(rule.not_checked(fields=fields, locations=_locations(fields, where)))
+    if not_applied:
+        notes.append(f"{_inference_only(ctx)}: the {not_applied} rules about graphs replayed in training do not apply")
+    return CheckReport(findings=_sorted(findings), notes=tuple(dict.fromkeys(notes)), not_checked=_sorted(unchecked))
+
+
+def _inference_only(ctx: CheckContext) -> str:
+    """Why the line's graphs are inference graphs only."""
+    if ctx.megatron is not None and ctx.megatron.script == "rl":
+        return "train_rl.py without --rl-training-cuda-graphs captures graphs for its rollouts only"
+    return "an inference script (MODE: inference) captures inference graphs only"
 
 
 def _locations(fields: tuple[str, ...], where: Mapping[str, str]) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """Parse a Megatron-LM launch line into TransformerConfig fields, Megatron-LM-only settings and run facts.
 
 Only the CUDA-graph related flags (and the ones their rules depend on) are understood; every other
-flag is ignored and listed in the notes. Accepts a string or `@path` (a flag list, a torchrun line or
+flag is ignored and counted in the notes. Accepts a string or `@path` (a flag list, a torchrun line or
 a whole shell script: `\\` continuations, `#` comments, variables and arrays it sets), and remembers
 where each flag was so findings can point at it. `graphdoctor diff` reads the same scan
 (graphdoctor.config.launch_line).
@@ -16,12 +16,12 @@ from graphdoctor.config.launch_scan import (
     FlagUse,
     convert_value,
     parse_moe_layer_freq,
+    scan_launch,
     scan_launch_line,
     unresolved_note,
 )
 from graphdoctor.config.schema import check_field_range
 from graphdoctor.errors import UsageError
-from graphdoctor.suggest import did_you_mean
 
 # flag -> (section, key, kind); kind: true/false (store_true/store_false), int, float, str, list,
 # freq (moe_layer_freq int or pattern), list3 (nargs=3).
@@ -86,6 +86,9 @@ FLAGS: dict[str, tuple[str, str, str]] = {
     "--micro-batch-size": ("run", "micro_batch_size", "int"),
 }
 
+SHOWN_IGNORED = 6
+"""The flags no rule reads that the note names (the rest are counted)."""
+
 ARGS_DEFAULTS: dict[str, Any] = {
     "check_for_nan_in_loss_and_grad": True,
     "te_rng_tracker": False,
@@ -110,16 +113,19 @@ class MegatronArgs:
     locations: dict[str, str] = field(default_factory=dict)
     """`section.key` -> where it was given (`launch.txt:4` or `--flag`)."""
     notes: list[str] = field(default_factory=list)
+    uses: list[FlagUse] = field(default_factory=list)
+    """Every flag of the line as scanned (Megatron-LM's parser reads them all: graphdoctor.rules.megatron_reading)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables a launch script exports with values it sets (the run's environment)."""
 
 
 def _is_megatron_flag(flag: str) -> bool:
-    """True when Megatron-LM's own parser (or torchrun's) knows `flag`; asked only for a flag close to
-    one the rules read, since building that parser imports megatron.training (seconds)."""
-    from graphdoctor.config.megatron_lm import launcher_flags, megatron_flags
+    """True when Megatron-LM's own parser knows `flag` (with the inference scripts' flags)."""
+    from graphdoctor.config.megatron_lm import megatron_flags
     from graphdoctor.errors import MissingDependencyError
 
     try:
-        return flag in megatron_flags() or flag in launcher_flags()
+        return flag in megatron_flags("inference")
     except MissingDependencyError:
         return False
 
@@ -131,7 +137,10 @@ def parse_megatron_args(text_or_at: str) -> MegatronArgs:
         UsageError: a known flag without its value or with a value of the wrong type.
         InputFileError: an unreadable @file.
     """
-    return parse_megatron_uses(scan_launch_line(text_or_at))
+    uses, env = scan_launch(text_or_at)
+    parsed = parse_megatron_uses(uses)
+    parsed.env.update(env)
+    return parsed
 
 
 def parse_megatron_uses(uses: list[FlagUse]) -> MegatronArgs:
@@ -140,18 +149,15 @@ def parse_megatron_uses(uses: list[FlagUse]) -> MegatronArgs:
     Raises:
         UsageError: a known flag without its value or with a value of the wrong type.
     """
-    result = MegatronArgs()
+    result = MegatronArgs(uses=list(uses))
     ignored: list[str] = []
     for use in uses:
         flag, values = use.flag, list(use.values)
         spec = FLAGS.get(flag)
         if spec is None:
-            hint = did_you_mean(flag, FLAGS, cutoff=0.85)
-            if hint and _is_megatron_flag(flag):
-                hint = ""  # a real Megatron-LM flag the rules do not read (--moe-ffn-hidden-size), not a typo
-            if hint:  # a likely typo of a flag the rules read gets a line of its own
-                result.notes.append(f"ignored flag {flag}{hint}")
-            elif flag not in ignored:
+            # a flag Megatron-LM's parser refuses is GD118's (graphdoctor.rules.megatron_reading); the launcher's
+            # flags are torchrun's
+            if not use.launcher and flag not in ignored and _is_megatron_flag(flag):
                 ignored.append(flag)
             continue
         section, key, kind = spec
@@ -171,7 +177,9 @@ def parse_megatron_uses(uses: list[FlagUse]) -> MegatronArgs:
         result.locations[f"{section}.{key}"] = use.where or flag
     if ignored:
         noun = "flag" if len(ignored) == 1 else f"{len(ignored)} flags"
-        result.notes.append(f"ignored {noun} (no rule reads them): {', '.join(ignored)}")
+        shown = ", ".join(ignored[:SHOWN_IGNORED]) + (f" and {len(ignored) - SHOWN_IGNORED} more"
+                                                      if len(ignored) > SHOWN_IGNORED else "")
+        result.notes.append(f"{noun} no rule reads (Megatron-LM's parser takes them): {shown}")
     note = unresolved_note([u for u in uses if u.flag in FLAGS and FLAGS[u.flag][2] not in ("true", "false")])
     if note:
         result.notes.append(note)

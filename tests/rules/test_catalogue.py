@@ -16,11 +16,12 @@ RULES = all_rules()
 # Codes are never reused or renumbered: extend this list, never edit it (retire into REMOVED).
 EXPECTED_CODES = [
     "GD101", "GD102", "GD103", "GD104", "GD105", "GD106", "GD107", "GD108", "GD109", "GD110", "GD111",
-    "GD112", "GD113", "GD114", "GD115", "GD116", "GD117",
+    "GD112", "GD113", "GD114", "GD115", "GD116", "GD117", "GD130", "GD131",
+    "GD141", "GD142", "GD143", "GD144", "GD145",
     "GD201", "GD202", "GD203", "GD204", "GD205", "GD206", "GD207", "GD208", "GD209", "GD210", "GD211",
     "GD212", "GD213", "GD214", "GD215", "GD216", "GD217", "GD218", "GD219", "GD220",
     "GD221", "GD222", "GD223", "GD224", "GD225", "GD226",
-    "GD231", "GD232", "GD233", "GD234", "GD235", "GD236", "GD237", "GD238", "GD239",
+    "GD231", "GD232", "GD233", "GD234", "GD235", "GD236", "GD237", "GD238", "GD239", "GD240",
     "GD301", "GD302", "GD303", "GD304", "GD305", "GD306", "GD307", "GD308", "GD309", "GD310",
     "GD401", "GD402", "GD403", "GD404", "GD405",
     "GD501", "GD502", "GD503", "GD504", "GD505", "GD506", "GD507", "GD508", "GD509", "GD510",

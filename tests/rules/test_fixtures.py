@@ -19,6 +19,9 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rules"
 PINNED = EnvironmentFacts(te_version="2.12.0", torch_version="2.11.0", torch_has_stale_capture_override=True,
                           torch_has_graph_safe_rng=True, gpu_capability=None)
 RULES = all_rules()
+SETTLED_BY_MEGATRON = {"GD116": "te_rng_tracker is not enabled, enabling it for CUDA graphs"}
+"""Rules whose bad fixture Megatron-LM's validate_args fixes by itself, wherever megatron.training imports (as it does
+here): the rule stays silent and the note quotes Megatron."""
 
 
 def fixture(code: str, kind: str) -> Path:
@@ -63,6 +66,11 @@ def test_bad_fixture_flags_exactly_marked_lines(rule: Any) -> None:
     assert marked, f"{path.name}: no line marked # [{rule.code}]"
     if rule.runtime:
         assert path.suffix == ".py"
+        return
+    if rule.code in SETTLED_BY_MEGATRON:
+        report = check(None, f"@{path}", facts=facts_for(path))
+        assert rule.code not in report.codes()
+        assert any(SETTLED_BY_MEGATRON[rule.code] in note for note in report.notes), report.notes
         return
     findings = [f for f in run(path) if f.code == rule.code]
     assert findings, f"{path.name}: {rule.code} not reported"

@@ -21,7 +21,7 @@ BASE: dict[str, Any] = {"num_layers": 2, "hidden_size": 64, "num_attention_heads
 MODULE_VALUES = ["attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full", "full_iteration",
                  "full_iteration_inference", "bogus"]
 FACTS = detect_facts()
-PAST_CONFIG = ("GD309",)
+PAST_CONFIG = ("GD309", "GD240")
 """Error rules about what fails after TransformerConfig accepted the config (checked against Megatron on the GPU)."""
 IMPL_WEIGHTS = ["none"] * 2 + ["local"] * 3 + ["transformer_engine"] * 3 + ["full_iteration"] * 2 + ["bogus"]
 TOGGLES = ["enable_cuda_graph", "external_cuda_graph", "moe_router_padding_for_fp8", "expert_model_parallel_size",

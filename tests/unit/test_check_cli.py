@@ -26,11 +26,24 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> str:
 
 
 def test_check_error_finding_exits_1_with_table() -> None:
-    code, out, _ = invoke("check", "--config", str(FIXTURES / "GD101_bad.yaml"))
+    code, out, _ = invoke("check", "--config", str(FIXTURES / "GD101_bad.yaml"), "--output-format", "table")
     assert code == 1
     for column in ("code", "name", "severity", "fields", "message", "fix"):
         assert column in out
     assert "GD101" in out and "legacy-flag-with-cuda-graph-impl" in out
+
+
+def test_default_output_is_one_block_per_finding() -> None:
+    """ruff's full format: `severity[CODE] name: message`, the location with its source line, settings, fix."""
+    path = FIXTURES / "GD101_bad.yaml"
+    code, out, _ = invoke("check", str(path))
+    assert code == 1
+    block = out.split("\n\n")[0].splitlines()
+    assert block[0].startswith("error[GD101] legacy-flag-with-cuda-graph-impl: enable_cuda_graph=True")
+    assert block[1] == f"  --> {path}:2"
+    assert block[3] == "2 |   cuda_graph_impl: local          # [GD101]"
+    assert block[-2].startswith("  = settings: ") and block[-1].startswith("  = fix: Remove enable_cuda_graph")
+    assert out.rstrip().splitlines()[-1].endswith("finding(s): 1 error, 2 warning, 0 info")
 
 
 def test_check_clean_config_exits_0() -> None:
@@ -52,7 +65,7 @@ def test_check_json_schema(tmp_path: Path) -> None:
 
 def test_megatron_args_inline_and_ignored_flags_noted() -> None:
     code, out, _ = invoke("check", "--megatron-args", "pretrain_gpt.py --cuda-graph-impl full_iteration --lr 1e-4")
-    assert code == 1 and "GD115" in out and "ignored flag (no rule reads them): --lr" in out
+    assert code == 1 and "GD115" in out and "flag no rule reads (Megatron-LM's parser takes them): --lr" in out
 
 
 def test_megatron_args_from_file() -> None:
@@ -130,9 +143,9 @@ def test_library_check_without_click() -> None:
 
 def test_parse_megatron_args_mapping() -> None:
     parsed = parse_megatron_args("torchrun x.py --num-experts 8 --moe-layer-freq ([0]+[1]*3)*2 "
-                                 "--cuda-graph-modules attn moe_router --no-check-for-nan-in-loss-and-grad --foo")
+                                 "--cuda-graph-modules attn moe_router --no-check-for-nan-in-loss-and-grad --lr 1")
     assert parsed.transformer["num_moe_experts"] == 8
     assert parsed.transformer["moe_layer_freq"] == [0, 1, 1, 1, 0, 1, 1, 1]
     assert parsed.transformer["cuda_graph_modules"] == ["attn", "moe_router"]
     assert parsed.args["check_for_nan_in_loss_and_grad"] is False
-    assert parsed.notes == ["ignored flag (no rule reads them): --foo"]
+    assert parsed.notes == ["flag no rule reads (Megatron-LM's parser takes them): --lr"]

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from graphdoctor.cli import main
-from graphdoctor.rules import Finding, Severity, parse_megatron_args
+from graphdoctor.rules import Finding, Severity, check, parse_megatron_args
 from graphdoctor.rules.selection import Selection, load_project_settings
 from graphdoctor.rules.suppression import is_suppressed
 from graphdoctor.suggest import did_you_mean
@@ -42,7 +42,7 @@ def test_selection_prefixes() -> None:
 def test_cli_select_ignore_extend_select(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)  # no pyproject.toml above
     assert found(BAD, "--select", "GD4") == ["GD401", "GD402"]
-    assert found(BAD, "--select", "GD30") == ["GD301", "GD302", "GD306", "GD307"]
+    assert found(BAD, "--select", "GD30") == ["GD301", "GD302", "GD307"]  # GD306: not checked without --target
     assert "GD1" not in "".join(found(BAD, "--ignore", "GD1"))
     assert found(BAD, "--select", "GD4", "--extend-select", "GD101") == ["GD101", "GD401", "GD402"]
     code, _, err = invoke("check", BAD, "--select", "GD9")
@@ -111,11 +111,17 @@ def test_did_you_mean_for_run_file_keys_sections_and_flags(tmp_path: Path) -> No
         code, _, err = invoke("check", str(run))
         assert code == 2 and hint in err and len(err.strip().splitlines()) == 1, err
     notes = parse_megatron_args("--cuda-graph-imp local --lr 1e-4").notes
-    assert notes == ["ignored flag --cuda-graph-imp (did you mean '--cuda-graph-impl'?)", "ignored flag (no rule reads them): --lr"]
+    assert notes == ["flag no rule reads (Megatron-LM's parser takes them): --lr"]
+    unknown = check(None, "--cuda-graph-imp local --lr 1e-4").findings
+    assert [(f.code, f.message) for f in unknown] == [
+        ("GD130", "--cuda-graph-imp is not a Megatron-LM flag: Megatron-LM's parser refuses it "
+                  "(did you mean '--cuda-graph-impl'?)")]
 
 
 def test_real_megatron_flags_near_a_known_one_are_not_called_typos() -> None:
     """`--moe-ffn-hidden-size` is close to `--ffn-hidden-size` but is Megatron-LM's own flag: it is
-    listed with the other ignored flags, once, not given a "did you mean"."""
-    notes = parse_megatron_args("--moe-ffn-hidden-size 512 --lr 1e-4 --lr 2e-4 --log-interval 1").notes
-    assert notes == ["ignored 3 flags (no rule reads them): --moe-ffn-hidden-size, --lr, --log-interval"]
+    counted with the other flags no rule reads, once, and is no GD130."""
+    line = "--moe-ffn-hidden-size 512 --lr 1e-4 --lr 2e-4 --log-interval 1"
+    notes = parse_megatron_args(line).notes
+    assert notes == ["3 flags no rule reads (Megatron-LM's parser takes them): --moe-ffn-hidden-size, --lr, --log-interval"]
+    assert "GD130" not in check(None, line).codes()

@@ -44,10 +44,13 @@ def test_the_te_example_is_a_configuration_megatron_accepts() -> None:
 def test_te_run_file_exits_0_without_a_target_and_says_not_checked() -> None:
     code, out, _ = invoke("check", str(TE_RUN), "--output-format", "json")
     assert code == 0, out
-    found = codes(out)
-    assert found["GD304"] == "info"
-    gd304 = next(f for f in json.loads(out)["findings"] if f["code"] == "GD304")
+    assert "GD304" not in codes(out)  # not a finding: one not-checked line, and the JSON's not_checked list
+    gd304 = next(f for f in json.loads(out)["not_checked"] if f["code"] == "GD304")
     assert gd304["message"].startswith("not checked: the training machine is unknown")
+    _, text, _ = invoke("check", str(TE_RUN))
+    assert [line for line in text.splitlines() if "not checked" in line] == [
+        "note: not checked, the training machine is unknown (--target FILE|local|te=..,torch=.. names it): GD304 "
+        "transformer-engine-missing, GD305 transformer-engine-too-old, GD306 torch-lacks-graph-safe-rng"]
 
 
 def test_te_run_file_with_a_target_file_without_te_exits_1_with_gd304() -> None:
@@ -99,7 +102,8 @@ def test_gd303_warns_only_where_upgrading_torch_would_fix_it(tmp_path: Path, tar
     path.write_text(FULL_ITERATION, encoding="utf-8")
     args = ["check", str(path), "--output-format", "json", *(["--target", target] if target else [])]
     code, out, _ = invoke(*args)
-    assert code == 0 and codes(out)["GD303"] == severity
+    unchecked = {f["code"]: "info" for f in json.loads(out)["not_checked"]}
+    assert code == 0 and {**unchecked, **codes(out)}["GD303"] == severity
 
 
 def test_gd303_is_a_warning_once_a_torch_release_has_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
