@@ -84,6 +84,10 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
     KnownError("RNG tracker does not support cudagraphs", "the RNG tracker is not graph-safe",
                fix="Call model_parallel_cuda_manual_seed(..., use_cudagraphable_rng=True, "
                    "force_reset_rng=True) before building the model"),
+    KnownError("has no attribute 'is_moe_layer'",
+               "Megatron could not build the layer: `local` graphs with an `mlp`-only scope make "
+               "create_mcore_cudagraph_manager read is_moe_layer (transformer_layer.py:566) before "
+               "TransformerLayer.__init__ sets it (megatron-core 0.19.2; Megatron-Bridge#4583)", rule="GD240"),
     KnownError("CUDA graph argument mismatch",
                "a graphed layer was called with a different shape, dtype or non-tensor argument than "
                "at capture", fix="Keep sequence length, micro-batch size and argument types fixed"),

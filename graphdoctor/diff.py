@@ -28,7 +28,12 @@ from graphdoctor.errors import stopped_exit_code
 from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.gpus import plan_jobs
 from graphdoctor.parent.progress import ProgressBoard
-from graphdoctor.parent.static import moe_static_findings, refuse_before_gpu_work, with_static_findings
+from graphdoctor.parent.static import (
+    moe_static_findings,
+    predicted_setup_failure,
+    refuse_before_gpu_work,
+    with_static_findings,
+)
 from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
@@ -203,7 +208,8 @@ class DiffRun:
             for folder in (self.config.trace_dir, self.config.snapshot_dir):
                 if folder:
                     Path(folder).mkdir(parents=True, exist_ok=True)
-            runnable = [impl for impl in self.config.impls if why_unavailable(impl, self.config) is None]
+            runnable = [impl for impl in self.config.impls if why_unavailable(impl, self.config) is None
+                        and predicted_setup_failure(self.config, impl) is None]
             self.first = ([self.request(EAGER, self.config.dropout, Role.REFERENCE, taps=self.config.localize is True)]
                           + [self.request(impl, self.config.dropout, Role.GRAPHED, taps=self.config.localize is True)
                              for impl in runnable])
@@ -255,6 +261,9 @@ class DiffRun:
     def _row(self, impl: str, reference: RunRecord, graphed: RunRecord | None) -> ImplResult:
         cfg = self.config
         why_not = why_unavailable(impl, cfg)
+        predicted = predicted_setup_failure(cfg, impl) if why_not is None else None
+        if predicted is not None:
+            return predicted
         if why_not is not None or graphed is None:
             return _unavailable(impl, why_not or "not run")
         if reference.status != "ok":

@@ -30,6 +30,10 @@ class Verdict(enum.StrEnum):
     """A random draw inside a graph repeats the same values on every replay while eager draws new
     ones (for example a host-drawn mask copied in through pinned memory)."""
 
+    SETUP_FAILED = "setup-failed"
+    """Megatron refused to build the model or its graphs, before any step: a set-up the rule catalogue knows fails
+    (no child is started for it) or a child's error while it built the model, with Megatron's file:line."""
+
     CAPTURE_FAILED = "capture-failed"
     """An error during warmup or capture."""
 

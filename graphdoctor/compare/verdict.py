@@ -235,7 +235,9 @@ def verdict_for_failure(record: RunRecord) -> Verdict:
         return Verdict.STOPPED
     if record.status == "error":
         phase = record.diagnosis.phase if record.diagnosis else None
-        return Verdict.CAPTURE_FAILED if phase in ("warmup", "capture", "setup") else Verdict.CRASHED
+        if phase == "setup":
+            return Verdict.SETUP_FAILED
+        return Verdict.CAPTURE_FAILED if phase in ("warmup", "capture") else Verdict.CRASHED
     return Verdict.CRASHED
 
 

@@ -87,6 +87,46 @@ def local_scope_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     return _checked({"transformer": _row_transformer(config), "run": run}, [LOCAL_SCOPE_RULE])
 
 
+SETUP_RULES: tuple[str, ...] = ("GD240",)
+"""Rules of a set-up that megatron-core fails while it builds the model (`local` with an `mlp`-only scope): the row
+is setup-failed from the catalogue, and its child is never started."""
+
+MEGATRON_FRAME = re.compile(r"(megatron/core/[\w/]+\.py:\d+)")
+
+
+def predicted_setup_failure(config: DiffConfig, impl: str) -> ImplResult | None:
+    """The setup-failed row of `impl` when a SETUP_RULES error says Megatron cannot build it (None: it can)."""
+    from graphdoctor.checks.gd2xx_local_scope import SETUP_CRASH
+    from graphdoctor.cuda_errors import match_known
+    from graphdoctor.types import Diagnosis
+
+    if impl != "local" or not config.cuda_graph_modules:
+        return None
+    run = {"impls": [impl], "cuda_graph_modules": list(config.cuda_graph_modules),
+           "layer_spec": config.layer_spec, "model_provider": config.model_provider}
+    found = [f for f in _checked({"transformer": _row_transformer(config), "run": run}, SETUP_RULES)
+             if f.severity == "error"]
+    if not found:
+        return None
+    error = "'TransformerLayer' object has no attribute 'is_moe_layer'"
+    known = match_known(error)
+    diag = Diagnosis(error_type="AttributeError", message=error, fix=found[0].fix, rule=found[0].code,
+                     location=SETUP_CRASH, phase="setup",
+                     meaning=f"{known.meaning if known else found[0].message}; known from the rule catalogue, so no "
+                             "child was started for it")
+    return ImplResult(impl=impl, verdict=Verdict.SETUP_FAILED, diagnosis=diag)
+
+
+def _setup_rule(result: ImplResult) -> ImplResult:
+    """A setup-failed row from a child (its rule, where the error is a known one, graphdoctor.cuda_errors, is the
+    diagnosis'): Megatron's innermost frame as its location when the user's code has none."""
+    diag = result.diagnosis
+    if diag is None or diag.location is not None:
+        return result
+    frames = [m.group(1) for line in diag.traceback_tail for m in [MEGATRON_FRAME.search(line)] if m]
+    return dataclasses.replace(result, diagnosis=dataclasses.replace(diag, location=frames[-1])) if frames else result
+
+
 TE_WEAK_REFS_RULE = "GD310"
 """`local` graphs with Transformer Engine importable: megatron-core 0.19.2's make_weakref gives up ownership of
 graph-pool buffers, and graphed gradients can differ from eager (measured on the H200)."""
@@ -254,6 +294,8 @@ def with_static_findings(result: ImplResult, config: DiffConfig) -> ImplResult:
         notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in findings)
         result = dataclasses.replace(result, notes=(*result.notes, *notes))
     diag = result.diagnosis
+    if result.verdict == Verdict.SETUP_FAILED:
+        return _setup_rule(result)
     if result.verdict != Verdict.CAPTURE_FAILED or diag is None:
         return result
     frames = [m.group(1) for line in diag.traceback_tail for m in [MEGATRON_MOE_FRAME.search(line)] if m]
@@ -272,7 +314,8 @@ def _in_moe_code(location: str | None, tail: list[str]) -> bool:
     return any(MEGATRON_MOE_FRAME.search(text or "") for text in (location, *tail))
 
 
-__all__ = ["ENV_RULES", "FUSED_SOFTMAX_MODULES", "INSTALLATION_REFUSALS", "missing_fused_softmax",
+__all__ = ["ENV_RULES", "FUSED_SOFTMAX_MODULES", "INSTALLATION_REFUSALS", "SETUP_RULES",
+           "predicted_setup_failure", "missing_fused_softmax",
            "missing_fused_wgrad", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings",
            "installation_refusals", "installation_static_findings", "local_scope_static_findings", "moe_static_findings",
            "refuse_before_gpu_work", "refuse_what_cannot_build", "schedule_static_findings", "this_machine", "with_static_findings"]

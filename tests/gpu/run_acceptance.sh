@@ -3,11 +3,12 @@
 # log written under $OUT as it goes (a call that hits its time limit still returns what finished).
 # Transformer Engine groups run only when it imports (stage it first: ../shared/device/README.md).
 #   source .whl/gpu-env.sh && [bash tests/gpu/te_env.sh && PYTHONPATH=/tmp/te-site:$PYTHONPATH] \
-#       bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|te|moe-te|i30]
+#       bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|i33|te|moe-te|i30]
 # (tests/gpu/device_call.sh does the TE path for the TE parts only.) Parts, one device call each (10-minute
 # limit): `core` (diff, forensics, probes, memory, count, launches, report: about 4 minutes), `i15` (MoE,
 # forward_step forms, diagnoses, clean-model probes, memory site, launch line), `i20` (evaluation,
-# microbatches, recompute, logged values), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
+# microbatches, recompute, logged values), `i33` (issue 33: a failing plugin test's message, setup-failed rows and
+# advise's refused local mlp), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
 # minutes in one process, now five at once), `i30` (issue 30: Megatron-LM's example lines built as Megatron builds
 # them, with TE: the field comparison, then the shrunk Llama-3 and Mixtral diffs, about 6 minutes). Run `core` and `i15` where TE does not import: tests marked
 # `without_te` skip where it does. `all` runs every part in one call.
@@ -41,6 +42,10 @@ fi
 if [ "$part" = i30 ]; then  # issue 30 with Transformer Engine: Megatron-LM's own models of its example lines
     run model_fields tests/gpu/test_model_description_gpu.py -k "every_field" &
     run model_lines tests/gpu/test_model_description_gpu.py -k "reaches_a_verdict" &
+fi
+if [ "$part" = all ] || [ "$part" = i33 ]; then  # issue 33: failing plugin test's message, setup-failed, clean probes
+    GD_SAMPLE_OUT="$out/pytest_failure_sample.txt" run pytest_failure tests/gpu/test_pytest_failure_gpu.py &
+    GD_SAMPLE_DIR="$out" run setup_failed tests/gpu/test_setup_failed_gpu.py &
 fi
 if [ "$part" = moe-te ]; then  # issue 15's Transformer Engine rows: MoE router/preprocess scopes, the TE clean spec
     run moe_te tests/gpu/test_moe_gpu.py tests/gpu/test_probes_clean_gpu.py -k "transformer_engine or [te-" &
