@@ -72,15 +72,22 @@ def plan_exit_code(screenings: list[Screening], of: PlanOf) -> int:
 def render_diff_plan(config: DiffConfig, screenings: list[Screening], *, model_lines: tuple[str, ...] = ()) -> str:
     """`diff --plan`: the run as diff would read it (the header of its summary), one row per implementation, and
     which children it would start. A row with an error-level finding still runs in diff (`check` says why it is
-    expected to fail or to differ); an unavailable one is reported as such, as diff reports it."""
+    expected to fail or to differ), except one Megatron cannot build (SETUP_RULES: setup-failed without a child); an
+    unavailable one is reported as such, as diff reports it."""
     from graphdoctor.report.diff import header_line, placement_line
 
     lines = [header_line(config, "graphdoctor diff --plan"), *model_lines]
     if config.nproc_per_node > 1:
         lines.append(placement_line(config))
     lines += ["", plan_table(screenings, "diff"), ""]
-    running = [item.candidate.impl for item in screenings if item.unavailable is None]
+    from graphdoctor.parent.static import SETUP_RULES
+
+    never = [item for item in screenings if any(r.rule in SETUP_RULES for r in item.rejections)]
+    running = [item.candidate.impl for item in screenings if item.unavailable is None and item not in never]
     children = f"the eager reference and {len(running)} graphed run{'s' if len(running) != 1 else ''}"
+    if never:
+        children += (f" ({', '.join(item.candidate.label for item in never)}: setup-failed from the catalogue, "
+                     "never started)")
     if config.dropout > 0 and running:
         children += f"; a row that differs at dropout {config.dropout:g} also runs a dropout-0 control pair"
     if config.eval_interval or config.save_at:

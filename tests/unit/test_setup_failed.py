@@ -66,3 +66,11 @@ def test_advise_plan_refuses_local_mlp() -> None:
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if line.startswith("local mlp"))
     assert "rejected" in row and "GD240" in row
+
+
+def test_diff_plan_says_the_row_is_never_started() -> None:
+    result = CliRunner().invoke(main, ["diff", "--plan", "--impl", "local", "--cuda-graph-modules", "mlp",
+                                       "--num-layers", "2"])
+    assert result.exit_code == 1, result.output  # a row with an error-level finding
+    assert "would start the eager reference and 0 graphed runs (local mlp: setup-failed from the catalogue, " \
+           "never started)" in result.output
