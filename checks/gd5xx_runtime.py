@@ -232,6 +232,11 @@ class CpuTensorInCapture(RuntimeRule):
 
     ## Fix
     Move the tensor to the device before capture, or use a Python scalar.
+
+    ## Known problems
+    A hit with no user frame on its stack (Megatron's own RNG-tracker check in core attention,
+    `tensor_parallel/random.py:332`, on every clean model) is not shown by default: one note counts them, and
+    `check --probe --show-library-findings` reports them, marked `extra.library_internal`.
     """
 
     code = "GD507"
