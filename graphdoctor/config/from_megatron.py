@@ -30,6 +30,7 @@ from graphdoctor.config.megatron_line import (
     megatron_message,
     needs_te,
     not_applied,
+    torchrun_counts,
     with_values,
 )
 from graphdoctor.config.megatron_lm import megatron_flags
@@ -129,17 +130,15 @@ def _world(values: Mapping[str, Any], line: MegatronLine, notes: list[str]) -> i
     """Processes of every child: --nproc-per-node, else the line's torchrun (one node), else 1."""
     if values.get("nproc_per_node") is not None:
         return int(values["nproc_per_node"])
-    counts = []
-    for flag, default in (("--nproc-per-node", None), ("--nnodes", ("1",))):
-        given = line.launcher.get(flag, default)
-        if not given or not str(given[0]).isdigit():
-            return 1
-        counts.append(int(given[0]))
-    if counts[1] != 1:
-        notes.append(f"--nnodes {counts[1]}: diff runs on one host; nproc_per_node keeps its default "
+    counts = torchrun_counts(line)
+    if counts is None:
+        return 1
+    per_node, nodes = counts
+    if nodes != 1:
+        notes.append(f"--nnodes {nodes}: diff runs on one host; nproc_per_node keeps its default "
                      "(--nproc-per-node N to choose)")
         return 1
-    return counts[0]
+    return per_node
 
 
 def _overridden(line: MegatronLine, settings: Mapping[str, Any]) -> list[str]:

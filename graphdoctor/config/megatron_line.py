@@ -340,6 +340,17 @@ def torch_grad(enabled: bool) -> Any:
     return torch.set_grad_enabled(enabled)
 
 
+def torchrun_counts(line: MegatronLine) -> tuple[int, int] | None:
+    """(--nproc-per-node, --nnodes) of the line's torchrun, when both are plain numbers (--nnodes defaults to 1)."""
+    counts = []
+    for flag, default in (("--nproc-per-node", None), ("--nnodes", ("1",))):
+        given = line.launcher.get(flag, default)
+        if not given or not str(given[0]).isdigit():
+            return None
+        counts.append(int(given[0]))
+    return counts[0], counts[1]
+
+
 def smallest_world(args: Any) -> int:
     """The fewest processes the parsed line's model parallelism (tensor x pipeline x context, and the experts'
     expert x expert-tensor x pipeline) fits."""
@@ -476,6 +487,6 @@ def not_applied(line: MegatronLine) -> str | None:
 
 
 __all__ = ["DEFAULT_CAPABILITY", "GRAPH_DESTS", "LAUNCH_SCRIPT", "RUN_DESTS", "MegatronLine", "MegatronRefusal",
-           "dest_values", "parse_and_validate", "smallest_world",
+           "dest_values", "parse_and_validate", "smallest_world", "torchrun_counts",
            "describe_args", "flag_group", "megatron_args", "megatron_message", "model_dests", "needs_te",
            "not_applied", "read_uses", "with_values"]

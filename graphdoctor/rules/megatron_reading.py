@@ -3,9 +3,9 @@
 The rules read a launch line through graphdoctor's table of the flags they judge (graphdoctor.rules.megatron_args);
 what Megatron-LM's parser refuses, and what validate_args sets by itself, come from Megatron-LM here:
 - a flag neither Megatron-LM's parser (with the flags its script adds) nor torchrun knows is an unknown flag, with
-  the closest known one (GD118); the others are still read;
+  the closest known one (GD130); the others are still read;
 - a value the parser refuses, a setting validate_args refuses and a placement that cannot fit are Megatron's
-  refusal, with its message and file:line (GD119);
+  refusal, with its message and file:line (GD131);
 - a setting validate_args changes (the TE RNG tracker it turns on for TE graphs, `--enable-cuda-graph` rewritten to
   `--cuda-graph-impl local`, sequence parallel turned off at TP 1) is what the rules judge, named in one note.
 """
@@ -94,18 +94,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _world(uses: Sequence[FlagUse]) -> int | None:
-    """The processes a torchrun line starts (--nproc-per-node x --nnodes), when it says so in numbers."""
-    launcher = {u.flag.replace("_", "-"): u.values for u in uses if u.launcher}
-    try:
-        per_node = int(launcher["--nproc-per-node"][0])
-    except (KeyError, IndexError, ValueError):
-        return None
-    try:
-        nodes = int(launcher.get("--nnodes", ("1",))[0].split(":")[-1])
-    except ValueError:
-        return None
-    return per_node * nodes if per_node > 0 and nodes > 0 else None
+def _world(line: Any) -> int | None:
+    """The processes the line's torchrun starts (--nproc-per-node x --nnodes), when it says so in numbers."""
+    from graphdoctor.config.megatron_line import torchrun_counts
+
+    counts = torchrun_counts(line)
+    return counts[0] * counts[1] if counts is not None and counts[0] * counts[1] > 0 else None
 
 
 def read_for_check(uses: Sequence[FlagUse], *, env: Mapping[str, str] | None = None, script: str = "training",
@@ -146,7 +140,7 @@ def read_for_check(uses: Sequence[FlagUse], *, env: Mapping[str, str] | None = N
     line = with_values(line, missing)
     notes = [n for n in (*own, *line.notes, completed) if n]
     try:
-        given, args, warned = _validated(line, _world(uses), capability, notes)
+        given, args, warned = _validated(line, _world(line), capability, notes)
     except MegatronRefusal as refusal:
         if refusal.stage == "validate_args" and "--use-checkpoint-args" in line.flags():
             notes.append(f"not judged: {refusal} (with --use-checkpoint-args, Megatron-LM takes the model's settings "
