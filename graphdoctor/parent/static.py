@@ -80,11 +80,17 @@ LOCAL_SCOPE_RULE = "GD219"
 def local_scope_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     """GD219 on a `local` row with a non-empty cuda_graph_modules (Megatron's GPT layers only: the rule
     reads the run's layer_spec and model_provider)."""
+    return _local_scope_checked(config, impl, [LOCAL_SCOPE_RULE])
+
+
+def _local_scope_checked(config: DiffConfig, impl: str, codes: Sequence[str]) -> list[Finding]:
+    """`codes` on a `local` row with a non-empty cuda_graph_modules, with the run's layer_spec and model_provider
+    (the local-scope rules judge Megatron's GPT layers); none on any other row."""
     if impl != "local" or not config.cuda_graph_modules:
         return []
     run = {"impls": [impl], "cuda_graph_modules": list(config.cuda_graph_modules),
            "layer_spec": config.layer_spec, "model_provider": config.model_provider}
-    return _checked({"transformer": _row_transformer(config), "run": run}, [LOCAL_SCOPE_RULE])
+    return _checked({"transformer": _row_transformer(config), "run": run}, codes)
 
 
 SETUP_RULES: tuple[str, ...] = ("GD240",)
@@ -100,12 +106,7 @@ def predicted_setup_failure(config: DiffConfig, impl: str) -> ImplResult | None:
     from graphdoctor.cuda_errors import match_known
     from graphdoctor.types import Diagnosis
 
-    if impl != "local" or not config.cuda_graph_modules:
-        return None
-    run = {"impls": [impl], "cuda_graph_modules": list(config.cuda_graph_modules),
-           "layer_spec": config.layer_spec, "model_provider": config.model_provider}
-    found = [f for f in _checked({"transformer": _row_transformer(config), "run": run}, SETUP_RULES)
-             if f.severity == "error"]
+    found = [f for f in _local_scope_checked(config, impl, SETUP_RULES) if f.severity == "error"]
     if not found:
         return None
     error = "'TransformerLayer' object has no attribute 'is_moe_layer'"

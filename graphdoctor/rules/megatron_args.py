@@ -155,7 +155,7 @@ def parse_megatron_uses(uses: list[FlagUse]) -> MegatronArgs:
         flag, values = use.flag, list(use.values)
         spec = FLAGS.get(flag)
         if spec is None:
-            # a flag Megatron-LM's parser refuses is GD118's (graphdoctor.rules.megatron_reading); the launcher's
+            # a flag Megatron-LM's parser refuses is GD130's (graphdoctor.rules.megatron_reading); the launcher's
             # flags are torchrun's
             if not use.launcher and flag not in ignored and _is_megatron_flag(flag):
                 ignored.append(flag)
