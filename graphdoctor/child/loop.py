@@ -179,6 +179,10 @@ class LoopState:
     step: int = -1
     phase: str = "setup"
     records: list[StepRecord] = field(default_factory=list)
+    profiled_s: float = 0.0
+    """Wall seconds of the extra profiled step (the launches observer's)."""
+    fingerprint_s: float = 0.0
+    """Wall seconds of the steps' fingerprints (comparison)."""
 
 
 @dataclass(slots=True)
@@ -191,6 +195,8 @@ class StepRunner:
     io: ReferenceIO
     printer: StepPrinter | None
     taps: Any = None
+    fingerprint_s: float = 0.0
+    """Wall seconds spent in the fingerprints (taken and read back)."""
 
     def create_te_graphs(self, step: int) -> Event:
         """transformer_engine: TECudaGraphHelper.create_cudagraphs() before step `step` (taps'
@@ -235,7 +241,9 @@ class StepRunner:
                              where=forward_step_name(cfg.forward_step))
         values = with_tracker_values(values)  # read before clear_moe_metrics below
         end_fb.record()
+        printing = time.perf_counter()
         grad_prints = None if profiled or self.printer is None else self.printer.grads()
+        self.fingerprint_s += time.perf_counter() - printing
         grads = None if profiled else self.io.process(step, "grads")
         resume.record()
         _, grad_norm, _ = setup.optimizer.step()
@@ -245,7 +253,9 @@ class StepRunner:
         step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
         prints = None
         if grad_prints is not None and self.printer is not None:
+            printing = time.perf_counter()
             prints = StepPrints(grads=_lanes(grad_prints), params=_lanes(self.printer.params()))
+            self.fingerprint_s += time.perf_counter() - printing
         params = None if profiled else self.io.process(step, "params")
         loss, reported = values.host()
         return StepRecord(step=step, phase=phase, loss=loss, step_time_ms=step_ms,
@@ -301,7 +311,11 @@ def run_steps(
             data = runner.begin_step(step, state.phase)
             if step == te_capture_step:
                 emit(runner.create_te_graphs(step))
-            record = runner.train_step(step, state.phase, data, profiled=profile_last and step == cfg.steps)
+            profiled = profile_last and step == cfg.steps
+            step_began = time.perf_counter()
+            record = runner.train_step(step, state.phase, data, profiled=profiled)
+            if profiled:
+                state.profiled_s += time.perf_counter() - step_began
             for obs in reversed(observers):
                 obs.end_step(step, state.phase)
         record = dataclasses.replace(record, quiet=quiet, resumed=spec.resumed)
@@ -314,6 +328,7 @@ def run_steps(
         if step == save_after:
             save_run(spec, setup, state, emit)
     state.phase = "done"
+    state.fingerprint_s += runner.fingerprint_s
     return runner.io.compare_s
 
 

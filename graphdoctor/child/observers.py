@@ -7,7 +7,9 @@ error in its section; it never ends the training run.
 
 from __future__ import annotations
 
+import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -259,20 +261,59 @@ def _census_kept(kept: Any) -> tuple[GraphCensus, ...]:
     return tuple(result)
 
 
+class Timed(Observer):
+    """An observer with its own seconds counted: attaching it, its step hooks (`step_s`: inside the
+    training loop, which the loop's training seconds leave out) and its finish."""
+
+    def __init__(self, name: str, make: Callable[[], Observer]) -> None:
+        self.name = name
+        began = time.perf_counter()
+        self.inner = make()
+        self.seconds = time.perf_counter() - began
+        self.step_s = 0.0
+
+    def begin_step(self, step: int, phase: str) -> None:
+        began = time.perf_counter()
+        try:
+            self.inner.begin_step(step, phase)
+        finally:
+            self._count(began)
+
+    def end_step(self, step: int, phase: str) -> None:
+        began = time.perf_counter()
+        try:
+            self.inner.end_step(step, phase)
+        finally:
+            self._count(began)
+
+    def finish(self) -> list[Event]:
+        began = time.perf_counter()
+        try:
+            return self.inner.finish()
+        finally:
+            self.seconds += time.perf_counter() - began
+
+    def _count(self, began: float) -> None:
+        spent = time.perf_counter() - began
+        self.step_s += spent
+        self.seconds += spent
+
+
 def make_observers(spec: ChildSpec, model: Any,
-                   names: dict[int, str] | None = None) -> tuple[Observer, ...]:
-    """Observers this child needs, from its spec (tapped runs get none)."""
+                   names: dict[int, str] | None = None) -> tuple[Timed, ...]:
+    """Observers this child needs, from its spec (tapped runs get none), each with its seconds counted
+    under its name (graphdoctor.protocol.seconds.OBSERVER_NAMES)."""
     if spec.role is Role.TAPPED:
         return ()
-    observers: list[Observer] = []
+    observers: list[Timed] = []
     if spec.config.launches:
-        observers.append(LaunchObserver(spec, model))
-    observers.append(PhaseObserver(spec.impl))
+        observers.append(Timed("launches", lambda: LaunchObserver(spec, model)))
+    observers.append(Timed("phases", lambda: PhaseObserver(spec.impl)))
     if spec.config.memory and spec.role is not Role.COUNT:
-        observers.append(MemoryObserver(spec))
+        observers.append(Timed("memory", lambda: MemoryObserver(spec)))
     if spec.impl == "transformer_engine" and names is not None:
-        observers.append(NoneMaskObserver(model, names))
+        observers.append(Timed("none_mask", lambda: NoneMaskObserver(model, names)))
     return tuple(observers)
 
 
-__all__ = ["LaunchObserver", "MemoryObserver", "Observer", "PhaseObserver", "make_observers"]
+__all__ = ["LaunchObserver", "MemoryObserver", "Observer", "PhaseObserver", "Timed", "make_observers"]

@@ -132,8 +132,10 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
 
         raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
     from graphdoctor.diff import diff
+    from graphdoctor.parent.timeline import process_started_at
 
-    report = run_then_write(lambda board: diff(config, workdir=workdir, progress=board),
+    started_at = process_started_at()
+    report = run_then_write(lambda board: diff(config, workdir=workdir, progress=board, started_at=started_at),
                             lambda done: write_outputs(done, json_path, html_path, verbose), quiet)
     sys.exit(report.exit_code())
 

@@ -26,6 +26,7 @@ from graphdoctor.protocol.events import (
     Tensors,
 )
 from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.seconds import ChildSeconds
 from graphdoctor.protocol.spec import ChildSpec
 from graphdoctor.types import Diagnosis, RankExit
 
@@ -56,8 +57,19 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
         peak_allocated_bytes=end.peak_allocated_bytes if end else None,
         end_reserved_bytes=end.end_reserved_bytes if end else None,
         end_allocated_bytes=end.end_allocated_bytes if end else None, teardown=teardown,
-        checkpoints=tuple(log.of(Checkpoint)),
+        checkpoints=tuple(log.of(Checkpoint)), seconds=child_seconds(end, teardown, ended),
     )
+
+
+def child_seconds(end: End | None, teardown: tuple[RankExit, ...], ended: ProcessResult) -> ChildSeconds:
+    """The process's seconds from its end event, its teardown and how the parent saw it run (a run without an
+    end event has only its start and end)."""
+    if end is None:
+        return ChildSeconds(started_at=ended.started_at, ended_at=ended.ended_at)
+    return ChildSeconds(startup_s=end.startup_s, setup_s=end.setup_s, waited_s=end.waited_s, train_s=end.train_s,
+                        observers=dict(end.observers), compare_s=end.compare_s,
+                        teardown_s=max((t.teardown_s for t in teardown), default=0.0),
+                        started_at=ended.started_at, ended_at=ended.ended_at)
 
 
 def _outcome(spec: ChildSpec, logs: dict[int, EventLog], end: End | None, error: Error | None,

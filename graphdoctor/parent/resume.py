@@ -80,6 +80,7 @@ def stitched(first: RunRecord, resumed: RunRecord) -> RunRecord:
         resumed, name=first.name, steps=first.steps + resumed.steps, evals=first.evals + resumed.evals,
         wall_s=first.wall_s + resumed.wall_s, train_s=first.train_s + resumed.train_s,
         compare_s=first.compare_s + resumed.compare_s,
+        seconds=first.seconds.plus(resumed.seconds) if first.seconds and resumed.seconds else resumed.seconds,
         hazards=first.hazards + tuple(h for h in resumed.hazards if h not in first.hazards),
         teardown=first.teardown + resumed.teardown, checkpoints=first.checkpoints + resumed.checkpoints,
         tensor_names=resumed.tensor_names or first.tensor_names, env=first.env or resumed.env, ranks=ranks,

@@ -8,7 +8,7 @@ line carries `"event": <kind>` and the event's fields; docs/protocol.md lists th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -161,8 +161,15 @@ class End:
 
     kind: ClassVar[str] = "end"
     train_s: float
+    """The training steps, observers' and comparison's seconds taken out."""
     compare_s: float
     setup_s: float
+    startup_s: float = 0.0
+    """Spawn (graphdoctor.protocol.processes.SPAWNED_AT_ENV) to the start of set-up."""
+    observers: dict[str, float] = field(default_factory=dict)
+    """Seconds each observer took, by name (graphdoctor.protocol.seconds.OBSERVER_NAMES)."""
+    waited_s: float = 0.0
+    """Seconds waited at the parent's gate after set-up (graphdoctor.protocol.gate)."""
     peak_allocated_bytes: int | None = None
     """torch.cuda.max_memory_allocated while the graphs were alive."""
     end_reserved_bytes: int | None = None

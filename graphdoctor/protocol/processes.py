@@ -13,10 +13,25 @@ PARENT_PID_ENV = "GRAPHDOCTOR_PARENT_PID"
 (graphdoctor.parent.runner sets it); the child dies with that process (graphdoctor.child.stacks.die_with_parent)."""
 
 
+SPAWNED_AT_ENV = "GRAPHDOCTOR_SPAWNED_AT"
+"""Environment variable holding time.time() when the parent started the child's process: the child's start-up
+seconds count from it (graphdoctor.protocol.seconds)."""
+
+
+def spawned_at() -> float | None:
+    """time.time() when the parent started this process (None: not started by graphdoctor's runner)."""
+    import os
+
+    try:
+        return float(os.environ[SPAWNED_AT_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
 def launcher_command(*torchrun_args: str) -> list[str]:
     """`python -P -m graphdoctor.child.stacks torch.distributed.run ARGS...` with this interpreter: torchrun's
     launcher with its stack dump registered (graphdoctor.child.stacks)."""
     return [sys.executable, "-P", "-m", "graphdoctor.child.stacks", "torch.distributed.run", *torchrun_args]
 
 
-__all__ = ["PARENT_PID_ENV", "STACKS_ENV", "launcher_command"]
+__all__ = ["PARENT_PID_ENV", "SPAWNED_AT_ENV", "STACKS_ENV", "launcher_command", "spawned_at"]

@@ -13,6 +13,7 @@ from graphdoctor.compare.forensics import TapTable
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.events import Checkpoint, Hazard, RunEnv
+from graphdoctor.protocol.seconds import ChildSeconds
 from graphdoctor.protocol.spec import impl_name
 from graphdoctor.types import Diagnosis, EvalRecord, RankExit, StepRecord
 
@@ -93,6 +94,9 @@ class RunRecord:
     """How each rank exited after its results (a hung teardown is a finding, not a failure)."""
     checkpoints: tuple[Checkpoint, ...] = ()
     """The run's checkpoint save and, with --resume, its load by the resumed process (in order)."""
+    seconds: ChildSeconds | None = None
+    """Where the process's wall time went (start-up, set-up, training, observers, comparison, teardown) and
+    when it started and ended; None in reports written before it."""
     ranks: tuple[RunRecord, ...] = ()
     """A multi-GPU run's records of every rank, in rank order (empty for one process). This record is
     then their fold (graphdoctor.parent.ranks): rank 0's figures, the deciding rank's status, every
@@ -123,6 +127,7 @@ class RunRecord:
             "checkpoints": [{"action": c.action, "iteration": c.iteration, "seconds": c.seconds}
                             for c in self.checkpoints],
             **{key: getattr(self, key) for key in END_MEMORY_FIELDS},
+            "seconds": self.seconds.to_dict() if self.seconds else None,
             "ranks": [r.to_dict() for r in self.ranks],
         }
 
@@ -153,6 +158,7 @@ class RunRecord:
             teardown=tuple(RankExit.from_dict(t) for t in data.get("teardown", ())),
             checkpoints=tuple(Checkpoint(action=str(c["action"]), iteration=int(c["iteration"]),
                                          seconds=float(c["seconds"])) for c in data.get("checkpoints", ())),
+            seconds=ChildSeconds.from_dict(data["seconds"]) if isinstance(data.get("seconds"), dict) else None,
             ranks=tuple(cls.from_dict(r) for r in data.get("ranks", ())),
         )
 

@@ -12,6 +12,7 @@ from tabulate import tabulate
 from graphdoctor.compare.phases import teardown_note
 from graphdoctor.inputs import write_output
 from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
+from graphdoctor.parent.timeline import cost_line
 from graphdoctor.report.envelope import envelope
 from graphdoctor.report.escape import escape_control
 from graphdoctor.report.forensics import forensics_table
@@ -107,6 +108,7 @@ def render_text(report: DiffReport, *, verbose: bool = False) -> str:
     if launches:
         lines += [launches, ""]
     lines += _details(report, verbose=verbose)
+    lines.append(cost_line(report.timeline, report.runs(), report.jobs))
     lines.append(f"wall {report.wall_s:.1f} s (children {report.child_wall_s:.1f} s); "
                  f"exit code {report.exit_code()}")
     return "\n".join(lines)

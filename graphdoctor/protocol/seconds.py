@@ -1,0 +1,74 @@
+"""Where one child's seconds went: start-up, set-up, training, each observer, comparison, teardown, and when
+its process started and ended (the diff's timeline: docs/diff.md, "What a diff costs")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+OBSERVER_NAMES: tuple[str, ...] = ("memory", "launches", "phases", "none_mask")
+"""The observers a child can attach (graphdoctor.child.observers), as the seconds name them."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSeconds:
+    """One child process's wall time, split. The parts add up to its wall time, less the parent's own
+    bookkeeping around the process (spawn and the read of its events)."""
+
+    startup_s: float = 0.0
+    """Spawn to the start of set-up: the interpreter and the imports of torch and graphdoctor's child."""
+    setup_s: float = 0.0
+    """Set-up: process group, model build, DDP, optimizer, observers attached."""
+    waited_s: float = 0.0
+    """Waiting at the parent's gate after set-up, for its plan-time checks (graphdoctor.protocol.gate)."""
+    train_s: float = 0.0
+    """The training steps themselves (observers' and comparison's seconds taken out)."""
+    observers: dict[str, float] = field(default_factory=dict)
+    """Seconds each observer took, by name (OBSERVER_NAMES): its hooks and analysis, and for `launches`
+    the extra profiled step."""
+    compare_s: float = 0.0
+    """Fingerprints of every step, and saving or comparing reference tensors (targeted re-runs)."""
+    teardown_s: float = 0.0
+    """After the end event: graphs released, process group destroyed."""
+    started_at: float = 0.0
+    """time.time() when the parent started the process (0.0: unknown)."""
+    ended_at: float = 0.0
+    """time.time() when the parent saw it exit."""
+
+    @property
+    def observers_s(self) -> float:
+        """All observers together."""
+        return sum(self.observers.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view (docs/diff.md)."""
+        return {"startup_s": self.startup_s, "setup_s": self.setup_s, "waited_s": self.waited_s,
+                "train_s": self.train_s,
+                "observers": dict(self.observers), "observers_s": self.observers_s, "compare_s": self.compare_s,
+                "teardown_s": self.teardown_s, "started_at": self.started_at, "ended_at": self.ended_at}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChildSeconds:
+        """Inverse of to_dict."""
+        observers = data.get("observers") or {}
+        return cls(startup_s=float(data.get("startup_s", 0.0)), setup_s=float(data.get("setup_s", 0.0)),
+                   waited_s=float(data.get("waited_s", 0.0)),
+                   train_s=float(data.get("train_s", 0.0)),
+                   observers={str(k): float(v) for k, v in observers.items()},
+                   compare_s=float(data.get("compare_s", 0.0)), teardown_s=float(data.get("teardown_s", 0.0)),
+                   started_at=float(data.get("started_at", 0.0)), ended_at=float(data.get("ended_at", 0.0)))
+
+    def plus(self, other: ChildSeconds) -> ChildSeconds:
+        """Two processes of one run (a checkpoint's first process and the resumed one), added; the timeline
+        from the first's start to the second's end."""
+        names = {*self.observers, *other.observers}
+        return ChildSeconds(
+            startup_s=self.startup_s + other.startup_s, setup_s=self.setup_s + other.setup_s,
+            waited_s=self.waited_s + other.waited_s,
+            train_s=self.train_s + other.train_s,
+            observers={n: self.observers.get(n, 0.0) + other.observers.get(n, 0.0) for n in sorted(names)},
+            compare_s=self.compare_s + other.compare_s, teardown_s=self.teardown_s + other.teardown_s,
+            started_at=self.started_at or other.started_at, ended_at=other.ended_at or self.ended_at)
+
+
+__all__ = ["OBSERVER_NAMES", "ChildSeconds"]
