@@ -67,9 +67,12 @@ def _probe_te_import() -> tuple[bool, str]:
     return False, f"importing transformer_engine.pytorch failed ({tail[:200]})"
 
 
-def why_unavailable(impl: str, cfg: DiffConfig) -> str | None:
+def why_unavailable(impl: str, cfg: DiffConfig, *, probe: bool = True) -> str | None:
     """Why `impl` cannot run here (None: it can): a model this machine cannot build (every implementation), or
-    Transformer Engine's graphs without Transformer Engine or bf16."""
+    Transformer Engine's graphs without Transformer Engine or bf16. `probe=False` takes an installed
+    Transformer Engine as importable without the import probe (te_available's child process) unless the probe
+    already ran: diff starts its children before the probe answers, and a child whose import fails reports the
+    implementation unavailable itself."""
     if cfg.model is not None and cfg.model.unavailable is not None:
         return cfg.model.unavailable
     if cfg.model is not None and cfg.model.kind == "hybrid" and not mamba_findable():
@@ -77,7 +80,10 @@ def why_unavailable(impl: str, cfg: DiffConfig) -> str | None:
     te_layers = cfg.layer_spec in TE_LAYER_SPECS and cfg.model_provider is None
     if impl != "transformer_engine" and not te_layers:
         return None
-    ok, why = te_available()
+    if not probe and _TE_STATUS is None and te_findable():
+        ok, why = True, ""
+    else:
+        ok, why = te_available()
     if not ok:
         return why if impl == "transformer_engine" else f"{why} (the run builds Transformer Engine layers)"
     if impl != "transformer_engine":

@@ -12,6 +12,7 @@ import dataclasses
 import shutil
 import tempfile
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,15 +27,18 @@ from graphdoctor.config.child_model import run_model
 from graphdoctor.config.description import model_facts
 from graphdoctor.errors import stopped_exit_code
 from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
-from graphdoctor.parent.gpus import plan_jobs
+from graphdoctor.parent.gpus import plan_jobs, visible_gpus
+from graphdoctor.parent.preflight import Preflight
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.static import (
     moe_static_findings,
     predicted_setup_failure,
+    refuse_at_once,
     refuse_before_gpu_work,
     with_static_findings,
 )
 from graphdoctor.parent.stopping import partial_report_on_stop
+from graphdoctor.parent.timeline import Timeline, observer_costs, timeline_of, unique_runs
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
@@ -72,6 +76,12 @@ class DiffReport:
     """The signal that stopped graphdoctor before the diff finished (`SIGTERM`, ...): a partial report."""
     model: dict[str, Any] | None = None
     """The model as built (graphdoctor.config.description.model_facts); None in reports written before it."""
+    timeline: Timeline | None = None
+    """When the command started and finished, and its first and last child; None in older reports."""
+
+    def runs(self) -> list[RunRecord]:
+        """Every child of the diff once: the reference, the control reference, each row's runs."""
+        return unique_runs([self.reference, self.control_reference, *(r for res in self.results for r in res.runs)])
 
     @property
     def env(self) -> RunEnv | None:
@@ -115,6 +125,8 @@ class DiffReport:
             "impls": [r.to_dict() for r in self.results],
             "stopped": self.stopped,
             "model": self.model,
+            "timeline": self.timeline.to_dict() if self.timeline else None,
+            "observers": [c.to_dict() for c in observer_costs(self.runs())],
         }
 
     @classmethod
@@ -135,7 +147,8 @@ class DiffReport:
                    wall_s=float(data.get("wall_s", 0.0)), child_wall_s=float(data.get("child_wall_s", 0.0)),
                    scratch_bytes=int(data.get("scratch_bytes", 0)), jobs=str(data.get("jobs", "")),
                    stopped=str(data["stopped"]) if data.get("stopped") else None,
-                   model=data["model"] if isinstance(data.get("model"), dict) else None)
+                   model=data["model"] if isinstance(data.get("model"), dict) else None,
+                   timeline=Timeline.from_dict(data["timeline"]) if isinstance(data.get("timeline"), dict) else None)
 
 
 def _unavailable(impl: str, why: str) -> ImplResult:
@@ -145,7 +158,7 @@ def _unavailable(impl: str, why: str) -> ImplResult:
 
 
 def diff(config: DiffConfig, *, workdir: str | Path | None = None,
-         progress: ProgressBoard | None = None) -> DiffReport:
+         progress: ProgressBoard | None = None, started_at: float | None = None) -> DiffReport:
     """Run eager and every requested graphed implementation; judge each.
 
     Args:
@@ -154,6 +167,8 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
             removed afterwards; docs/protocol.md lists the files).
         progress: where to show the running children (graphdoctor.parent.progress; the CLI shows
             one on stderr); None shows nothing.
+        started_at: time.time() when the command started (the CLI: its process's start), for the report's
+            timeline; default: now.
 
     Returns:
         The DiffReport (render it with graphdoctor.report).
@@ -164,19 +179,33 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
             parallel with the local layer spec without Apex; selective recompute of layernorm, moe_act
             or gdn_norm_out without Transformer Engine (megatron-core 0.19.2).
     """
-    refuse_before_gpu_work(config, "graphdoctor diff")
+    started_at = time.time() if started_at is None else started_at
+    gpus = visible_gpus()
+    if gpus:
+        refuse_at_once(config)
+    else:  # no child will start: every refusal now, in the order diff --plan gives them
+        refuse_before_gpu_work(config, "graphdoctor diff")
     started = time.perf_counter()
     with work_directory(workdir, "graphdoctor-") as base:
-        plan = plan_jobs(config)
+        plan = plan_jobs(config, gpus)
         session = ChildSession(config, base, progress, plan)
         session.note(plan.reason)
-        run = DiffRun(session)
+        preflight = Preflight(config, base)
+        run = DiffRun(session, preflight)
         # stopped: the children are ended already; the partial report says how far they got
-        with partial_report_on_stop(lambda signal_name: dataclasses.replace(
-                run.stopped_report(signal_name), wall_s=time.perf_counter() - started,
-                model=model_facts(run_model(config)))):
+        with partial_report_on_stop(lambda signal_name: _finished(run.stopped_report(signal_name), started,
+                                                                  started_at, config)):
             report = run.run_all()
-    return dataclasses.replace(report, wall_s=time.perf_counter() - started, model=model_facts(run_model(config)))
+    return _finished(report, started, started_at, config, preflight)
+
+
+def _finished(report: DiffReport, started: float, started_at: float, config: DiffConfig,
+              preflight: Preflight | None = None) -> DiffReport:
+    """The report with its wall time, model facts and timeline (finished now)."""
+    model = preflight.model() if preflight is not None else None
+    report = dataclasses.replace(report, wall_s=time.perf_counter() - started,
+                                 model=model if model is not None else model_facts(run_model(config)))
+    return dataclasses.replace(report, timeline=timeline_of(report.runs(), started_at, time.time()))
 
 
 def _scratch_dir(workdir: Path, name: str) -> Path:
@@ -191,32 +220,54 @@ class DiffRun:
     the plan allows), then per implementation the culprit hunt, the control pair, the targeted
     re-runs that measure a divergence, the eager noise floor, forensics and hazards."""
 
-    def __init__(self, session: ChildSession) -> None:
+    def __init__(self, session: ChildSession, preflight: Preflight | None = None) -> None:
         self.session = session
         self.config = session.config
+        self.preflight = preflight
         self.ref_dir = _scratch_dir(session.workdir, "ref")
         self.control_reference: RunRecord | None = None
-        self._tapped_reference: RunRecord | None = None
         self._saved: dict[tuple[float, tuple[int, ...]], RunRecord] = {}
         self.scratch_bytes = 0
         self.first: list[ChildRequest] = []
         """The first children: the eager reference, then each runnable implementation (stopped_report)."""
+        self._futures: dict[ChildRequest, Future[RunRecord]] = {}
+        """Every child asked for, started or waiting for a GPU slot (obtain reads them)."""
+        self._used: set[ChildRequest] = set()
 
     def run_all(self) -> DiffReport:
-        """Reference and implementations, judged; scratch directories removed afterwards."""
+        """Reference and implementations, judged; scratch directories removed afterwards.
+
+        The first children start at once, beside the plan-time checks (graphdoctor.parent.preflight), and with
+        them every child the decision tree may need next (the control pair and the tapped pair at dropout > 0):
+        they take GPU slots as they free up, and those the first results rule out are cancelled."""
         try:
             for folder in (self.config.trace_dir, self.config.snapshot_dir):
                 if folder:
                     Path(folder).mkdir(parents=True, exist_ok=True)
-            runnable = [impl for impl in self.config.impls if why_unavailable(impl, self.config) is None
+            runnable = [impl for impl in self.config.impls if why_unavailable(impl, self.config, probe=False) is None
                         and predicted_setup_failure(self.config, impl) is None]
             self.first = ([self.request(EAGER, self.config.dropout, Role.REFERENCE, taps=self.config.localize is True)]
                           + [self.request(impl, self.config.dropout, Role.GRAPHED, taps=self.config.localize is True)
                              for impl in runnable])
-            first = self.session.run_many(self.first)
+            if self.preflight is not None:
+                self.session.gate = self.preflight.start().gate
+            for request in [*self.first, *self.speculative(runnable)]:
+                self.prefetch(request)
+            if self.preflight is not None:
+                try:
+                    self.preflight.finish()
+                except BaseException:
+                    self.session.cancel(list(self._futures.values()))
+                    raise
+            first = [self.obtain(request) for request in self.first]
             reference, graphed = first[0], dict(zip(runnable, first[1:], strict=True))
+            self.prune(runnable, reference, graphed)
             results = [self.judge_impl(impl, reference, graphed.get(impl)) for impl in self.config.impls]
         finally:
+            if self.preflight is not None:
+                self.preflight.abandon()
+            self.session.cancel([f for r, f in self._futures.items() if r not in self._used])
+            self.session.close()
             shutil.rmtree(self.ref_dir, ignore_errors=True)
         return DiffReport(config=self.config, results=tuple(results), reference=reference,
                           control_reference=self.control_reference,
@@ -247,6 +298,70 @@ class DiffRun:
         """A child request against this diff's scratch directory."""
         return ChildRequest(impl, dropout, role, self.ref_dir, **kwargs)
 
+    def prefetch(self, request: ChildRequest) -> None:
+        """Start `request` as soon as a GPU slot is free (once: a second ask is the same child)."""
+        if request not in self._futures:
+            self._futures[request] = self.session.submit(request)
+
+    def obtain(self, request: ChildRequest) -> RunRecord:
+        """The record of `request`: of the child already asked for, or of one started now."""
+        self.prefetch(request)
+        self._used.add(request)
+        return self._futures[request].result()
+
+    def control_requests(self, impl: str) -> list[ChildRequest]:
+        """The dropout-free control pair of `impl` (its reference is shared by every implementation)."""
+        return [self.request(EAGER, 0.0, Role.REFERENCE), self.request(impl, 0.0, Role.GRAPHED)]
+
+    def tapped_requests(self, impl: str) -> list[ChildRequest]:
+        """The tapped pair of `impl` (its eager run is shared by every implementation)."""
+        dropout = self.config.dropout
+        return [self.request(EAGER, dropout, Role.TAPPED, taps=True), self.request(impl, dropout, Role.TAPPED, taps=True)]
+
+    def speculative(self, runnable: list[str]) -> list[ChildRequest]:
+        """The children a divergence of the first runs would need next, started beside them: at dropout > 0 the
+        control pair of every implementation and, when forensics are automatic, the tapped pair."""
+        cfg = self.config
+        if cfg.dropout <= 0:
+            return []
+        wanted = [r for impl in runnable for r in self.control_requests(impl)]
+        if cfg.localize is None:
+            wanted += [r for impl in runnable for r in self.tapped_requests(impl)]
+        return list(dict.fromkeys(wanted))
+
+    def prune(self, runnable: list[str], reference: RunRecord, graphed: dict[str, RunRecord]) -> None:
+        """After the first runs: cancel the speculative children of every implementation that matched (or
+        failed), and start the re-runs that measure each divergence."""
+        diverged = []
+        for impl in runnable:
+            run = graphed[impl]
+            if reference.status == "ok" and run.status == "ok" and self.judge(reference, run).divergence is not None:
+                diverged.append(impl)
+                if self.config.dropout <= 0 or not self.config.bitwise:  # else the control pair decides (_dropout_row)
+                    self.prefetch_measure(reference, run)
+        keep = {r for impl in diverged for r in (*self.control_requests(impl), *self.tapped_requests(impl))}
+        self.session.cancel([f for r, f in self._futures.items()
+                             if r not in keep and r not in self.first and not r.targeted and r not in self._used],
+                            wait=False)
+
+    def measure_requests(self, reference: RunRecord, graphed: RunRecord) -> list[ChildRequest]:
+        """The re-run pair that measures where the fingerprints differ (measure); none where they do not."""
+        names = graphed.tensor_names or reference.tensor_names
+        steps = differing_steps(names, reference.steps, graphed.steps)
+        if not steps:
+            return []
+        io_steps = steps if not self.config.bitwise else steps[:1]
+        scratch = self.ref_dir / f"d{graphed.dropout:g}"
+        scratch.mkdir(exist_ok=True)
+        last = max(io_steps)
+        return [ChildRequest(EAGER, graphed.dropout, Role.REFERENCE, scratch, io_steps=io_steps, stop_after=last),
+                ChildRequest(graphed.impl, graphed.dropout, Role.GRAPHED, scratch, io_steps=io_steps, stop_after=last)]
+
+    def prefetch_measure(self, reference: RunRecord, graphed: RunRecord) -> None:
+        """Start the measuring pair of a divergence now, beside the rest."""
+        for request in self.measure_requests(reference, graphed):
+            self.prefetch(request)
+
     def judge(self, reference: RunRecord, graphed: RunRecord, **kwargs: Any) -> ImplResult:
         """judge() with this diff's warmup and tolerances."""
         cfg = self.config
@@ -256,7 +371,8 @@ class DiffRun:
     def judge_impl(self, impl: str, reference: RunRecord, graphed: RunRecord | None) -> ImplResult:
         """The row of one implementation, with its static findings (GD217 names a MoE capture failure):
         the same row in diff and in each advise candidate."""
-        return with_static_findings(self._row(impl, reference, graphed), self.config)
+        findings = self.preflight.findings(impl) if self.preflight is not None else None
+        return with_static_findings(self._row(impl, reference, graphed), self.config, findings)
 
     def _row(self, impl: str, reference: RunRecord, graphed: RunRecord | None) -> ImplResult:
         cfg = self.config
@@ -268,58 +384,72 @@ class DiffRun:
             return _unavailable(impl, why_not or "not run")
         if reference.status != "ok":
             return reference_failed(impl)
-        graphed = _with_print_diffs(reference, self.measure(reference, graphed))
-        result = _with_eager_memory(self.judge(reference, graphed), reference)
+        if cfg.dropout > 0 and cfg.bitwise:
+            result, graphed = self._dropout_row(impl, reference, graphed)
+        else:
+            graphed = _with_print_diffs(reference, self.measure(reference, graphed))
+            result = _with_eager_memory(self.judge(reference, graphed), reference)
+            if result.verdict == Verdict.CAPTURE_FAILED:
+                return self.hunt_culprit(result, impl)
+            if result.divergence is not None and cfg.dropout > 0:
+                result = self.control_pair(impl, reference, graphed)
         if result.verdict == Verdict.CAPTURE_FAILED:
             return self.hunt_culprit(result, impl)
-        if result.divergence is not None and cfg.dropout > 0:
-            result = self.control_pair(impl, reference, graphed)
         if result.verdict == Verdict.NUMERIC_DIVERGENCE:
             result = self.eager_noise(result, reference)
         result = self.forensics(result, reference, graphed)
         return _hazards(result, graphed)
 
+    def _dropout_row(self, impl: str, reference: RunRecord, graphed: RunRecord) -> tuple[ImplResult, RunRecord]:
+        """A bitwise row at dropout > 0: the fingerprints decide whether it diverged, and a divergence goes to the
+        control pair first. When the control pair says the dropout masks made the difference (rng-divergence), the
+        re-run pair that would measure it is not run: a measure of different masks says nothing of the graphs'
+        numerics. Otherwise it is measured, as a row without dropout is. Returns (the row, the graphed run judged)."""
+        unmeasured = _with_print_diffs(reference, graphed)
+        result = _with_eager_memory(self.judge(reference, unmeasured), reference)
+        if result.divergence is None or result.verdict == Verdict.CAPTURE_FAILED:
+            return result, unmeasured
+        controlled = self.control_pair(impl, reference, unmeasured)
+        if controlled.verdict == Verdict.RNG_DIVERGENCE:
+            note = (f"the dropout-{self.config.dropout:g} difference is the dropout masks' (the control pair matches), "
+                    "so it was not measured element by element; its first divergence is where the fingerprints first "
+                    "differ")
+            return _add_note(controlled, note), unmeasured
+        graphed = _with_print_diffs(reference, self.measure(reference, graphed))
+        return self.control_pair(impl, reference, graphed), graphed
+
     def measure(self, reference: RunRecord, graphed: RunRecord) -> RunRecord:
         """Where the fingerprints differ, measure by how much: a re-run pair that saves (eager) and
         compares element by element (graphed) only those steps, and ends there. Bitwise: the first
-        differing step; with --rtol/--atol: every differing step (the tolerance decides there)."""
+        differing step; with --rtol/--atol: every differing step (the tolerance decides there). The eager
+        tensors saved for one implementation serve every other one that differs at the same steps (one
+        scratch directory per dropout: the eager re-run runs once)."""
         if reference.status != "ok" or graphed.status != "ok":
             return graphed
-        names = graphed.tensor_names or reference.tensor_names
-        steps = differing_steps(names, reference.steps, graphed.steps)
-        if not steps:
+        pair = self.measure_requests(reference, graphed)
+        if not pair:
             return graphed
-        io_steps = steps if not self.config.bitwise else steps[:1]
-        dropout = graphed.dropout
-        # One scratch directory per dropout: the eager tensors saved for one implementation serve
-        # every other implementation that differs at the same steps (the eager re-run runs once).
-        scratch = self.ref_dir / f"d{dropout:g}"
-        scratch.mkdir(exist_ok=True)
-        last = max(io_steps)
-        key = (dropout, io_steps)
+        saving, comparing = pair
+        key = (saving.dropout, saving.io_steps)
         if key not in self._saved:
-            self._saved[key] = self.session.run_request(
-                ChildRequest(EAGER, dropout, Role.REFERENCE, scratch, io_steps=io_steps, stop_after=last))
+            self._saved[key] = self.obtain(saving)
             self.scratch_bytes = max(self.scratch_bytes, _tree_bytes(self.ref_dir))
         if self._saved[key].status != "ok":
             return graphed
-        compared = self.session.run_request(
-            ChildRequest(graphed.impl, dropout, Role.GRAPHED, scratch, io_steps=io_steps, stop_after=last))
-        measured = {s.step: s for s in compared.steps if s.step in io_steps}
-        if compared.status != "ok" or len(measured) != len(io_steps):
+        compared = self.obtain(comparing)
+        measured = {s.step: s for s in compared.steps if s.step in saving.io_steps}
+        if compared.status != "ok" or len(measured) != len(saving.io_steps):
             return graphed
         steps_out = tuple(dataclasses.replace(s, grads=measured[s.step].grads, params=measured[s.step].params)
                           if s.step in measured else s for s in graphed.steps)
         return dataclasses.replace(graphed, steps=steps_out)
 
     def control_pair(self, impl: str, reference: RunRecord, graphed: RunRecord) -> ImplResult:
-        """Judge again with a dropout-free control pair (the control reference runs once per diff,
-        alongside the first control run when the plan allows)."""
-        if self.control_reference is None:
-            self.control_reference, control = self.session.run_many([
-                self.request(EAGER, 0.0, Role.REFERENCE), self.request(impl, 0.0, Role.GRAPHED)])
-        else:
-            control = self.session.run_request(self.request(impl, 0.0, Role.GRAPHED))
+        """Judge again with a dropout-free control pair (the control reference runs once per diff)."""
+        control_ref, control_req = self.control_requests(impl)
+        if self.control_reference is None:  # advise: another candidate's, when it made one
+            self.control_reference = self.obtain(control_ref)
+        control = self.obtain(control_req)
         # Without its reference the control run has nothing to compare against.
         control_graphed = (self.measure(self.control_reference, control)
                            if self.control_reference.status == "ok" else None)
@@ -334,7 +464,7 @@ class DiffRun:
         reference, or the control reference when dropout is on)?"""
         cfg = self.config
         base = self.control_reference if cfg.dropout > 0 and self.control_reference is not None else reference
-        again = self.session.run_request(self.request(EAGER, base.dropout, Role.GRAPHED))
+        again = self.obtain(self.request(EAGER, base.dropout, Role.GRAPHED))
         if again.status != "ok":
             return result
         noise = find_divergence(base, again, rtol=cfg.rtol, atol=cfg.atol)
@@ -348,14 +478,8 @@ class DiffRun:
 
     def tapped_pair(self, impl: str) -> tuple[RunRecord, RunRecord]:
         """The eager run with taps (once per diff, shared by every implementation) and `impl`'s."""
-        cfg = self.config
-        if self._tapped_reference is None:
-            self._tapped_reference, tapped = self.session.run_many([
-                self.request(EAGER, cfg.dropout, Role.TAPPED, taps=True),
-                self.request(impl, cfg.dropout, Role.TAPPED, taps=True)])
-            return self._tapped_reference, tapped
-        return self._tapped_reference, self.session.run_request(
-            self.request(impl, cfg.dropout, Role.TAPPED, taps=True))
+        tapped_ref, tapped = self.tapped_requests(impl)
+        return self.obtain(tapped_ref), self.obtain(tapped)
 
     def forensics(self, result: ImplResult, reference: RunRecord, graphed: RunRecord) -> ImplResult:
         """Tap analysis: from the runs themselves (--localize) or, after a divergence, from an extra
@@ -392,7 +516,7 @@ class DiffRun:
             return result
         if any(f.code == "GD217" for f in moe_static_findings(self.config, impl)):
             return result  # the token dispatcher's host copy: with_static_findings names it (no re-run)
-        hunt = self.session.run_request(self.request(impl, self.config.dropout, Role.GRAPHED, hunt=True))
+        hunt = self.obtain(self.request(impl, self.config.dropout, Role.GRAPHED, hunt=True))
         found = hunt.diagnosis
         if hunt.status != "error" or found is None or found.location is None:
             return _add_note(result, "culprit hunt (sync errors raised during capture) found no "

@@ -108,7 +108,8 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("jobs", "jobs", int,
            "Child runs at a time (eager and graphed together; timed steps still run alone on their "
            "GPU); 1: in series.", "N",
-           default_text="one per GPU, two on one GPU when both fit in its memory, else one"),
+           default_text="one per GPU; on one GPU as many as fit in its memory, up to one per two CPU "
+                        "cores and 8"),
     Option("layer-spec", "layer_spec", str,
            "local (Megatron's local GPT spec), te (its Transformer Engine spec) or pkg.mod:fn "
            "returning the transformer layer ModuleSpec.", "SPEC", default_text="local"),

@@ -366,9 +366,12 @@ def advise(config: DiffConfig, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, 
         session.note(plan.reason)
         run = AdviseRun(session, screenings, max_candidates=max_candidates, facts=facts, env=env)
         # stopped: the children are ended already; the partial report says how far advise got
-        with partial_report_on_stop(lambda signal_name: dataclasses.replace(
-                run.stopped_report(signal_name), wall_s=time.perf_counter() - started)):
-            report = run.run()
+        try:
+            with partial_report_on_stop(lambda signal_name: dataclasses.replace(
+                    run.stopped_report(signal_name), wall_s=time.perf_counter() - started)):
+                report = run.run()
+        finally:
+            session.close()
     notes = ("--cuda-graph-modules is not used: advise tries the scopes itself",) if config.cuda_graph_modules else ()
     return dataclasses.replace(report, wall_s=time.perf_counter() - started, notes=(*report.notes, *notes))
 

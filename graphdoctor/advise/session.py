@@ -16,6 +16,7 @@ import dataclasses
 import shutil
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,11 +89,11 @@ class AdviseSession(ChildSession):
         return dataclasses.replace(spec, config=config, name=name,
                                    events_path=str(self.workdir / f"events-{name}.jsonl"))
 
-    def run_request(self, request: ChildRequest) -> RunRecord:
+    def run_request(self, request: ChildRequest, cancel: threading.Event | None = None) -> RunRecord:
         """Run one child, unless the time budget has run out (then a not-run record)."""
         if self.out_of_time():
             return not_run_record(request, f"not run: the time budget ({self.budget_s or 0:.0f} s) ran out")
-        return ChildSession.run_request(self, request)
+        return ChildSession.run_request(self, request, cancel)
 
 
 class CandidateView(ChildSession):
@@ -111,9 +112,20 @@ class CandidateView(ChildSession):
             return CandidateRequest(**fields)
         return CandidateRequest(**fields, key=self.candidate.key, label=self.candidate.label)
 
-    def run_request(self, request: ChildRequest) -> RunRecord:
+    def run_request(self, request: ChildRequest, cancel: threading.Event | None = None) -> RunRecord:
         """Run on the shared session."""
-        return self.shared.run_request(self.tag(request))
+        return self.shared.run_request(self.tag(request), cancel)
+
+    def submit(self, request: ChildRequest) -> Future[RunRecord]:
+        """Submit to the shared session (its GPU slots and worker threads)."""
+        return self.shared.submit(self.tag(request))
+
+    def cancel(self, futures: list[Future[RunRecord]], *, wait: bool = True) -> None:
+        """Cancel on the shared session."""
+        self.shared.cancel(futures, wait=wait)
+
+    def close(self) -> None:
+        """The shared session's workers outlive one candidate (AdviseSession.close ends them)."""
 
     def run_many(self, requests: list[ChildRequest]) -> list[RunRecord]:
         """Run several on the shared session (at once where its plan allows)."""

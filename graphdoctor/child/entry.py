@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from graphdoctor.protocol.events import Error, EventWriter, Phase, RunEnv, Started, Taps, Teardown
+from graphdoctor.protocol.processes import spawned_at
 from graphdoctor.protocol.spec import ChildSpec
 
 EXIT_OK = 0
@@ -108,7 +109,15 @@ class ChildRun:
         from graphdoctor.child.megatron_setup import build_setup
         from graphdoctor.child.observers import make_observers
 
+        waited_s = 0.0
+        if self.spec.memory_gate:
+            from graphdoctor.protocol.gate import wait_at_gate
+
+            preload()
+            waited_s += wait_at_gate(self.spec.memory_gate, self.spec.config.timeout_s)
         started = time.perf_counter()
+        spawned = spawned_at()
+        startup_s = max(0.0, time.time() - spawned - waited_s) if spawned is not None else 0.0
         if self.spec.config.deterministic:
             deterministic_algorithms()
         setup = self.setup = build_setup(self.spec)
@@ -118,7 +127,12 @@ class ChildRun:
             resume_run(self.spec, setup, state, self.events.emit)
         self.names.update({id(m): strip_wrappers(n) for n, m in setup.model.named_modules()})
         observers = make_observers(self.spec, setup.model, self.names)
+        observers_at, attach_s = time.perf_counter(), sum(o.seconds for o in observers)
         taps = self._install_taps(setup)
+        if self.spec.gate:
+            from graphdoctor.protocol.gate import wait_at_gate
+
+            waited_s += wait_at_gate(self.spec.gate, self.spec.config.timeout_s)
         undo_align = _align(self.spec)
         t0 = time.perf_counter()
         if self.spec.hunt_culprit:
@@ -126,14 +140,18 @@ class ChildRun:
         with self.hunt.during_captures() if self.hunt else contextlib.nullcontext():
             compare_s = run_steps(self.spec, setup, state, self.events.emit, observers, taps)
         self.steps_done_at = time.perf_counter()
-        train_s = time.perf_counter() - t0 - compare_s
+        train_s = (time.perf_counter() - t0 - compare_s - state.fingerprint_s - state.profiled_s
+                   - sum(o.step_s for o in observers))
         for observer in observers:
             for event in observer.finish():
                 self.events.emit(event)
         if taps is not None:
             self.events.emit(Taps(table=_close_taps(taps)))
         undo_align()
-        self.events.emit(_end_event(setup, train_s=train_s, compare_s=compare_s, setup_s=t0 - started))
+        seconds = {o.name: o.seconds + (state.profiled_s if o.name == "launches" else 0.0) for o in observers}
+        self.events.emit(_end_event(setup, train_s=max(0.0, train_s), compare_s=compare_s + state.fingerprint_s,
+                                    setup_s=observers_at - started - attach_s, waited_s=waited_s,
+                                    startup_s=startup_s, observers=seconds))
 
     def _install_taps(self, setup: Any) -> Any:
         if not self.spec.taps:
@@ -187,6 +205,28 @@ class ChildRun:
         exit_within(TEARDOWN_BOUND_S, release_then_destroy, done)
 
 
+PRELOADED: tuple[str, ...] = (
+    "megatron.core.models.gpt", "megatron.core.distributed", "megatron.core.optimizer",
+    "megatron.core.pipeline_parallel", "megatron.core.full_cuda_graph", "megatron.core.transformer.cuda_graphs",
+    "megatron.core.tensor_parallel.random", "megatron.core.transformer.module", "megatron.training.models.gpt",
+    "megatron.core.process_groups_config", "graphdoctor.config.build",
+    "graphdoctor.child.megatron_setup", "graphdoctor.child.observers", "graphdoctor.child.taps",
+)
+"""What a child imports before it waits at its memory gate: the seconds of Megatron's imports are spent while
+other children hold the GPU memory (graphdoctor.parent.children)."""
+
+
+def preload() -> None:
+    """Import PRELOADED (a module that does not import here is left to fail where set-up needs it)."""
+    import importlib
+
+    for name in PRELOADED:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112 - set-up imports it again and reports what fails
+            continue
+
+
 def _close_taps(taps: Any) -> Any:
     from graphdoctor.compare.forensics import TapTable
 
@@ -196,7 +236,8 @@ def _close_taps(taps: Any) -> Any:
         return TapTable.failed(f"{type(exc).__name__}: {exc}")
 
 
-def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float) -> Any:
+def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float, startup_s: float,
+               observers: dict[str, float], waited_s: float) -> Any:
     """Peak and reserved while the graphs (and their pools) are alive; allocated once they are not."""
     import torch
 
@@ -206,7 +247,9 @@ def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float) 
     peak = int(torch.cuda.max_memory_allocated())
     reserved = int(torch.cuda.memory_reserved())
     delete_te_graphs(setup.te_helper)
-    return End(train_s=train_s, compare_s=compare_s, setup_s=setup_s, peak_allocated_bytes=peak,
+    return End(train_s=train_s, compare_s=compare_s, setup_s=setup_s, startup_s=startup_s, observers=observers,
+               waited_s=waited_s,
+               peak_allocated_bytes=peak,
                end_reserved_bytes=reserved, end_allocated_bytes=int(torch.cuda.memory_allocated()))
 
 

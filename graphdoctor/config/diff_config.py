@@ -123,8 +123,8 @@ class DiffConfig:
     """Wall-clock limit for each child run; a run that exceeds it gets the verdict `timeout`."""
 
     jobs: int = 0
-    """Child runs at a time: 0 decides (one per GPU when several are visible, two on one GPU when
-    its memory holds both, else one); 1 runs them in series."""
+    """Child runs holding GPU memory at a time: 0 decides (one per GPU when several are visible; on one GPU as
+    many as its memory holds, up to one per two CPU cores and 8; else one); 1 runs them in series."""
 
     layer_spec: str | None = None
     """`local` (Megatron's local GPT spec, the default), `te` (get_gpt_layer_with_transformer_engine_spec,

@@ -6,24 +6,26 @@ names their files, and re-runs a child whose rendezvous port was taken.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from graphdoctor.config import DiffConfig
 from graphdoctor.config.entry_points import entry_point_modules
 from graphdoctor.parent.fold import record_from_events
-from graphdoctor.parent.gpus import JobPlan
+from graphdoctor.parent.gpus import JobPlan, cpu_slots
 from graphdoctor.parent.launch import fold_launch, launch_env, multi_gpu_placement, run_launched, under_user_torchrun
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.resume import checkpoint_dir, clear_checkpoint, first_process, resumed_process, saves, stitched
 from graphdoctor.parent.runner import (
+    CANCELLED,
     STDERR_TAIL_BYTES,
     ProcessResult,
     child_env,
@@ -35,6 +37,7 @@ from graphdoctor.parent.runner import (
 from graphdoctor.protocol.events import (
     read_events,
 )
+from graphdoctor.protocol.gate import open_gate
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, rank_path, run_name
 from graphdoctor.types import Diagnosis
@@ -43,7 +46,8 @@ CHILD_MODULE = "graphdoctor.child"
 """What the parent runs: `python -P -m graphdoctor.child SPEC.json`."""
 
 
-def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = None) -> RunRecord:
+def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = None,
+              cancel: threading.Event | None = None, clock: threading.Event | None = None) -> RunRecord:
     """Run one child isolated, with the diff's time limit; never raises for a failing child.
 
     Leaves `spec-<name>.json`, `events-<name>.jsonl`, `log-<name>.txt` and the stacks files
@@ -57,7 +61,7 @@ def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = No
     ended = run_isolated(python_command(CHILD_MODULE, str(spec_path)), timeout_s=spec.config.timeout_s,
                          log_path=workdir / f"log-{spec.name}.txt",
                          env=env if env is not None else child_env(spec.config.env),
-                         stacks_prefix=workdir / f"stacks-{spec.name}")
+                         stacks_prefix=workdir / f"stacks-{spec.name}", cancel=cancel, clock=clock)
     return record_from_events(spec, read_events(spec.events_path), ended)
 
 
@@ -123,6 +127,40 @@ def user_import_dir(config: DiffConfig) -> str | None:
     return None
 
 
+class MemoryGrant:
+    """One child's share of its GPU's memory (a slot of the session's queue), taken on a thread of its own while
+    the child starts and imports, then given by opening the child's memory gate (graphdoctor.protocol.gate)."""
+
+    def __init__(self, slots: queue.Queue[str | None], gate: Path) -> None:
+        self.gate = gate
+        self.granted = threading.Event()
+        """Set once the slot is held and the gate open (the child's time limit counts from here)."""
+        self._slots = slots
+        self._lock = threading.Lock()
+        self._held = False
+        self._device: str | None = None
+        self._released = False
+        threading.Thread(target=self._take, name="graphdoctor-grant", daemon=True).start()
+
+    def _take(self) -> None:
+        device = self._slots.get()
+        with self._lock:
+            if self._released:  # the child ended (or was cancelled) before its turn
+                self._slots.put(device)
+                return
+            self._held, self._device = True, device
+        open_gate(self.gate)
+        self.granted.set()
+
+    def release(self) -> None:
+        """The child ended: its slot goes back (or, not granted yet, is never taken)."""
+        with self._lock:
+            self._released = True
+            if self._held:
+                self._held = False
+                self._slots.put(self._device)
+
+
 @dataclass(frozen=True, slots=True)
 class ChildRequest:
     """One child a session should run."""
@@ -178,6 +216,20 @@ class ChildSession:
         devices: list[str | None] = list(self.plan.gpus) or [None]
         for i in range(max(self.plan.jobs, 1)):
             self._slots.put(devices[i % len(devices)])
+        self.gate: str | None = None
+        """The gate every child started from now on waits at before its first step (graphdoctor.parent.preflight)."""
+        self._pool: ThreadPoolExecutor | None = None
+        self._cancels: dict[Future[RunRecord], threading.Event] = {}
+        self.starts = max(self.plan.jobs, cpu_slots()) if self.memory_gated else max(self.plan.jobs, 1)
+        """Children alive at once: with memory gates, more than hold GPU memory (the others import meanwhile)."""
+        self._starts = threading.Semaphore(self.starts)
+        self.num_gates = 0
+
+    @property
+    def memory_gated(self) -> bool:
+        """Children share one GPU: each starts when a process slot is free and builds its model once a memory
+        slot is (MemoryGrant); several GPUs, or one child at a time, need no gate."""
+        return self.plan.shared and len(self.plan.gpus) <= 1 and self.config.nproc_per_node == 1
 
     def spec(self, request: ChildRequest, *, attempt: int = 0, gpu_turn: str | None = None,
              resumed: bool = False) -> ChildSpec:
@@ -203,44 +255,104 @@ class ChildSession:
                          keep_snapshots=self.config.snapshot_dir is not None, taps=request.taps,
                          import_dir=self.import_dir, io_steps=request.io_steps,
                          stop_after=request.stop_after, gpu_turn=gpu_turn,
-                         fingerprints=request.fingerprints, resumed=resumed)
+                         fingerprints=request.fingerprints, resumed=resumed, gate=self.gate)
 
-    def run_request(self, request: ChildRequest) -> RunRecord:
+    def submit(self, request: ChildRequest) -> Future[RunRecord]:
+        """Run `request` on a worker thread as soon as a GPU slot is free (requests start in the order they were
+        submitted); cancel() ends it early."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.starts, thread_name_prefix="graphdoctor-child")
+        event = threading.Event()
+        future = self._pool.submit(self.run_request, request, event)
+        with self._lock:
+            self._cancels[future] = event
+        return future
+
+    def cancel(self, futures: list[Future[RunRecord]], *, wait: bool = True) -> None:
+        """These children are no longer needed: those not started never start, those running are killed (their
+        records say `stopped` runner.CANCELLED); with `wait`, returns once every one has ended."""
+        for future in futures:
+            with self._lock:
+                event = self._cancels.get(future)
+            if event is not None:
+                event.set()
+            future.cancel()
+        for future in futures if wait else ():
+            if not future.cancelled():
+                future.exception()  # waits; run_request never raises for a failing child
+
+    def close(self) -> None:
+        """End the session's worker threads, cancelling what they have not started."""
+        if self._pool is not None:
+            self.cancel(list(self._cancels))
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def run_request(self, request: ChildRequest, cancel: threading.Event | None = None) -> RunRecord:
         """Run one request on the next free GPU slot (again, on a new port, when its port was taken) and
-        account its time."""
+        account its time; `cancel` set ends it (graphdoctor.parent.runner.run_isolated)."""
+        if self.memory_gated:
+            return self._run_gated(request, cancel)
         device = self._slots.get()
+        if cancel is not None and cancel.is_set():
+            self._slots.put(device)
+            return never_started(request.impl, request.dropout, CANCELLED)
         try:
-            turn = gpu_turn_path(device if device is not None else "0") if self.plan.shared else None
-            env = child_env(self.config.env)
-            if self.config.nproc_per_node > 1:
-                env = launch_env(self.config.env, device)
-            elif device is not None and len(self.plan.gpus) > 1:
-                env["CUDA_VISIBLE_DEVICES"] = device
-
-            def process(spec: ChildSpec) -> RunRecord:
-                if self.board is not None:
-                    self.board.child_started(spec.name, request.impl, request.describe(), progress_events(spec),
-                                             total_steps(spec))
-                with self._lock:
-                    self.started.append((request, spec))
-                record = run_child(spec, self.workdir, env=env)
-                with self._lock:
-                    self.finished[spec.name] = record
-                if self.board is not None:
-                    self.board.child_finished(spec.name, record.status, record.wall_s)
-                return record
-
-            def attempt(number: int) -> RunRecord:
-                spec = self.spec(request, attempt=number, gpu_turn=turn)
-                if not saves(spec.config, request.role, request.stop_after):
-                    return process(spec)
-                return self._with_checkpoint(spec, process, lambda: self.spec(request, attempt=number,
-                                                                              gpu_turn=turn, resumed=True))
-
-            # Under torchrun every rank derives the same port; a retry on one rank alone would split them.
-            record, failed = with_port_retries(attempt, port_taken, 0 if under_user_torchrun() is not None else 2)
+            return self._run_on(request, device, cancel)
         finally:
             self._slots.put(device)
+
+    def _run_gated(self, request: ChildRequest, cancel: threading.Event | None) -> RunRecord:
+        """run_request with a memory gate: the child starts once a process slot is free; its memory slot is
+        taken beside it (MemoryGrant) and its time limit counts from the grant."""
+        with self._starts:
+            if cancel is not None and cancel.is_set():
+                return never_started(request.impl, request.dropout, CANCELLED)
+            with self._lock:
+                self.num_gates += 1
+                index = self.num_gates
+            grant = MemoryGrant(self._slots, self.workdir / f"memory-{index}")
+            try:
+                device = self.plan.gpus[0] if self.plan.gpus else None
+                return self._run_on(request, device, cancel, grant)
+            finally:
+                grant.release()
+
+    def _run_on(self, request: ChildRequest, device: str | None, cancel: threading.Event | None,
+                grant: MemoryGrant | None = None) -> RunRecord:
+        """Run one request on `device` (with its memory grant, when gated) and account its time."""
+        turn = gpu_turn_path(device if device is not None else "0") if self.plan.shared else None
+        env = child_env(self.config.env)
+        if self.config.nproc_per_node > 1:
+            env = launch_env(self.config.env, device)
+        elif device is not None and len(self.plan.gpus) > 1:
+            env["CUDA_VISIBLE_DEVICES"] = device
+
+        def process(spec: ChildSpec) -> RunRecord:
+            if grant is not None:
+                spec = dataclasses.replace(spec, memory_gate=str(grant.gate))
+            if self.board is not None:
+                self.board.child_started(spec.name, request.impl, request.describe(), progress_events(spec),
+                                         total_steps(spec))
+            with self._lock:
+                self.started.append((request, spec))
+            record = run_child(spec, self.workdir, env=env, cancel=cancel,
+                               clock=grant.granted if grant is not None else None)
+            with self._lock:
+                self.finished[spec.name] = record
+            if self.board is not None:
+                self.board.child_finished(spec.name, record.status, record.wall_s)
+            return record
+
+        def attempt(number: int) -> RunRecord:
+            spec = self.spec(request, attempt=number, gpu_turn=turn)
+            if not saves(spec.config, request.role, request.stop_after):
+                return process(spec)
+            return self._with_checkpoint(spec, process, lambda: self.spec(request, attempt=number,
+                                                                          gpu_turn=turn, resumed=True))
+
+        # Under torchrun every rank derives the same port; a retry on one rank alone would split them.
+        record, failed = with_port_retries(attempt, port_taken, 0 if under_user_torchrun() is not None else 2)
         with self._lock:
             self.child_wall_s += record.wall_s + sum(r.wall_s for r in failed)
         return record
@@ -279,8 +391,7 @@ class ChildSession:
         """Run several independent requests, up to plan.jobs at a time; results in request order."""
         if self.plan.jobs <= 1 or len(requests) <= 1:
             return [self.run_request(r) for r in requests]
-        with ThreadPoolExecutor(max_workers=min(self.plan.jobs, len(requests))) as pool:
-            return list(pool.map(self.run_request, requests))
+        return [future.result() for future in [self.submit(r) for r in requests]]
 
 
 __all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "fold_stopped", "never_started", "port_taken", "run_child",

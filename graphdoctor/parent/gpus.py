@@ -1,8 +1,9 @@
 """How many children run at once, and on which GPU: the visible GPUs and their memory (read with
 nvidia-smi, so the parent never creates a CUDA context), and an estimate of one child's GPU memory.
 
-Children run at the same time on different GPUs when several are visible; on one GPU when the
-estimate says two fit in its memory; otherwise in series, and diff says why in one line.
+Children run at the same time on different GPUs when several are visible; on one GPU as many as the
+estimate fits in its memory and the CPUs can drive (cpu_slots); otherwise in series, and diff says why in
+one line.
 """
 
 from __future__ import annotations
@@ -21,6 +22,18 @@ MEMORY_HEADROOM = 0.85
 
 CONTEXT_BYTES = 3 << 30
 """CUDA context, cuBLAS/cuDNN workspaces and allocator slack of one child."""
+
+CORES_PER_CHILD = 2
+"""CPU cores one child keeps busy (its imports and set-up, then its Python thread launching kernels)."""
+
+MAX_CHILDREN_PER_GPU = 8
+"""Most children planned on one GPU at a time (their timed steps take turns: graphdoctor.child.quiet)."""
+
+
+def cpu_slots() -> int:
+    """Children this machine's CPUs can start and drive at once (at least 2)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(2, min(MAX_CHILDREN_PER_GPU, cores // CORES_PER_CHILD))
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +119,10 @@ def num_parameters(config: DiffConfig) -> int:
 
 
 def child_bytes(config: DiffConfig) -> int:
-    """A generous estimate of one child's peak GPU memory: weights, fp32 main_grads, Adam state (and
-    fp32 master weights in bf16/fp16), activations twice over (graph pools keep a copy), a context."""
+    """A generous estimate of one child's peak GPU memory: weights, fp32 main_grads, Adam state (and fp32 master
+    weights in bf16/fp16), activations twice over (graph pools keep a copy), a context. On the H200 (bf16) the
+    processes held up to 32 GiB at 0.54 B (8 x 2048, seq 2048, mbs 2; estimate 26 GiB) and 47-60 GiB at 1.08 B
+    (4 x 4096, seq 4096; estimate 45 GiB), so MEMORY_HEADROOM stays: five 0.54 B children at once ran out of memory."""
     params = num_parameters(config)
     per_param = 16 if config.dtype == "fp32" else 18
     width = 4 if config.dtype == "fp32" else 2
@@ -142,7 +157,7 @@ def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None) -> JobPlan:
     gpu = gpus[0]
     free = int(gpu.total_bytes * MEMORY_HEADROOM) - gpu.used_bytes
     fits = max(1, free // need) if need else 1
-    jobs = min(config.jobs or 2, fits)
+    jobs = min(config.jobs or cpu_slots(), fits)
     if jobs == 1:
         return JobPlan(1, (), False, f"children run in series: one needs about {need / 2**30:.0f} GiB of "
                                      f"the GPU's {free / 2**30:.0f} GiB free")
@@ -163,4 +178,4 @@ def plan_multi_gpu(config: DiffConfig, gpus: list[Gpu]) -> JobPlan:
     return JobPlan(jobs, groups[:jobs], False, f"{jobs} children at a time, {nproc} processes each on {where}")
 
 
-__all__ = ["Gpu", "JobPlan", "child_bytes", "num_parameters", "plan_jobs", "plan_multi_gpu", "visible_gpus"]
+__all__ = ["Gpu", "JobPlan", "child_bytes", "cpu_slots", "num_parameters", "plan_jobs", "plan_multi_gpu", "visible_gpus"]

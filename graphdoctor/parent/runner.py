@@ -26,7 +26,7 @@ from typing import IO
 
 from graphdoctor.errors import Stopped
 from graphdoctor.parent.processes import TOKEN_ENV, kill_all, left_running, new_token, signal_all
-from graphdoctor.protocol.processes import PARENT_PID_ENV, STACKS_ENV
+from graphdoctor.protocol.processes import PARENT_PID_ENV, SPAWNED_AT_ENV, STACKS_ENV
 
 DETERMINISTIC_ENV = {
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
@@ -87,6 +87,10 @@ class ProcessResult:
     """After a timeout: `pid state command` of each of its processes still running."""
     stopped: str | None = None
     """The signal (`SIGTERM`, ...) that stopped the parent and with it this child before it ended."""
+    started_at: float = 0.0
+    """time.time() just before the process was started (0.0: unknown)."""
+    ended_at: float = 0.0
+    """time.time() once it had exited and its output was read."""
 
     def describe_exit(self) -> str:
         """`exited with code N`, `killed by SIGKILL`, ... for messages."""
@@ -116,9 +120,17 @@ def child_env(run_env: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+CANCEL_POLL_S = 0.1
+"""How often a cancellable child's runner looks at its cancel event."""
+
+CANCELLED = "cancelled"
+"""ProcessResult.stopped of a child ended by its cancel event (its result was no longer needed)."""
+
+
 def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = None,
                  env: Mapping[str, str] | None = None, capture_stdout: bool = False,
-                 stacks_prefix: Path | None = None) -> ProcessResult:
+                 stacks_prefix: Path | None = None, cancel: threading.Event | None = None,
+                 clock: threading.Event | None = None) -> ProcessResult:
     """Run `argv` in its own process session; kill its process group when `timeout_s` runs out.
 
     Args:
@@ -129,6 +141,10 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
         capture_stdout: keep standard output apart and return it (stderr still goes to the log).
         stacks_prefix: `<workdir>/stacks-<name>`: the child's processes register their stack dumps
             there (GRAPHDOCTOR_STACKS); on timeout they are asked for them before the kill.
+        cancel: set by another thread when the child's result is no longer needed: its processes are killed
+            (no stacks asked for) and the result says `stopped` CANCELLED.
+        clock: the limit counts from when this is set (the child's memory grant, graphdoctor.parent.children);
+            until then the same limit bounds the child's wait for it.
 
     Returns:
         How it ended; never raises for a failing child.
@@ -140,8 +156,10 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
     stopped: str | None = None
     left: tuple[str, ...] | None = None
     token = new_token()
+    started_at = time.time()
     # PARENT_PID_ENV: the child dies with this process (graphdoctor.child.stacks.die_with_parent).
-    env = {**(env if env is not None else os.environ), TOKEN_ENV: token, PARENT_PID_ENV: str(os.getpid())}
+    env = {**(env if env is not None else os.environ), TOKEN_ENV: token, PARENT_PID_ENV: str(os.getpid()),
+           SPAWNED_AT_ENV: repr(started_at)}
     if stacks_prefix is not None:
         env[STACKS_ENV] = str(stacks_prefix)
         for old in stack_files(stacks_prefix):
@@ -150,9 +168,14 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
         with open(path, "wb") as log:
             proc = _start(argv, log, env, capture_stdout, token, stacks_prefix)
             try:
-                out, _ = proc.communicate(timeout=timeout_s)
+                out = _communicate(proc, timeout_s, cancel, clock)
+                if out is None:  # cancelled
+                    kill_all(proc, token, KILL_GRACE_S)
+                    out, _ = proc.communicate()
                 if _stopping.is_set():  # ended by stop_running (its stacks asked for first)
                     stopped = _stopped_by[-1] if _stopped_by else "stop"
+                elif cancel is not None and cancel.is_set():
+                    stopped = CANCELLED
             except subprocess.TimeoutExpired:
                 timed_out = True
                 if stacks_prefix is not None:
@@ -172,9 +195,35 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
         if own_log:
             path.unlink(missing_ok=True)
     stdout = out.decode("utf-8", "replace") if capture_stdout and out else ""
-    return ProcessResult(returncode=proc.returncode, timed_out=timed_out, wall_s=wall_s, log_tail=tail,
+    return ProcessResult(returncode=proc.returncode, timed_out=timed_out, wall_s=wall_s, started_at=started_at,
+                         ended_at=time.time(), log_tail=tail,
                          stdout=stdout, stacks=read_stacks(stacks_prefix) if stacks_prefix else (),
                          group_gone=None if left is None else not left, left_running=left or (), stopped=stopped)
+
+
+def _communicate(proc: subprocess.Popen[bytes], timeout_s: float, cancel: threading.Event | None,
+                 clock: threading.Event | None = None) -> bytes | None:
+    """The child's stdout once it exits; None when `cancel` was set first.
+
+    Raises:
+        subprocess.TimeoutExpired: `timeout_s` ran out (counted from when `clock` was set, when one is given).
+    """
+    if cancel is None and clock is None:
+        return proc.communicate(timeout=timeout_s)[0]
+    deadline = time.monotonic() + timeout_s
+    granted = False
+    while True:
+        if cancel is not None and cancel.is_set():
+            return None
+        if clock is not None and not granted and clock.is_set():
+            granted, deadline = True, time.monotonic() + timeout_s
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        try:
+            return proc.communicate(timeout=min(CANCEL_POLL_S, left))[0]
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _start(argv: list[str], log: IO[bytes], env: Mapping[str, str], capture_stdout: bool,
@@ -287,5 +336,5 @@ def with_port_retries[T](run: Callable[[int], T], port_taken: Callable[[T], bool
     return result, failed
 
 
-__all__ = ["DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "allow_starts", "child_env", "kill_group", "python_command", "read_stacks", "request_stacks", "run_isolated",
+__all__ = ["CANCELLED", "DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "allow_starts", "child_env", "kill_group", "python_command", "read_stacks", "request_stacks", "run_isolated",
            "stack_files", "stop_running", "with_port_retries"]

@@ -233,7 +233,8 @@ def missing_fused_softmax(config: DiffConfig) -> str | None:
 def refuse_before_gpu_work(config: DiffConfig, command: str, *, gpu: bool = True) -> None:
     """What diff, advise and live count refuse before they start any child, in this order: a setting this
     machine's installation cannot build (refuse_what_cannot_build: said even without a GPU), no visible GPU,
-    and a Transformer Engine layer spec where Transformer Engine does not import.
+    and a Transformer Engine layer spec where Transformer Engine does not import (refuse_at_once, then
+    refuse_beside_children: diff runs the latter beside its first children, graphdoctor.parent.preflight).
 
     Args:
         config: the run.
@@ -246,18 +247,55 @@ def refuse_before_gpu_work(config: DiffConfig, command: str, *, gpu: bool = True
             or the TE layer spec without Transformer Engine.
         NoGPUError: no CUDA GPU is visible.
     """
-    from graphdoctor.availability import MAMBA_MISSING, TE_INSTALL_HINT, require_gpu, te_available
-    from graphdoctor.config.entry_points import TE_LAYER_SPECS
-    from graphdoctor.installed import mamba_findable
-
-    if gpu and config.model is not None and config.model.unavailable is not None:
-        raise MissingDependencyError(f"{config.model.unavailable}; {TE_INSTALL_HINT}")
-    if gpu and config.model is not None and config.model.kind == "hybrid" and not mamba_findable():
-        raise MissingDependencyError(MAMBA_MISSING)
+    if gpu:
+        refuse_unbuildable_model(config)
     refuse_what_cannot_build(config)
     if gpu:
+        from graphdoctor.availability import require_gpu
+
         require_gpu(command)
-    if gpu and config.layer_spec in TE_LAYER_SPECS:
+        refuse_te_spec_without_te(config)
+
+
+def refuse_at_once(config: DiffConfig) -> None:
+    """What needs neither Megatron nor torch imported, once nvidia-smi has listed a GPU: a model this machine
+    cannot build.
+
+    Raises:
+        MissingDependencyError: the model needs what is not installed.
+    """
+    refuse_unbuildable_model(config)
+
+
+def refuse_beside_children(config: DiffConfig) -> None:
+    """The refusals that import Megatron (the rule catalogue's installation refusals) or Transformer Engine
+    (its import probe): seconds of the parent's own, so diff runs them while its first children set up.
+
+    Raises:
+        MissingDependencyError: refuse_what_cannot_build, or the TE layer spec without Transformer Engine.
+    """
+    refuse_what_cannot_build(config)
+    refuse_te_spec_without_te(config)
+
+
+def refuse_unbuildable_model(config: DiffConfig) -> None:
+    """A model description this installation cannot build (Transformer Engine asked for), or a hybrid model
+    without mamba_ssm."""
+    from graphdoctor.availability import MAMBA_MISSING, TE_INSTALL_HINT
+    from graphdoctor.installed import mamba_findable
+
+    if config.model is not None and config.model.unavailable is not None:
+        raise MissingDependencyError(f"{config.model.unavailable}; {TE_INSTALL_HINT}")
+    if config.model is not None and config.model.kind == "hybrid" and not mamba_findable():
+        raise MissingDependencyError(MAMBA_MISSING)
+
+
+def refuse_te_spec_without_te(config: DiffConfig) -> None:
+    """The Transformer Engine layer spec where Transformer Engine does not import."""
+    from graphdoctor.availability import TE_INSTALL_HINT, te_available
+    from graphdoctor.config.entry_points import TE_LAYER_SPECS
+
+    if config.layer_spec in TE_LAYER_SPECS:
         ok, why = te_available()
         if not ok:
             raise MissingDependencyError(f"--layer-spec {config.layer_spec} needs Transformer Engine "
@@ -283,14 +321,21 @@ def env_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     return _errors_and_warnings(_checked({"transformer": transformer}, ENV_RULES, env=env))
 
 
-def with_static_findings(result: ImplResult, config: DiffConfig) -> ImplResult:
-    """The row with its static MoE findings as notes. A capture failure that GD217 predicts gets
-    GD217's rule and fix, and the innermost Megatron MoE frame of its traceback (else the rule's
-    file:line) as its location; any other capture failure without a location that died in Megatron's
-    MoE code gets that frame as its location."""
-    findings = (moe_static_findings(config, result.impl) + local_scope_static_findings(config, result.impl)
-                + schedule_static_findings(config, result.impl) + env_static_findings(config, result.impl)
-                + installation_static_findings(config, result.impl))
+def static_findings(config: DiffConfig, impl: str) -> list[Finding]:
+    """Every static finding diff notes on `impl`'s row: MoE, local scope, schedule, ranks' environment and
+    installation rules."""
+    return (moe_static_findings(config, impl) + local_scope_static_findings(config, impl)
+            + schedule_static_findings(config, impl) + env_static_findings(config, impl)
+            + installation_static_findings(config, impl))
+
+
+def with_static_findings(result: ImplResult, config: DiffConfig, findings: list[Finding] | None = None) -> ImplResult:
+    """The row with its static findings (static_findings, or `findings` when they were made already) as notes. A
+    capture failure that GD217 predicts gets GD217's rule and fix, and the innermost Megatron MoE frame of its
+    traceback (else the rule's file:line) as its location; any other capture failure without a location that died
+    in Megatron's MoE code gets that frame as its location."""
+    if findings is None:
+        findings = static_findings(config, result.impl)
     if findings:
         notes = tuple(f"static {f.code} {f.name}: {f.message}" for f in findings)
         result = dataclasses.replace(result, notes=(*result.notes, *notes))
@@ -319,4 +364,6 @@ __all__ = ["ENV_RULES", "FUSED_SOFTMAX_MODULES", "INSTALLATION_REFUSALS", "SETUP
            "predicted_setup_failure", "missing_fused_softmax",
            "missing_fused_wgrad", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings",
            "installation_refusals", "installation_static_findings", "local_scope_static_findings", "moe_static_findings",
-           "refuse_before_gpu_work", "refuse_what_cannot_build", "schedule_static_findings", "this_machine", "with_static_findings"]
+           "refuse_at_once", "refuse_before_gpu_work", "refuse_beside_children", "refuse_te_spec_without_te",
+           "refuse_unbuildable_model", "refuse_what_cannot_build", "schedule_static_findings", "static_findings", "this_machine",
+           "with_static_findings"]

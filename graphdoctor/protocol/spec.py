@@ -225,6 +225,14 @@ class ChildSpec:
     """This process loads the checkpoint before its first step and trains steps config.save_at on
     (--resume: the second process of the run)."""
 
+    memory_gate: str | None = None
+    """Path prefix of this child's memory gate (graphdoctor.protocol.gate): the child imports what it needs, then
+    waits there until the parent grants it the GPU memory of a slot, before it builds its model; None: no wait."""
+
+    gate: str | None = None
+    """Path prefix of the parent's gate (graphdoctor.protocol.gate): the child waits there after its set-up,
+    before its first training step, until the parent's plan-time checks passed; None: no wait."""
+
     @property
     def graphed(self) -> bool:
         """True for every implementation but eager."""

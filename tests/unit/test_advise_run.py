@@ -5,6 +5,7 @@ replaced); everything else (specs, names, deadlines, judgement, ranking) is the 
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -34,9 +35,9 @@ class Recorded(AdviseSession):
         self.records = {run.name: run for r in self.report.results for run in r.runs}
         self.started: list[str] = []
 
-    def run_request(self, request: ChildRequest) -> RunRecord:
+    def run_request(self, request: ChildRequest, cancel: threading.Event | None = None) -> RunRecord:
         if self.out_of_time():
-            return AdviseSession.run_request(self, request)
+            return AdviseSession.run_request(self, request, cancel)
         spec = self.spec(request)
         self.started.append(spec.name)
         if request.impl == EAGER:
@@ -146,10 +147,10 @@ class RunsOutAfter(Recorded):
 
     limit = 4
 
-    def run_request(self, request: ChildRequest) -> RunRecord:
+    def run_request(self, request: ChildRequest, cancel: threading.Event | None = None) -> RunRecord:
         if len(self.started) >= self.limit:
             self.deadline = time.monotonic() - 1
-        return Recorded.run_request(self, request)
+        return Recorded.run_request(self, request, cancel)
 
 
 def test_budget_gone_before_a_control_pair_leaves_no_verdict_standing(tmp_path: Path) -> None:

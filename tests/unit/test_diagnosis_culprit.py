@@ -22,6 +22,7 @@ from graphdoctor.parent.diagnose import diagnose
 from graphdoctor.probes.analyze import CAPTURE_BREAKING, analyze, culprit_of
 from graphdoctor.protocol.events import Error, decode, encode
 from graphdoctor.rules import get_rule, rule_fix
+from tests.unit.sessions import DeferredSession
 
 THIS_FILE = os.path.relpath(os.path.realpath(__file__), os.path.realpath(os.getcwd()))
 REPO = Path(__file__).resolve().parents[2]
@@ -157,7 +158,7 @@ def test_host_drawn_mask_copy_is_gd506_not_the_copy() -> None:
     assert copy_ops[1].location == marked_line("GD504")
 
 
-class HuntSession:
+class HuntSession(DeferredSession):
     """Hands out the culprit-hunt record a child would produce: its Error event (with the culprit
     the Recorder classified) through the event codec and the parent's diagnose()."""
 

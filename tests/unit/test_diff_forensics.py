@@ -19,6 +19,7 @@ from graphdoctor.parent.children import ChildRequest
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
 from graphdoctor.types import Verdict
+from tests.unit.sessions import DeferredSession
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "forensics"
 
@@ -31,7 +32,7 @@ def _pair() -> tuple[dict[str, Any], RunRecord, RunRecord]:
     return doc, ref, graphed
 
 
-class RecordedSession:
+class RecordedSession(DeferredSession):
     """Hands out the recorded tapped runs instead of starting children; counts the requests."""
 
     def __init__(self, config: DiffConfig, ref: RunRecord, graphed: RunRecord, workdir: Path) -> None:

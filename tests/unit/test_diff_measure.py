@@ -12,6 +12,7 @@ from graphdoctor.diff import DiffRun
 from graphdoctor.parent.children import ChildRequest
 from graphdoctor.protocol import EAGER, Role, RunRecord
 from graphdoctor.types import StepPrints, StepRecord, TensorDiff
+from tests.unit.sessions import DeferredSession
 
 NAMES = ("embedding.word_embeddings.weight", "decoder.layers.0.mlp.linear_fc1.weight")
 
@@ -25,7 +26,7 @@ def run(impl: str, prints: list[tuple[int, ...]], dropout: float = 0.0) -> RunRe
 EQUAL, OTHER = (1, 2, 3, 4), (1, 2, 9, 4)  # the second tensor's lanes differ
 
 
-class Session:
+class Session(DeferredSession):
     def __init__(self, workdir: Path) -> None:
         self.config = DiffConfig(impls=("local", "full_iteration"), dropout=0.0)
         self.workdir = workdir

@@ -16,6 +16,7 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffRun
 from graphdoctor.parent.diagnose import diagnose, megatron_frame
 from graphdoctor.types import Verdict
+from tests.unit.sessions import DeferredSession
 
 SITE = "/tmp/site"  # where megatron-core was installed on the H200 machine
 H200_PP2_FRAMES = [
@@ -65,7 +66,7 @@ def test_outside_capture_or_outside_megatron_nothing_changes() -> None:
     assert diagnose("AssertionError", "x", eager, step=0, phase="replay").location is None
 
 
-class NoHuntSession:
+class NoHuntSession(DeferredSession):
     """A session whose every child request is recorded (the hunt would be one)."""
 
     def __init__(self, workdir: Path) -> None:

@@ -24,6 +24,7 @@ from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Placement, Role,
 from graphdoctor.report.diff import render_text, write_json
 from graphdoctor.report.html import render_payload
 from graphdoctor.types import Diagnosis, StepRecord, Verdict
+from tests.unit.sessions import DeferredSession
 
 IMPLS = ("local", "full_iteration")
 CONFIG = DiffConfig(impls=IMPLS, dropout=0.0, forward_step="pkg.mod:step")
@@ -46,7 +47,7 @@ def failed_reference(tmp_path: Path) -> RunRecord:
     return record_from_events(spec, read_events(spec.events_path), ended)
 
 
-class Session:
+class Session(DeferredSession):
     """Hands out records instead of starting children: the reference as given; each implementation
     ran to the end (it ran beside the reference), which must not be judged."""
 
@@ -55,10 +56,10 @@ class Session:
         self.plan = JobPlan(jobs=1, gpus=(), shared=False, reason="children run in series")
         self.child_wall_s = 0.0
 
-    def run_many(self, requests: list[ChildRequest]) -> list[RunRecord]:
+    def run_request(self, request: ChildRequest) -> RunRecord:
         steps = tuple(StepRecord(step=i, phase="replay", loss=2.0, step_time_ms=1.0) for i in range(8))
-        return [self.reference if r.impl == EAGER else RunRecord(impl=r.impl, dropout=0.0, status="ok", steps=steps)
-                for r in requests]
+        return self.reference if request.impl == EAGER else RunRecord(impl=request.impl, dropout=0.0, status="ok",
+                                                                      steps=steps)
 
 
 def test_the_failed_reference_is_a_usage_error_of_one_line(tmp_path: Path) -> None:
