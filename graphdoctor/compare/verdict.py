@@ -218,7 +218,9 @@ def steady_times(run: RunRecord, warmup_steps: int) -> list[float]:
 def steady_timing(reference: RunRecord, graphed: RunRecord, warmup_steps: int) -> Timing:
     """Median, min and max step time over the steady-state steps of both runs (see steady_times)."""
     first = warmup_steps + 1 + SETTLE_STEPS
-    quiet = all(s.quiet for run in (reference, graphed) for s in run.steps if s.step >= first)
+    # the timed steps only: the profiled step after them is not timed, and runs shared like any other step
+    quiet = all(s.quiet for run in (reference, graphed) for s in run.steps
+                if s.step >= first and s.phase in ("eager", "replay") and not s.profiled)
     return Timing(eager=StepTimes.of(steady_times(reference, warmup_steps)),
                   graphed=StepTimes.of(steady_times(graphed, warmup_steps)), quiet=quiet)
 
