@@ -1,5 +1,5 @@
 """`python -m graphdoctor` runs the CLI (also `torchrun --nproc-per-node N -m graphdoctor diff ...`)."""
 
-from graphdoctor.cli import main
+from graphdoctor.cli import run
 
-main()
+run()

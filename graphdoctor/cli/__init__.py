@@ -8,8 +8,10 @@ error (a bug: one line; the traceback only with `graphdoctor --debug`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import os
 import sys
 import traceback
 import warnings
@@ -91,6 +93,24 @@ class _Group(click.Group):
         sys.exit(code)
 
 
+def run() -> None:
+    """The `graphdoctor` command (console script and `python -m graphdoctor`): main's exit code, and a prompt exit.
+
+    With torch and Megatron imported (diff, advise, count), the interpreter's shutdown took seconds after the
+    report was written (1.7 s on a 2-core CI machine); every output is written and closed by then, so the
+    process flushes stdout and stderr and ends at once (os._exit). Callers that embed the CLI (click's
+    CliRunner, the pytest plugin) call main itself and keep the interpreter.
+    """
+    code = main.main(standalone_mode=False)
+    code = code if isinstance(code, int) else EXIT_OK
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def _internal(exc: BaseException) -> int:
     if _DEBUG["on"]:
         traceback.print_exception(exc, file=sys.stderr)
@@ -137,4 +157,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["EXIT_FINDINGS", "EXIT_INTERNAL_ERROR", "EXIT_OK", "EXIT_TOOL_ERROR", "main"]
+__all__ = ["EXIT_FINDINGS", "EXIT_INTERNAL_ERROR", "EXIT_OK", "EXIT_TOOL_ERROR", "main", "run"]
