@@ -1,0 +1,179 @@
+"""What a diff costs (issue 32), on the CPU: each child's seconds split and the parent's timeline, the gates
+between the parent and its children, cancellation and the memory grant, and the schedule's pruning; checked
+against the benchmark the H200 recorded (fixtures/data/benchmarks/h200_diff_cost.json)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.diff import DiffRun
+from graphdoctor.parent.children import ChildRequest, MemoryGrant
+from graphdoctor.parent.runner import CANCELLED, run_isolated
+from graphdoctor.parent.timeline import Timeline, cost_line, observer_costs, process_started_at, timeline_of
+from graphdoctor.protocol.gate import GateShut, open_gate, shut_gate, wait_at_gate
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.seconds import ChildSeconds
+from graphdoctor.protocol.spec import EAGER, Role
+from graphdoctor.types import StepRecord
+from tests.unit.sessions import DeferredSession
+
+COST = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "benchmarks" / "h200_diff_cost.json"
+
+
+def test_the_h200_benchmark_met_its_targets_and_its_splits_add_up() -> None:
+    rows = json.loads(COST.read_text())
+    assert {r["size"] for r in rows} == {"default", "0.54b", "1.08b"}
+    for row in rows:
+        assert {d["flags"] for d in row["diffs"]} == {"defaults", "dropout0"}
+        for run in row["diffs"]:
+            target = 1.3 if run["flags"] == "defaults" else 1.1
+            assert run["ratio"] <= target, (row["size"], run["flags"], run["ratio"])
+            assert run["before_first_child_s"] <= 2.0 and run["after_last_child_s"] <= 2.0, run
+            assert run["verdicts"]["full_iteration"] == "match"
+            assert run["verdicts"]["local"] == ("rng-divergence" if run["flags"] == "defaults" else "match")
+            for child in run["children"]:
+                parts = sum(child[k] for k in ("startup_s", "setup_s", "waited_s", "train_s", "observers_s",
+                                               "compare_s", "teardown_s"))
+                # the parts are the child's own; its wall adds the exec, the event writes and the exit
+                assert 0.75 * child["wall_s"] <= parts <= child["wall_s"] + 0.05, child
+                assert child["observers_s"] <= 0.1 * child["wall_s"], child
+
+
+def test_child_seconds_round_trip_and_add_up_across_a_resume() -> None:
+    first = ChildSeconds(startup_s=5.0, setup_s=2.0, train_s=1.0, observers={"memory": 0.1}, compare_s=0.2,
+                         started_at=100.0, ended_at=110.0)
+    second = ChildSeconds(startup_s=4.0, setup_s=2.5, train_s=1.5, observers={"memory": 0.2, "launches": 0.3},
+                          started_at=111.0, ended_at=120.0)
+    assert ChildSeconds.from_dict(first.to_dict()) == first
+    both = first.plus(second)
+    assert both.startup_s == 9.0 and both.observers == {"launches": 0.3, "memory": pytest.approx(0.3)}
+    assert (both.started_at, both.ended_at) == (100.0, 120.0)
+
+
+def _run(name: str, start: float, end: float, observers: dict[str, float]) -> RunRecord:
+    seconds = ChildSeconds(observers=observers, started_at=start, ended_at=end)
+    return RunRecord(impl=EAGER, dropout=0.0, status="ok", name=name, wall_s=end - start, seconds=seconds)
+
+
+def test_the_timeline_counts_the_parent_before_the_first_child_and_after_the_last() -> None:
+    runs = [_run("a", 101.0, 120.0, {"launches": 0.5}), _run("b", 100.5, 118.0, {"launches": 0.3, "memory": 0.02})]
+    line = timeline_of(runs, started_at=100.0, finished_at=120.4)
+    assert line.before_first_child_s == pytest.approx(0.5) and line.after_last_child_s == pytest.approx(0.4)
+    assert Timeline.from_dict(line.to_dict()) == line
+    launches = observer_costs(runs)[0]
+    assert launches.name == "launches" and launches.mean_s == pytest.approx(0.4)
+    assert launches.share == pytest.approx(0.8 / (19.0 + 17.5))
+    text = cost_line(line, runs, "2 children at a time")
+    assert "parent 0.5 s before the first, 0.4 s after the last" in text and "launches 0.4 s (2 %)" in text
+    assert "memory" not in text  # under 0.05 s a child
+
+
+def test_this_process_started_before_now_and_after_boot() -> None:
+    started = process_started_at()
+    assert time.time() - 3600 < started <= time.time()
+
+
+def test_the_gate_opens_shuts_and_times_out(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    threading.Timer(0.2, open_gate, args=(gate,)).start()
+    assert 0.1 <= wait_at_gate(gate, 5.0) < 5.0
+    shut = tmp_path / "shut"
+    shut_gate(shut)
+    with pytest.raises(GateShut, match="refused"):
+        wait_at_gate(shut, 5.0)
+    with pytest.raises(GateShut, match="did not finish"):
+        wait_at_gate(tmp_path / "never", 0.1)
+
+
+def test_a_memory_slot_goes_to_the_next_child_only_when_the_first_ends(tmp_path: Path) -> None:
+    slots: queue.Queue[str | None] = queue.Queue()
+    slots.put("0")
+    first = MemoryGrant(slots, tmp_path / "m1")
+    assert first.granted.wait(2.0) and (tmp_path / "m1.go").exists()
+    second = MemoryGrant(slots, tmp_path / "m2")
+    assert not second.granted.wait(0.2)
+    first.release()
+    assert second.granted.wait(2.0) and (tmp_path / "m2.go").exists()
+    third = MemoryGrant(slots, tmp_path / "m3")
+    third.release()  # ended before its turn: it never takes the slot
+    second.release()
+    time.sleep(0.2)
+    assert slots.qsize() == 1 and not third.granted.is_set()
+
+
+def test_a_cancelled_child_is_killed_at_once() -> None:
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    began = time.perf_counter()
+    ended = run_isolated([sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=60.0, cancel=cancel)
+    assert ended.stopped == CANCELLED and not ended.timed_out and time.perf_counter() - began < 15.0
+    assert ended.started_at <= ended.ended_at
+
+
+def test_the_time_limit_counts_from_the_memory_grant() -> None:
+    argv = [sys.executable, "-c", "import time; time.sleep(1.6)"]
+    assert run_isolated(argv, timeout_s=1.0).timed_out
+    clock = threading.Event()
+    threading.Timer(1.0, clock.set).start()
+    granted = run_isolated(argv, timeout_s=1.2, clock=clock)
+    assert not granted.timed_out and granted.returncode == 0
+
+
+class Recorded(DeferredSession):
+    """First runs as given (eager at dropout 0.1 differs from `local` at step 1 and matches `full_iteration`);
+    records what was cancelled and what ran."""
+
+    def __init__(self, config: DiffConfig, workdir: Path) -> None:
+        self.config, self.workdir = config, workdir
+        self.ran: list[ChildRequest] = []
+        self.cancelled: list[object] = []
+
+    def run_request(self, request: ChildRequest) -> RunRecord:
+        self.ran.append(request)
+        loss = 2.0 + (0.5 if request.impl == "local" and request.dropout > 0 else 0.0)
+        steps = tuple(StepRecord(step=i, phase="replay", loss=2.0 if i == 0 else loss, step_time_ms=1.0)
+                      for i in range(4))
+        return RunRecord(impl=request.impl, dropout=request.dropout, status="ok", steps=steps,
+                         name=f"{request.impl}-{request.role.value}-{request.dropout}-{request.taps}")
+
+    def cancel(self, futures: list[object], *, wait: bool = True) -> None:
+        self.cancelled += futures
+
+
+def test_the_speculative_children_of_an_implementation_that_matched_are_cancelled(tmp_path: Path) -> None:
+    config = DiffConfig(impls=("local", "full_iteration"), dropout=0.1, steps=4)
+    session = Recorded(config, tmp_path)
+    run = DiffRun(session)  # type: ignore[arg-type]
+    runnable = ["local", "full_iteration"]
+    run.first = [run.request(EAGER, 0.1, Role.REFERENCE)] + [run.request(i, 0.1, Role.GRAPHED) for i in runnable]
+    speculative = run.speculative(runnable)
+    assert {(r.impl, r.dropout, r.role) for r in speculative} == {
+        (EAGER, 0.0, Role.REFERENCE), ("local", 0.0, Role.GRAPHED), ("full_iteration", 0.0, Role.GRAPHED),
+        (EAGER, 0.1, Role.TAPPED), ("local", 0.1, Role.TAPPED), ("full_iteration", 0.1, Role.TAPPED)}
+    for request in [*run.first, *speculative]:
+        run.prefetch(request)
+    first = [run.obtain(r) for r in run.first]
+    run.prune(runnable, first[0], dict(zip(runnable, first[1:], strict=True)))
+    cancelled = {r for r, f in run._futures.items() if f in session.cancelled}
+    assert {(r.impl, r.role) for r in cancelled} == {("full_iteration", Role.GRAPHED), ("full_iteration", Role.TAPPED)}
+    assert all(r.dropout == 0.0 or r.role is Role.TAPPED for r in cancelled)
+
+
+def test_the_speedup_is_quiet_when_only_the_profiled_step_shared_the_gpu() -> None:
+    from graphdoctor.compare.verdict import steady_timing
+    from graphdoctor.diff import load_report
+
+    report = load_report(COST.parents[1] / "diff" / "h200_mixtral_8x7b_line_schema2.json")
+    graphed = report.results[0].runs[0]
+    # recorded on the H200 with four children on one GPU: the timed steps ran alone, the profiled one did not
+    assert [s.quiet for s in graphed.steps if s.profiled] == [False]
+    timing = steady_timing(report.reference, graphed, report.config.cuda_graph_warmup_steps)
+    assert timing.quiet and timing.speedup is not None
