@@ -177,3 +177,27 @@ def test_the_speedup_is_quiet_when_only_the_profiled_step_shared_the_gpu() -> No
     assert [s.quiet for s in graphed.steps if s.profiled] == [False]
     timing = steady_timing(report.reference, graphed, report.config.cuda_graph_warmup_steps)
     assert timing.quiet and timing.speedup is not None
+
+
+@pytest.mark.skipif(__import__("graphdoctor.installed", fromlist=["te_findable"]).te_findable(),
+                    reason="the refusal needs a machine without Transformer Engine")
+def test_a_refusal_beside_the_children_shuts_their_gate_and_ends_a_waiting_child(tmp_path: Path) -> None:
+    from graphdoctor.errors import MissingDependencyError
+    from graphdoctor.parent.preflight import Preflight
+
+    config = DiffConfig(recompute_granularity="selective", recompute_modules=("layernorm",))  # GD309 here
+    preflight = Preflight(config, tmp_path)
+    waiting = [sys.executable, "-c", "import sys; from graphdoctor.protocol.gate import wait_at_gate\n"
+               f"try:\n    wait_at_gate({preflight.gate!r}, 60.0)\nexcept Exception as e:\n"
+               "    print(type(e).__name__); sys.exit(5)"]
+    child: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: child.update(ended=run_isolated(waiting, timeout_s=60.0,
+                                                                             capture_stdout=True)))
+    thread.start()
+    preflight.start()
+    with pytest.raises(MissingDependencyError, match="GD309"):
+        preflight.finish()
+    thread.join(30.0)
+    ended = child["ended"]
+    assert ended.returncode == 5 and "GateShut" in ended.stdout  # type: ignore[attr-defined]
+    assert not Path(f"{preflight.gate}.go").exists()
