@@ -226,7 +226,6 @@ class DiffRun:
         self.preflight = preflight
         self.ref_dir = _scratch_dir(session.workdir, "ref")
         self.control_reference: RunRecord | None = None
-        self._saved: dict[tuple[float, tuple[int, ...]], RunRecord] = {}
         self.scratch_bytes = 0
         self.first: list[ChildRequest] = []
         """The first children: the eager reference, then each runnable implementation (stopped_report)."""
@@ -389,9 +388,7 @@ class DiffRun:
         else:
             graphed = _with_print_diffs(reference, self.measure(reference, graphed))
             result = _with_eager_memory(self.judge(reference, graphed), reference)
-            if result.verdict == Verdict.CAPTURE_FAILED:
-                return self.hunt_culprit(result, impl)
-            if result.divergence is not None and cfg.dropout > 0:
+            if result.divergence is not None and cfg.dropout > 0 and result.verdict != Verdict.CAPTURE_FAILED:
                 result = self.control_pair(impl, reference, graphed)
         if result.verdict == Verdict.CAPTURE_FAILED:
             return self.hunt_culprit(result, impl)
@@ -430,11 +427,9 @@ class DiffRun:
         if not pair:
             return graphed
         saving, comparing = pair
-        key = (saving.dropout, saving.io_steps)
-        if key not in self._saved:
-            self._saved[key] = self.obtain(saving)
-            self.scratch_bytes = max(self.scratch_bytes, _tree_bytes(self.ref_dir))
-        if self._saved[key].status != "ok":
+        saved = self.obtain(saving)  # one child per (dropout, steps): obtain hands the same record to every caller
+        self.scratch_bytes = max(self.scratch_bytes, _tree_bytes(self.ref_dir))
+        if saved.status != "ok":
             return graphed
         compared = self.obtain(comparing)
         measured = {s.step: s for s in compared.steps if s.step in saving.io_steps}

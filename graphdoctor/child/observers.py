@@ -273,18 +273,10 @@ class Timed(Observer):
         self.step_s = 0.0
 
     def begin_step(self, step: int, phase: str) -> None:
-        began = time.perf_counter()
-        try:
-            self.inner.begin_step(step, phase)
-        finally:
-            self._count(began)
+        self._step_hook(self.inner.begin_step, step, phase)
 
     def end_step(self, step: int, phase: str) -> None:
-        began = time.perf_counter()
-        try:
-            self.inner.end_step(step, phase)
-        finally:
-            self._count(began)
+        self._step_hook(self.inner.end_step, step, phase)
 
     def finish(self) -> list[Event]:
         began = time.perf_counter()
@@ -293,10 +285,14 @@ class Timed(Observer):
         finally:
             self.seconds += time.perf_counter() - began
 
-    def _count(self, began: float) -> None:
-        spent = time.perf_counter() - began
-        self.step_s += spent
-        self.seconds += spent
+    def _step_hook(self, hook: Callable[[int, str], None], step: int, phase: str) -> None:
+        began = time.perf_counter()
+        try:
+            hook(step, phase)
+        finally:
+            spent = time.perf_counter() - began
+            self.step_s += spent
+            self.seconds += spent
 
 
 def make_observers(spec: ChildSpec, model: Any,
