@@ -88,11 +88,14 @@ class CulpritHunt:
 
     def found(self, message: str) -> Observation | None:
         """The culprit: the classified operation that raised; else, when the error text `message`
-        does not name a rule by itself (a bare 900/901), the first unsafe operation of the capture."""
+        does not name a rule by itself (a bare 900/901), the first unsafe operation of the capture; else
+        the first operation of the capture recorded under the rule the text names (a legacy-stream 906
+        raised at capture_end names no operation; the recording does)."""
         if self.culprit is not None:
             return self.culprit
-        if rule_of_text(message) is not None:
-            return None
+        named = rule_of_text(message)
+        if named is not None:
+            return next((o for o in self.last_capture if o.code == named), None)
         return culprit_of(self.last_capture)
 
 

@@ -179,7 +179,9 @@ class ChildRun:
             frames=_frames(tb), module=_module_on_stack(tb, self.names), step=state.step,
             phase=state.phase, unavailable=isinstance(exc, MissingDependencyError),
             culprit_rule=culprit.code if culprit else None,
-            culprit_operator=f"{culprit.operator} at {culprit.location}" if culprit else None))
+            culprit_operator=f"{culprit.operator} at {culprit.location}" if culprit else None,
+            culprit_location=culprit.location if culprit and culprit.user_code else None,
+            culprit_module=culprit.module if culprit and culprit.module else None))
 
 
     def teardown(self) -> None:

@@ -125,6 +125,8 @@ def diagnose(
     phase: str | None = None,
     culprit_rule: str | None = None,
     culprit_operator: str | None = None,
+    culprit_location: str | None = None,
+    culprit_module: str | None = None,
 ) -> Diagnosis:
     """Build a Diagnosis from an exception's type, message and frames (outermost first).
 
@@ -138,6 +140,9 @@ def diagnose(
         culprit_rule: rule of the operation a culprit hunt classified as the cause; it decides the
             rule and fix (the message alone cannot tell a host sync from nonzero or the legacy stream).
         culprit_operator: that operation, for the meaning.
+        culprit_location: where the user's code issued it: the location when the stack has no user frame
+            (an error raised at capture_end, such as legacy-stream work, names no operation of its own).
+        culprit_module: the module it ran in, for the same case.
 
     Returns:
         The diagnosis with CUDA error name, meaning and fix where the message is recognised, and the
@@ -155,6 +160,9 @@ def diagnose(
     first_line = next((ln.strip() for ln in message.splitlines() if ln.strip()), error_type)
     tail = [f"{_short_path(f)}:{ln} in {fn}" for f, ln, fn in frames[-8:]]
     location = user_location(frames)
+    if location is None and culprit_rule is not None and culprit_location is not None:
+        location = culprit_location
+        module = culprit_module or module
     inside = megatron_frame(frames)
     if location is None and culprit_rule is None and inside and raised_in_megatron_graphs(known, frames, phase):
         location = inside[0]

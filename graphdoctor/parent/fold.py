@@ -84,7 +84,8 @@ def _outcome(spec: ChildSpec, logs: dict[int, EventLog], end: End | None, error:
         frames = list(error.frames)
         diagnosis = diagnose(error.error_type, error.message, frames, module=error.module,
                              step=error.step, phase=error.phase, culprit_rule=error.culprit_rule,
-                             culprit_operator=error.culprit_operator)
+                             culprit_operator=error.culprit_operator, culprit_location=error.culprit_location,
+                             culprit_module=error.culprit_module)
         if error.unavailable:
             return "unavailable", diagnosis
         if is_capture_error(error.error_type, error.message, frames):

@@ -131,6 +131,33 @@ class Hazard:
     rule: str
     module: str
     message: str
+    location: str | None = None
+    """`file:line` of the user's code the evidence points at (None when only the module is known)."""
+    step: int | None = None
+    """Step at which the child saw it."""
+    subject: str | None = None
+    """What it is about: an attribute, a hook function, a torch function."""
+    also_at: tuple[str, ...] = ()
+    """Other `file:line`s of the same evidence (where an attribute is set, where a hook is defined)."""
+    phase: str | None = None
+    """Phase at which the child saw it (capture, replay, eval, ...)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view (a run record's `hazards`)."""
+        return {"rule": self.rule, "module": self.module, "message": self.message, "location": self.location,
+                "step": self.step, "subject": self.subject, "also_at": list(self.also_at),
+                "phase": self.phase}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Hazard:
+        """Inverse of to_dict (records written before location and step have only rule, module, message)."""
+        step = data.get("step")
+        return cls(rule=str(data.get("rule")), module=str(data.get("module")), message=str(data.get("message")),
+                   location=None if data.get("location") is None else str(data["location"]),
+                   step=None if step is None else int(step),
+                   subject=None if data.get("subject") is None else str(data["subject"]),
+                   also_at=tuple(str(a) for a in data.get("also_at") or ()),
+                   phase=None if data.get("phase") is None else str(data["phase"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +180,10 @@ class Error:
     """Rule of the operation a culprit hunt classified as the cause (the probes' Recorder)."""
     culprit_operator: str | None = None
     """That operation, e.g. `aten::nonzero`."""
+    culprit_location: str | None = None
+    """Where the user's code issued it (`file:line`), when the recording saw a user frame."""
+    culprit_module: str | None = None
+    """The module it ran in, when known."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +307,8 @@ def decode(line: str) -> Event:
             data["frames"] = tuple((str(f), int(n), str(fn)) for f, n, fn in data.get("frames", ()))
         if cls is Tensors:
             data["names"] = tuple(str(n) for n in data["names"])
+        if cls is Hazard:
+            return Hazard.from_dict(data)
         event: Event = cls(**data)
         return event
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:

@@ -122,7 +122,7 @@ class RunRecord:
             "launches": self.launches.to_dict() if self.launches else None,
             "env": self.env.to_dict() if self.env else {},
             "forensics": self.forensics.to_dict() if self.forensics else None,
-            "hazards": [{"rule": h.rule, "module": h.module, "message": h.message} for h in self.hazards],
+            "hazards": [h.to_dict() for h in self.hazards],
             "teardown": [t.to_dict() for t in self.teardown],
             "checkpoints": [{"action": c.action, "iteration": c.iteration, "seconds": c.seconds}
                             for c in self.checkpoints],
@@ -147,8 +147,7 @@ class RunRecord:
             launches=LaunchSection.from_dict(launches) if launches else None,
             env=RunEnv.from_dict(env) if env else None,
             forensics=TapTable.from_dict(forensics) if forensics else None,
-            hazards=tuple(Hazard(rule=str(h.get("rule")), module=str(h.get("module")),
-                                 message=str(h.get("message"))) for h in data.get("hazards", ())),
+            hazards=tuple(Hazard.from_dict(h) for h in data.get("hazards", ())),
             name=str(data.get("name", "")), num_parameters=int(data.get("num_parameters", 0)),
             parameter_bytes=int(data.get("parameter_bytes", 0)),
             fingerprint_bytes=int(data.get("fingerprint_bytes", 0)),
