@@ -90,6 +90,10 @@ class TensorDiff:
     """False when only fingerprints were compared: which tensors differ is known, by how much is not
     (max_abs, max_rel and first_tensor_max_abs are then 0)."""
 
+    last_tensor: str | None = None
+    """Last tensor, in parameter order, that differs: the first in backward order (Megatron's GPT computes
+    its gradients in reverse parameter order: output layer, last layer's fc2 ... first layer, embedding)."""
+
     @property
     def equal(self) -> bool:
         """True when every tensor agreed."""
@@ -105,6 +109,7 @@ class TensorDiff:
             "first_tensor": self.first_tensor,
             "first_tensor_max_abs": self.first_tensor_max_abs,
             "measured": self.measured,
+            "last_tensor": self.last_tensor,
         }
 
     @classmethod

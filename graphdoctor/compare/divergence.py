@@ -45,6 +45,10 @@ class Divergence:
     """The key of the first reported value that differs at that step (None when none does); `what`
     is `reported` when the loss is equal there."""
 
+    backward_tensor: str | None = None
+    """The first differing main_grad of that step in backward order (the last in parameter order); None
+    when no main_grad differs there."""
+
     @property
     def label(self) -> str:
         """`loss`, `grads`, `params`, or `reported 'lm loss'`."""
@@ -56,7 +60,8 @@ class Divergence:
         """JSON view."""
         return {"step": self.step, "what": self.what, "key": self.key, "tensor": self.tensor,
                 "max_abs": self.max_abs, "max_rel": self.max_rel,
-                "loss_max_abs": self.loss_max_abs, "measured": self.measured}
+                "loss_max_abs": self.loss_max_abs, "measured": self.measured,
+                "backward_tensor": self.backward_tensor}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Divergence:
@@ -65,7 +70,8 @@ class Divergence:
         return cls(step=int(data["step"]), what=str(data["what"]), tensor=data.get("tensor"),
                    max_abs=float(data["max_abs"]), max_rel=float(data["max_rel"]),
                    loss_max_abs=float(data.get("loss_max_abs", 0.0)), measured=bool(data.get("measured", True)),
-                   key=None if key is None else str(key))
+                   key=None if key is None else str(key),
+                   backward_tensor=None if data.get("backward_tensor") is None else str(data["backward_tensor"]))
 
 
 def _loss_differs(a: float, b: float, rtol: float, atol: float) -> bool:
@@ -108,7 +114,7 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
     """
     ref_steps = {s.step: s for s in reference.steps}
     names = graphed.tensor_names or reference.tensor_names
-    first: tuple[int, str, str | None, str | None] | None = None
+    first: tuple[int, str, str | None, str | None, str | None] | None = None
     max_abs = max_rel = loss_max = 0.0
     measured = True
     for rec in graphed.steps:
@@ -128,6 +134,7 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
         if keys:
             candidates.append(("reported", None))
         unmeasured = False
+        backward = None
         for what in FAMILIES:
             diff = family_diff(names, ref, rec, what)
             if diff is None:
@@ -137,15 +144,18 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
                 max_rel = max(max_rel, diff.max_rel)
             if not diff.equal:
                 candidates.append((what, diff.first_tensor))
+                if what == "grads":
+                    backward = diff.last_tensor
                 unmeasured = unmeasured or not diff.measured
         if candidates and first is None:
             tensor = next((t for _, t in candidates if t is not None), None)
-            first = (rec.step, candidates[0][0], tensor, keys[0] if keys else None)
+            first = (rec.step, candidates[0][0], tensor, keys[0] if keys else None, backward)
             measured = not unmeasured
     if first is None:
         return None
     return Divergence(step=first[0], what=first[1], tensor=first[2], max_abs=max_abs,
-                      max_rel=max_rel, loss_max_abs=loss_max, measured=measured, key=first[3])
+                      max_rel=max_rel, loss_max_abs=loss_max, measured=measured, key=first[3],
+                      backward_tensor=first[4])
 
 
 __all__ = ["Divergence", "find_divergence"]

@@ -25,9 +25,12 @@ def prints_diff(names: tuple[str, ...], reference: tuple[int, ...], graphed: tup
     except BitprintError as exc:
         raise TensorMismatchError(f"{exc}: the runs did not build the same model") from None
     num = len(reference) // NUM_LANES
-    first = (names[unequal[0]] if unequal[0] < len(names) else f"tensor {unequal[0]}") if unequal else None
+    def name(i: int) -> str:
+        return names[i] if i < len(names) else f"tensor {i}"
+
     return TensorDiff(num_tensors=num, num_unequal=len(unequal), max_abs=0.0, max_rel=0.0,
-                      first_tensor=first, measured=False)
+                      first_tensor=name(unequal[0]) if unequal else None, measured=False,
+                      last_tensor=name(unequal[-1]) if unequal else None)
 
 
 def family_diff(names: tuple[str, ...], reference: StepRecord, graphed: StepRecord, family: str) -> TensorDiff | None:

@@ -125,6 +125,7 @@ def compare_flat(
         max_rel=float(host[2].max()) if n else 0.0,
         first_tensor=index.layout.names[first] if first is not None else None,
         first_tensor_max_abs=float(host[1][first]) if first is not None else 0.0,
+        last_tensor=index.layout.names[unequal[-1]] if unequal else None,
     )
 
 

@@ -45,12 +45,14 @@ def _fold_diffs(diffs: list[tuple[int, TensorDiff | None]]) -> TensorDiff | None
     if not present:
         return None
     first = next(((rank, d) for rank, d in present if d.first_tensor is not None), None)
+    last = next(((rank, d) for rank, d in reversed(present) if d.last_tensor is not None), None)
     return TensorDiff(
         num_tensors=sum(d.num_tensors for _, d in present), num_unequal=sum(d.num_unequal for _, d in present),
         max_abs=max(d.max_abs for _, d in present), max_rel=max(d.max_rel for _, d in present),
         first_tensor=None if first is None else rank_prefix(first[0]) + str(first[1].first_tensor),
         first_tensor_max_abs=0.0 if first is None else first[1].first_tensor_max_abs,
-        measured=all(d.measured for _, d in present))
+        measured=all(d.measured for _, d in present),
+        last_tensor=None if last is None else rank_prefix(last[0]) + str(last[1].last_tensor))
 
 
 def fold_step(steps: list[StepRecord]) -> StepRecord:
