@@ -204,7 +204,7 @@ class StepRunner:
         start = time.perf_counter()
         helper = self.setup.te_helper
         if self.taps is not None:
-            self.taps.detach_module_hooks()
+            self.taps.detach_module_hooks(for_te_capture=True)
         helper.create_cudagraphs()
         if self.taps is not None:
             self.taps.attach_module_hooks()

@@ -331,34 +331,48 @@ class Taps:
         if self._mode_depth == 0:
             self.mode.__exit__(None, None, None)
 
-    def detach_module_hooks(self) -> None:
-        """Remove the module hooks (Transformer Engine's make_graphed_callables refuses modules
-        with hooks); draws are still tapped through the dispatch mode."""
+    def detach_module_hooks(self, *, for_te_capture: bool = False) -> None:
+        """Remove the module hooks: while Transformer Engine's make_graphed_callables captures (it refuses
+        modules with hooks; draws are still tapped through the dispatch mode, and the report says so), and
+        during an evaluation (not compared tap by tap; no note)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self.table.notes.append(
-            "transformer_engine refuses module hooks at capture: outputs and gradients of modules "
-            "inside its graphs are not tapped (draws and modules outside the graphs are)")
+        te_note = ("transformer_engine refuses module hooks at capture: outputs and gradients of modules "
+                   "inside its graphs are not tapped (draws and modules outside the graphs are)")
+        if for_te_capture and te_note not in self.table.notes:
+            self.table.notes.append(te_note)
 
     def attach_module_hooks(self) -> None:
         """Register the module hooks again (after graph creation)."""
         for name, module in self._modules:
             self._handles.append(module.register_forward_hook(
-                self._output_hook(name, _forward_location(module))))
+                self._output_hook(name, _forward_location(module)), with_kwargs=True))
 
     def _output_hook(self, name: str, location: str | None) -> Any:
+        """After the module's forward (a forward hook: Megatron's local graphs refuse pre-forward hooks on the
+        modules they capture): taps its output, and registers taps of the gradients w.r.t. its output and
+        w.r.t. its first floating input (`hidden_states`), which together tell whose backward first changes a
+        gradient."""
         table = self.table
 
-        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+        def tap_grad(tensor: torch.Tensor, kind: str) -> None:
+            def grad_hook(grad: torch.Tensor) -> None:
+                table.write(kind, name, "backward", grad, location=location)
+            tensor.register_hook(grad_hook)
+
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             tensor = _first_tensor(output)
             if tensor is None or not tensor.is_floating_point():
                 return
             table.write("output", name, "forward", tensor, location=location)
             if tensor.requires_grad:
-                def grad_hook(grad: torch.Tensor) -> None:
-                    table.write("grad", name, "backward", grad, location=location)
-                tensor.register_hook(grad_hook)
+                tap_grad(tensor, "grad")
+            given = _first_tensor(args)
+            given = given if given is not None else kwargs.get("hidden_states")
+            if isinstance(given, torch.Tensor) and given.is_floating_point() and given.requires_grad \
+                    and given is not tensor:
+                tap_grad(given, "input-grad")
 
         return hook
 

@@ -20,7 +20,7 @@ NUM_STATS = 3
 DRAW_KINDS: tuple[str, ...] = ("dropout", "random", "host-random")
 """Kinds whose fingerprint is [sum, sum over elements 1::3, sum over elements 2::7]."""
 
-VALUE_KINDS: tuple[str, ...] = ("output", "grad")
+VALUE_KINDS: tuple[str, ...] = ("output", "grad", "input-grad")
 """Kinds whose fingerprint is [sum, L2 norm, 0]."""
 
 STAT_NAMES: dict[str, tuple[str, str, str]] = {

@@ -128,6 +128,11 @@ class Forensics:
     keep_rate_anomalies: tuple[SiteSummary, ...]
     """Dropout sites whose keep_rate_sigmas exceeds ANOMALY_SIGMAS."""
     notes: tuple[str, ...]
+    first_backward_divergence: TapDivergence | None = None
+    """First differing gradient tap (w.r.t. a module's output or input) in backward execution order, in the
+    steps `first_numeric_divergence` looks at."""
+    first_input_grad_divergence: TapDivergence | None = None
+    """First module whose input gradient differs there: where the backward first changes a gradient."""
 
     def to_dict(self) -> dict[str, Any]:
         """Strict JSON: "version", then every field by name; non-finite floats as "nan"/"inf"/"-inf"."""
@@ -159,7 +164,9 @@ class Forensics:
             first_numeric_divergence=divergence(data.get("first_numeric_divergence")),
             first_draw_mismatch=divergence(data.get("first_draw_mismatch")),
             keep_rate_anomalies=tuple(summary(s) for s in data.get("keep_rate_anomalies", ())),
-            notes=tuple(data.get("notes", ())))
+            notes=tuple(data.get("notes", ())),
+            first_backward_divergence=divergence(data.get("first_backward_divergence")),
+            first_input_grad_divergence=divergence(data.get("first_input_grad_divergence")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +204,10 @@ def forensics_unavailable(reference: Any, graphed: Any) -> str | None:
             if not any(isinstance(s, Mapping) and s.get("rows") for s in steps or ()):
                 return f"{name} run's forensics taps failed: {side['error']}"
     return None
+
+
+GRAD_KINDS: tuple[str, ...] = ("grad", "input-grad")
+"""Tap kinds written during the backward."""
 
 
 def analyze(reference: Any, graphed: Any, *, dropout: float, rtol: float = 0.0,
@@ -251,6 +262,8 @@ def analyze(reference: Any, graphed: Any, *, dropout: float, rtol: float = 0.0,
         first_divergence=_first(compared, differs),
         first_numeric_divergence=_first(clean, lambda p: p.key[0] in VALUE_KINDS and differs(p)),
         first_draw_mismatch=mismatch, notes=tuple(notes),
+        first_backward_divergence=_first(clean, lambda p: p.key[0] in GRAD_KINDS and differs(p)),
+        first_input_grad_divergence=_first(clean, lambda p: p.key[0] == "input-grad" and differs(p)),
         keep_rate_anomalies=tuple(s for s in sites if (s.keep_rate_sigmas or 0.0) > ANOMALY_SIGMAS))
 
 

@@ -44,11 +44,18 @@ def _frozen_diagnosis(frozen: FrozenDraw) -> Diagnosis:
         phase="replay")
 
 
-def _numeric_diagnosis(div: TapDivergence, impl: str) -> Diagnosis:
-    what = "output" if div.kind == "output" else "gradient w.r.t. the output"
-    message = (f"first difference inside the step: the {what} of {_where(div)} at step "
+TAP_WHAT = {"output": "output", "grad": "gradient w.r.t. the output", "input-grad": "gradient w.r.t. the input"}
+"""What a value tap of each kind fingerprints, in a sentence."""
+
+
+def _numeric_diagnosis(div: TapDivergence, impl: str, forensics: Forensics | None = None) -> Diagnosis:
+    message = (f"first difference inside the step: the {TAP_WHAT.get(div.kind, div.kind)} of {_where(div)} at step "
                f"{div.step} (fingerprint max abs {div.max_abs:.3g}, max rel {div.max_rel:.3g}) "
                f"with every dropout mask and random draw identical to eager")
+    backward = forensics.first_input_grad_divergence if forensics is not None else None
+    if div.kind != "output" and backward is not None and backward.module != div.module:
+        message += (f"; in backward order the first module whose input gradient differs is {_where(backward)} "
+                    f"(step {backward.step})")
     fix = ("check what this module reads that eager recomputes each step (tensor attributes "
            "rebound between steps, host values, Python state): a graph replays the addresses "
            f"and values it saw when {impl} captured it")
@@ -80,7 +87,7 @@ def apply_forensics(result: ImplResult, forensics: Forensics, *, aligned_request
             notes.append(f"{len(forensics.frozen)} random draws replay frozen values: "
                          + ", ".join(_where(f) for f in forensics.frozen[:5]))
     elif verdict == Verdict.NUMERIC_DIVERGENCE and forensics.first_numeric_divergence is not None:
-        diagnosis = _numeric_diagnosis(forensics.first_numeric_divergence, result.impl)
+        diagnosis = _numeric_diagnosis(forensics.first_numeric_divergence, result.impl, forensics)
     mismatch = forensics.first_draw_mismatch
     if mismatch is not None and not forensics.frozen:
         rule = RNG_SHIFT_RULE.get(result.impl)
@@ -101,4 +108,4 @@ def apply_forensics(result: ImplResult, forensics: Forensics, *, aligned_request
                                forensics=forensics)
 
 
-__all__ = ["RNG_SHIFT_RULE", "apply_forensics"]
+__all__ = ["RNG_SHIFT_RULE", "TAP_WHAT", "apply_forensics"]

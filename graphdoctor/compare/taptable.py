@@ -18,7 +18,7 @@ FORMAT_VERSION = 1
 DRAW_KINDS: tuple[str, ...] = ("dropout", "random", "host-random")
 """Kinds that record a random draw (mirrors compare.fingerprint.DRAW_KINDS, which imports torch)."""
 
-VALUE_KINDS: tuple[str, ...] = ("output", "grad")
+VALUE_KINDS: tuple[str, ...] = ("output", "grad", "input-grad")
 """Kinds that record a module output or the gradient w.r.t. it."""
 
 PHASES: tuple[str, ...] = ("eager", "warmup", "capture", "replay")

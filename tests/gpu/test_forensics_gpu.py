@@ -43,9 +43,14 @@ def test_reassigned_scale_is_numeric_divergence_localized_to_its_layer() -> None
     local = report.results[0]
     assert local.verdict == Verdict.NUMERIC_DIVERGENCE, local
     diag = local.diagnosis
-    assert diag is not None and diag.step == 1, diag
+    # The cause (GD509, seen while capturing at step 0) is the diagnosis; the taps' localization, the layer's
+    # output at the first replay, is its meaning.
+    assert diag is not None and diag.rule == "GD509" and (diag.step, diag.phase) == (0, "capture"), diag
     assert diag.module == "decoder.layers.0.mlp", diag
+    assert diag.meaning is not None and "the output of decoder.layers.0.mlp" in diag.meaning and "at step 1" in diag.meaning
     assert local.forensics is not None and local.forensics.frozen == ()
+    first = local.forensics.first_numeric_divergence
+    assert first is not None and (first.module, first.step) == ("decoder.layers.0.mlp", 1), first
 
 
 @pytest.mark.without_te
