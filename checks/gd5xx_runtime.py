@@ -283,8 +283,9 @@ class ForwardHookInCapture(RuntimeRule):
 class AttributeTensorReassigned(RuntimeRule):
     """## What it does
     Reports a module attribute tensor captured by a graph and later rebound to a new tensor
-    (`self.buf = new` instead of `self.buf.copy_(new)`). An error when the rebinding line is user
-    code; a warning inside libraries.
+    (`self.buf = new` instead of `self.buf.copy_(new)`), inside the captured forward or by code that runs
+    after the capture (a training loop, a `forward_step`). An error when the rebinding line is user
+    code; a warning inside libraries (the probes; `graphdoctor diff` follows the user's code only).
 
     ## Why is this bad?
     The graph keeps reading the old storage; the new value is silently ignored on replay.
@@ -305,6 +306,8 @@ class AttributeTensorReassigned(RuntimeRule):
 
     code = "GD509"
     name = "attribute-tensor-reassigned"
+    detected_by = ("runtime probes (`graphdoctor check --probe`) and `graphdoctor diff` (the graphed child's "
+                   "witness of the user's code at capture and replay)")
     severity = Severity.ERROR
     fix = FixAvailability.ALWAYS
     template = "captured tensor attribute rebound after capture: {detail} at {where}"

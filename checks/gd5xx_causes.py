@@ -1,0 +1,134 @@
+"""GD518-GD520 runtime rules: causes of a numeric divergence that the graphed child's witness sees in the
+user's code (graphdoctor.child.witness). Metadata only: `graphdoctor diff` names the one that explains a
+divergence in the row's diagnosis, and the others in its notes.
+"""
+
+from __future__ import annotations
+
+from graphdoctor.checks.gd5xx_runtime import RuntimeRule
+
+from graphdoctor.rules.finding import FixAvailability, Severity
+
+FAMILY = "runtime"
+
+DETECTED_BY = "`graphdoctor diff` (the graphed child's witness of the user's code at capture and replay)"
+
+
+class HostValueBaked(RuntimeRule):
+    """## What it does
+    Reports a Python number that graphed code reads and that changes after the graph was captured: a
+    module attribute its `forward` reads (`self.temperature`) set to a new value during or after capture,
+    or a host number turned into a device tensor while capturing (`torch.full((), float(x))`,
+    `torch.tensor(x)`, `t.fill_(x)`) at a call site whose numbers change from call to call.
+
+    ## Why is this bad?
+    A CUDA graph records kernels and their arguments. A Python number read while capturing becomes a
+    constant of the graph: every replay uses the capture-time value, and nothing fails (pytorch notes,
+    "what a replay cannot see"; failure modes 3 and 4: Megatron-LM#1494, Megatron-Bridge#3076). Annealed
+    coefficients, step-dependent scales and counters stop changing under graphs and training drifts
+    from eager.
+
+    ## Example
+    ```python
+    def forward(self, x):
+        return self.fc(x) * self.temperature     # [GD518] set by the training loop every step
+    ```
+
+    ## Use instead
+    ```python
+    self.register_buffer("temperature", torch.ones(()))
+    ...
+    model.mlp.temperature.fill_(new_value)        # in place: the graph reads the buffer's storage
+    ```
+
+    ## Fix
+    Keep values that change after capture in device tensors updated in place, and read those.
+
+    ## Known problems
+    Attributes are followed on modules whose `forward` is the user's code (read from its source), and
+    numbers the user's code sets; a number read from a global or another object is not followed.
+    """
+
+    code = "GD518"
+    name = "host-value-baked"
+    detected_by = DETECTED_BY
+    severity = Severity.ERROR
+    fix = FixAvailability.ALWAYS
+    template = "host value baked into the graph at capture: {detail} at {where}"
+    fix_template = "Keep values that change after capture in device tensors updated in place"
+
+
+class CaptureDependentBranch(RuntimeRule):
+    """## What it does
+    Reports user code that asks `torch.cuda.is_current_stream_capturing()` while a graph is captured: it
+    answers True there and False in every eager run, so the graph records the other branch.
+
+    ## Why is this bad?
+    Code that skips work, picks another kernel or another formula when it is being captured makes every
+    replay run what eager never runs (failure mode 4, "eager-only control flow baked into the graph":
+    Megatron-Bridge#3076, TransformerEngine#1204). A capture-only branch is sometimes deliberate (a
+    host sync skipped), but whatever it changes numerically is then always changed under graphs.
+
+    ## Example
+    ```python
+    if not torch.cuda.is_current_stream_capturing():   # [GD519]
+        out = out * self.gain
+    ```
+
+    ## Use instead
+    ```python
+    out = out * self.gain      # the same arithmetic in eager and captured runs
+    ```
+
+    ## Fix
+    Compute the same thing whether or not a graph is being captured; branch only around host work.
+    """
+
+    code = "GD519"
+    name = "capture-dependent-branch"
+    detected_by = DETECTED_BY
+    severity = Severity.ERROR
+    fix = FixAvailability.SOMETIMES
+    template = "code branches on whether a graph is being captured: {detail} at {where}"
+    fix_template = "Compute the same thing whether or not a graph is being captured"
+
+
+class GraphBufferKept(RuntimeRule):
+    """## What it does
+    Reports a hook the user's code registered (`Tensor.register_hook`, `register_forward_hook`,
+    `register_full_backward_hook`) that keeps a reference to a tensor it receives, when a later call of
+    the same hook (the next micro-batch, the next replay) receives a tensor in that same storage while the
+    kept one is still alive.
+
+    ## Why is this bad?
+    Under graphs, the tensors a hook receives are often a graph's static buffers: Megatron's `local`
+    backward returns one static input-gradient buffer for every micro-batch
+    (`runner.static_grad_inputs`), a replay rewrites its outputs in place. A kept reference then no
+    longer holds its own values: deferred sums over micro-batches become n times the last one
+    (pytorch#181723, TransformerEngine#2937, failure mode 5), and activations kept for logging all show
+    the last replay's.
+
+    ## Example
+    ```python
+    def keep(grad):
+        self.kept.append(grad)          # [GD520] a reference into the graph's buffer
+    output.register_hook(keep)
+    ```
+
+    ## Use instead
+    ```python
+    def keep(grad):
+        self.kept.append(grad.clone())  # the values, not the buffer
+    ```
+
+    ## Fix
+    Keep copies (`clone()`) of the tensors a hook receives, not references.
+    """
+
+    code = "GD520"
+    name = "graph-buffer-kept"
+    detected_by = DETECTED_BY
+    severity = Severity.ERROR
+    fix = FixAvailability.ALWAYS
+    template = "a hook keeps references to a graph's buffers: {detail} at {where}"
+    fix_template = "Keep copies (clone()) of the tensors a hook receives, not references"
