@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from graphdoctor.child.hazards import NoneMaskObserver
+from graphdoctor.child.witness import CaptureWitness
 from graphdoctor.launches.census import GraphCensus
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection, MemoryStats
@@ -309,6 +310,8 @@ def make_observers(spec: ChildSpec, model: Any,
         observers.append(Timed("memory", lambda: MemoryObserver(spec)))
     if spec.impl == "transformer_engine" and names is not None:
         observers.append(Timed("none_mask", lambda: NoneMaskObserver(model, names)))
+    if spec.graphed and spec.role is Role.GRAPHED and names is not None:
+        observers.append(Timed("witness", lambda: CaptureWitness(model, names)))
     return tuple(observers)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-OBSERVER_NAMES: tuple[str, ...] = ("memory", "launches", "phases", "none_mask")
+OBSERVER_NAMES: tuple[str, ...] = ("memory", "launches", "phases", "none_mask", "witness")
 """The observers a child can attach (graphdoctor.child.observers), as the seconds name them."""
 
 
