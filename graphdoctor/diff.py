@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.availability import TE_INSTALL_HINT, why_unavailable
+from graphdoctor.compare.causes import apply_causes
 from graphdoctor.compare.forensics import analyze
 from graphdoctor.compare.prints import differing_steps, family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
@@ -42,7 +43,7 @@ from graphdoctor.parent.timeline import Timeline, observer_costs, timeline_of, u
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
-from graphdoctor.rules import get_rule, rule_fix
+from graphdoctor.rules import rule_fix
 from graphdoctor.types import Diagnosis, Verdict
 
 SCHEMA_VERSION = 2
@@ -395,7 +396,7 @@ class DiffRun:
         if result.verdict == Verdict.NUMERIC_DIVERGENCE:
             result = self.eager_noise(result, reference)
         result = self.forensics(result, reference, graphed)
-        return _hazards(result, graphed)
+        return apply_causes(result, graphed)
 
     def _dropout_row(self, impl: str, reference: RunRecord, graphed: RunRecord) -> tuple[ImplResult, RunRecord]:
         """A bitwise row at dropout > 0: the fingerprints decide whether it diverged, and a divergence goes to the
@@ -557,20 +558,6 @@ def _with_eager_memory(result: ImplResult, reference: RunRecord) -> ImplResult:
     if result.memory is None or reference.memory is None:
         return result
     return dataclasses.replace(result, memory=result.memory.against_eager(reference.memory.stats))
-
-
-def _hazards(result: ImplResult, graphed: RunRecord) -> ImplResult:
-    """Run-time hazards the child saw: the diagnosis of a divergence they explain, else a note."""
-    for hazard in graphed.hazards:
-        if result.verdict == Verdict.NUMERIC_DIVERGENCE and hazard.rule == "GD511":
-            step = result.divergence.step if result.divergence is not None else None
-            diag = Diagnosis(error_type="hazard", message=hazard.message, rule=hazard.rule,
-                             module=hazard.module, step=step, phase="replay",
-                             fix=get_rule(hazard.rule).fix_title())
-            result = dataclasses.replace(result, diagnosis=diag)
-        else:
-            result = _add_note(result, f"{hazard.rule}: {hazard.message} (at {hazard.module})")
-    return result
 
 
 def _tap_problem(reference: RunRecord, graphed: RunRecord) -> str | None:

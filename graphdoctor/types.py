@@ -384,6 +384,10 @@ class Diagnosis:
     stacks: tuple[RankStack, ...] = ()
     """A hang or timeout: every process's stack when it was stopped (ranks, then the launcher)."""
 
+    also_at: tuple[str, ...] = ()
+    """Other `file:line`s of the cause: where an attribute is set, where a hook function is defined, where
+    Megatron replays a graph."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
@@ -400,6 +404,7 @@ class Diagnosis:
             "traceback_tail": list(self.traceback_tail),
             "reported_as": self.reported_as,
             "stacks": [s.to_dict() for s in self.stacks],
+            "also_at": list(self.also_at),
         }
 
     @classmethod
@@ -407,6 +412,7 @@ class Diagnosis:
         """Inverse of to_dict (reports without stacks have none)."""
         data = dict(data)
         data["stacks"] = tuple(RankStack.from_dict(s) for s in data.get("stacks") or ())
+        data["also_at"] = tuple(str(a) for a in data.get("also_at") or ())
         return cls(**data)
 
 

@@ -10,9 +10,17 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from graphdoctor.compare.cause import Cause
 from graphdoctor.compare.divergence import Divergence, find_divergence
 from graphdoctor.compare.forensics import Forensics
-from graphdoctor.compare.phases import capture_only_values, eval_divergence, phase_list, resume_notes, schedule_notes
+from graphdoctor.compare.phases import (
+    EVAL_DIVERGENCE_RULE,
+    capture_only_values,
+    eval_divergence,
+    phase_list,
+    resume_notes,
+    schedule_notes,
+)
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.record import RunRecord
@@ -160,6 +168,9 @@ class ImplResult:
     """The child records behind this row (graphed run, then control run)."""
     forensics: Forensics | None = None
     """RNG and localization forensics from capture-time taps (graphdoctor.compare.forensics)."""
+    causes: tuple[Cause, ...] = ()
+    """Every rule the graphed run's evidence names (graphdoctor.compare.causes); the one that explains the
+    difference is the diagnosis."""
 
     def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
         """JSON view (schema in docs/diff.md)."""
@@ -176,6 +187,7 @@ class ImplResult:
             "memory": self.memory.to_dict() if self.memory else None,
             "launches": self.launches.to_dict() if self.launches else None,
             "forensics": self.forensics.to_dict() if self.forensics else None,
+            "causes": [c.to_dict() for c in self.causes],
         }
         if include_steps:
             data["runs"] = [r.to_dict() for r in self.runs]
@@ -195,7 +207,8 @@ class ImplResult:
                    memory=opt("memory", MemorySection.from_dict),
                    launches=opt("launches", LaunchComparison.from_dict),
                    runs=tuple(RunRecord.from_dict(r) for r in data.get("runs", ())),
-                   forensics=opt("forensics", Forensics.from_dict))
+                   forensics=opt("forensics", Forensics.from_dict),
+                   causes=tuple(Cause.from_dict(c) for c in data.get("causes") or ()))
 
 
 def _phases(runs: tuple[RunRecord, ...]) -> list[str]:
@@ -294,8 +307,21 @@ def judge(
         return ImplResult(verdict=Verdict.NUMERIC_DIVERGENCE, divergence=divergence,
                           timing=timing, notes=phase_notes, **common)  # type: ignore[arg-type]
     control, verdict, notes = _control(control_reference, control_graphed, warmup_steps, rtol, atol)
+    if verdict == Verdict.RNG_DIVERGENCE:
+        phase_notes = tuple(explained_by_masks(n) for n in phase_notes)
     return ImplResult(verdict=verdict, divergence=divergence, timing=timing, control=control,
                       notes=phase_notes + notes, **common)  # type: ignore[arg-type]
+
+
+def explained_by_masks(note: str) -> str:
+    """A schedule note of a run whose control pair matches: an evaluation that differs there differs because
+    training ran on other dropout masks (rng-divergence), not because evaluation replays a training graph, so
+    its GD514 note is restated without the rule."""
+    prefix = f"{EVAL_DIVERGENCE_RULE} eval-after-train-divergence: "
+    if not note.startswith(prefix):
+        return note
+    return ("evaluation differs too, explained by the dropout masks (the dropout-free control pair, evaluations "
+            "included, matches): " + note[len(prefix):])
 
 
 def stopped_row(reference: RunRecord, graphed: RunRecord | None, impl: str, *, stopped_by: str,

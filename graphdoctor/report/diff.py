@@ -225,6 +225,8 @@ def _diagnosis_lines(name: str, diag: Diagnosis, *, verbose: bool) -> list[str]:
         out.append(f"  at: {diag.location or '?'}"
                    f"{' in module ' + diag.module if diag.module else ''}"
                    f"{' (step ' + str(diag.step) + ', ' + str(diag.phase) + ')' if diag.step is not None and diag.step >= 0 else ''}")
+    if diag.also_at:
+        out.append(f"  also at: {', '.join(diag.also_at)}")
     if diag.fix:
         out.append(f"  fix: {diag.fix}{' [' + diag.rule + ']' if diag.rule else ''}")
     for stack in diag.stacks:

@@ -14,7 +14,7 @@ from typing import Any
 
 from graphdoctor.errors import InputFileError
 from graphdoctor.report.html_model import ImplView, ReportView, load_report, parse_report
-from graphdoctor.report.html_model_parts import DiagnosisView, RunView, TensorDiffView
+from graphdoctor.report.html_model_parts import CauseView, DiagnosisView, RunView, TensorDiffView
 from graphdoctor.report.html_page import badge, figure, page, stopped_badge, table, verdict_class
 from graphdoctor.report.html_sections import forensics_section, launches_section, memory_section
 from graphdoctor.report.schedule import eval_section
@@ -85,6 +85,8 @@ def _verdict_card(impl: ImplView) -> str:
         parts.append(f'<p class="small">dropout-free control pair: {badge(impl.control.verdict)}</p>')
     if impl.diagnosis is not None:
         parts.append(_diagnosis(impl.diagnosis))
+    if impl.causes:
+        parts.append(_causes(impl.causes))
     if impl.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in impl.notes) + "</ul>")
     return "".join(parts) + "</div>"
@@ -92,12 +94,23 @@ def _verdict_card(impl: ImplView) -> str:
 
 def _diagnosis(d: DiagnosisView) -> str:
     rows = [("rule", d.rule), ("module", d.module), ("at", d.location), ("CUDA error", d.cuda_error),
-            ("meaning", d.meaning), ("reported as", d.reported_as),
+            ("meaning", d.meaning), ("reported as", d.reported_as), ("also at", ", ".join(d.also_at)),
             ("where", f"step {d.step} ({d.phase})" if d.step is not None else d.phase)]
     body = "".join(f"<div><b>{escape(k)}:</b> <span class=\"mono\">{escape(v)}</span></div>" for k, v in rows if v)
     head = escape(f"{d.error_type}: {d.message}" if d.error_type and d.message else (d.message or d.error_type or ""))
     fix = f'<div class="fix"><b>fix:</b> {escape(d.fix)}</div>' if d.fix else ""
     return f'<div class="diag"><div>{head}</div>{body}{fix}</div>'
+
+
+def _causes(causes: tuple[CauseView, ...]) -> str:
+    """Every cause the run's evidence names: rule, module, the user's file:line and the fix; the one that
+    explains the difference first and marked."""
+    ordered = sorted(causes, key=lambda c: not c.explains)
+    rows = [[("explains: " if c.explains else "") + f"{c.rule} {c.name}", c.module or "-", c.location or "-",
+             c.message, c.fix] for c in ordered]
+    highlight = [0] if ordered[0].explains else []
+    return ('<div class="causes"><b>causes</b>'
+            + table(["rule", "module", "at", "evidence", "fix"], rows, wrap=(1, 2), highlight=highlight) + "</div>")
 
 
 def _eager_series(run: RunView, name: str) -> Series:

@@ -19,6 +19,7 @@ from graphdoctor.inputs import read_json
 from graphdoctor.report.html_model_parts import (
     EAGER_NAMES,
     PASSING_VERDICTS,
+    CauseView,
     ControlView,
     DiagnosisView,
     DivergenceView,
@@ -134,6 +135,7 @@ class ImplView:
     launches: LaunchesView | None
     forensics: ForensicsView | None
     runs: tuple[RunView, ...]
+    causes: tuple[CauseView, ...] = ()
 
     @property
     def graphed_run(self) -> RunView | None:
@@ -157,7 +159,8 @@ class ImplView:
                    DivergenceView.parse(raw.get("first_divergence")), TimingView.parse(raw.get("timing")),
                    DiagnosisView.parse(raw.get("diagnosis")), ControlView.parse(raw.get("control")),
                    tuple(str(n) for n in as_list(raw.get("notes"))), MemoryView.parse(raw.get("memory")),
-                   LaunchesView.parse(raw.get("launches")), ForensicsView.parse(raw.get("forensics")), runs)
+                   LaunchesView.parse(raw.get("launches")), ForensicsView.parse(raw.get("forensics")), runs,
+                   tuple(c for c in (CauseView.parse(x) for x in as_list(raw.get("causes"))) if c is not None))
 
 
 @dataclass(frozen=True, slots=True)

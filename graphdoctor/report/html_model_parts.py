@@ -161,6 +161,7 @@ class DiagnosisView:
     step: int | None
     phase: str | None
     reported_as: str | None
+    also_at: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, raw: Any) -> DiagnosisView | None:
@@ -170,7 +171,32 @@ class DiagnosisView:
         get = raw.get
         return cls(as_str(get("error_type")), as_str(get("message")), as_str(get("cuda_error")), as_str(get("meaning")),
                    as_str(get("fix")), as_str(get("rule")), as_str(get("module")), as_str(get("location")),
-                   as_int(get("step")), as_str(get("phase")), as_str(get("reported_as")))
+                   as_int(get("step")), as_str(get("phase")), as_str(get("reported_as")),
+                   tuple(str(a) for a in as_list(get("also_at"))))
+
+
+@dataclass(frozen=True, slots=True)
+class CauseView:
+    """One rule the graphed run's evidence names (`impls[].causes`)."""
+
+    rule: str
+    name: str
+    severity: str
+    module: str
+    location: str | None
+    message: str
+    fix: str
+    explains: bool
+
+    @classmethod
+    def parse(cls, raw: Any) -> CauseView | None:
+        """None when the entry is not an object."""
+        if not isinstance(raw, Mapping):
+            return None
+        get = raw.get
+        return cls(as_str(get("rule")) or "?", as_str(get("name")) or "", as_str(get("severity")) or "",
+                   as_str(get("module")) or "", as_str(get("location")), as_str(get("message")) or "",
+                   as_str(get("fix")) or "", get("explains") is True)
 
 
 @dataclass(frozen=True, slots=True)

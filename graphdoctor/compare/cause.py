@@ -1,0 +1,57 @@
+"""One named cause of what a graphed run did differently: the catalogue rule, the module, the user's
+`file:line` and the fix, from evidence a graphed child gathered (graphdoctor.child.witness)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """A rule the run's evidence names, and whether it explains the row's difference."""
+
+    rule: str
+    name: str
+    """The rule's name, e.g. `host-value-baked`."""
+    severity: str
+    """The rule's severity (error, warning, info)."""
+    module: str
+    """Qualified name of the module it concerns ("" when none: a loss function, a forward_step)."""
+    location: str | None
+    """The user's `file:line`."""
+    message: str
+    fix: str
+    step: int | None = None
+    also_at: tuple[str, ...] = ()
+    explains: bool = False
+    """True for the cause the row's diagnosis names (the evidence that accounts for the difference)."""
+    phase: str | None = None
+    """Phase at which the child saw the evidence (capture, replay, eval)."""
+
+    def line(self) -> str:
+        """`GD518 host-value-baked: message (at file:line in module M); fix: ...`."""
+        where = ", ".join(x for x in (f"at {self.location}" if self.location else "",
+                                      f"in module {self.module}" if self.module else "") if x)
+        return f"{self.rule} {self.name}: {self.message}" + (f" ({where})" if where else "") + f"; fix: {self.fix}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view (docs/json.md, `impls[].causes`)."""
+        return {"rule": self.rule, "name": self.name, "severity": self.severity, "module": self.module,
+                "location": self.location, "also_at": list(self.also_at), "step": self.step,
+                "message": self.message, "fix": self.fix, "explains": self.explains, "phase": self.phase}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Cause:
+        """Inverse of to_dict."""
+        step = data.get("step")
+        return cls(rule=str(data["rule"]), name=str(data.get("name", "")), severity=str(data.get("severity", "")),
+                   module=str(data.get("module") or ""),
+                   location=None if data.get("location") is None else str(data["location"]),
+                   message=str(data.get("message", "")), fix=str(data.get("fix", "")),
+                   step=None if step is None else int(step), also_at=tuple(str(a) for a in data.get("also_at") or ()),
+                   explains=bool(data.get("explains", False)),
+                   phase=None if data.get("phase") is None else str(data["phase"]))
+
+
+__all__ = ["Cause"]

@@ -1,0 +1,193 @@
+"""Name the cause of an implementation's difference from the evidence its graphed child gathered.
+
+The child's witness (graphdoctor.child.witness) and hazard observers report Hazard events: a rule, a module,
+the user's `file:line`, a step. Here every one becomes a Cause of the row, and the one that accounts for the
+row's difference becomes its diagnosis (rule, module, file:line, fix), chosen by what differs:
+
+- a training step's loss, gradients or parameters: an attribute rebound after capture (GD509), a host value
+  baked into the graph (GD518), capture-dependent control flow (GD519), a graph buffer kept across
+  micro-batches or replays (GD520), or a None attention mask under TE graphs (GD511); the one whose module
+  is where the taps or the first differing gradient put the difference, else the earliest;
+- a reported value frozen over the replays (a GD513 note): the host value baked at capture that makes it;
+- an evaluation only (every training step matches): a training graph replayed by evaluation (GD402 when
+  Megatron's runner replays it, GD514 when the user's code does).
+
+A row that matches keeps its verdict: its causes are notes (the hazard is there; this run measured no effect).
+Pure Python on RunRecords.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from graphdoctor.compare.cause import Cause
+from graphdoctor.compare.divergence import Divergence
+from graphdoctor.compare.phases import FROZEN_VALUE_RULE
+from graphdoctor.compare.verdict import ImplResult
+from graphdoctor.protocol.events import Hazard
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.rules import get_rule, rule_fix
+from graphdoctor.types import Diagnosis, Verdict
+
+HOOK = "hook"
+"""Hazard rule of context evidence that names no rule: a hook the user's code registered (its registration
+site, its function, what it is on), for the backward-side localization."""
+
+TRAINING_CAUSES: frozenset[str] = frozenset({"GD509", "GD518", "GD519", "GD520", "GD511"})
+"""Rules whose evidence explains a training step's difference."""
+
+EVAL_CAUSES: frozenset[str] = frozenset({"GD402", "GD514"})
+"""Rules whose evidence explains an evaluation's difference."""
+
+FACTORY_SUBJECTS: frozenset[str] = frozenset({"full", "tensor", "as_tensor", "scalar_tensor", "full_like", "fill_"})
+"""GD518 evidence of a host number turned into a device tensor (the subject is the torch function)."""
+
+
+def cause_of(hazard: Hazard) -> Cause:
+    """The Cause of one hazard (its rule's name, severity and fix from the catalogue)."""
+    rule = get_rule(hazard.rule)
+    return Cause(rule=hazard.rule, name=rule.name, severity=rule.severity.value, module=hazard.module,
+                 location=hazard.location, message=hazard.message, fix=rule.fix_title(), step=hazard.step,
+                 also_at=hazard.also_at, phase=hazard.phase)
+
+
+def grouped(causes: Iterable[Cause]) -> list[Cause]:
+    """One cause per (rule, file:line): the same line seen in several modules (every layer's MLP) is one
+    cause, its first module named and the others listed in its message."""
+    out: dict[tuple[str, str | None], list[Cause]] = {}
+    for cause in causes:
+        out.setdefault((cause.rule, cause.location), []).append(cause)
+    merged = []
+    for same in out.values():
+        first = same[0]
+        others = list(dict.fromkeys(c.module for c in same[1:] if c.module and c.module != first.module))
+        if others:
+            first = dataclasses.replace(first, message=f"{first.message}; the same in {', '.join(others)}")
+        merged.append(first)
+    return merged
+
+
+def related(a: str | None, b: str | None) -> bool:
+    """Whether two module (or parameter) names are the same or one contains the other."""
+    if not a or not b:
+        return False
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _module_of(tensor: str | None) -> str | None:
+    return tensor.rsplit(".", 1)[0] if tensor and "." in tensor else tensor
+
+
+def _focus(result: ImplResult) -> list[str]:
+    """Where the difference is, most specific first: the taps' first differing module, the first differing
+    main_grad in backward order, the first in parameter order."""
+    div, diag = result.divergence, result.diagnosis
+    out = [diag.module] if diag is not None and diag.module else []
+    if div is not None:
+        out += [m for m in (_module_of(div.backward_tensor), _module_of(div.tensor)) if m]
+    return out
+
+
+def _pick(causes: Sequence[Cause], rules: frozenset[str], focus: Sequence[str]) -> Cause | None:
+    candidates = [c for c in causes if c.rule in rules]
+    for place in focus:
+        hit = next((c for c in candidates if related(c.module, place)), None)
+        if hit is not None:
+            return hit
+    return min(candidates, key=lambda c: (c.step if c.step is not None else 1 << 30)) if candidates else None
+
+
+def _frozen_value(result: ImplResult) -> bool:
+    return any(n.startswith(FROZEN_VALUE_RULE) for n in result.notes)
+
+
+def _explained(result: ImplResult, causes: Sequence[Cause]) -> tuple[Cause | None, str | None]:
+    """(the cause that explains the row's difference, the rule its diagnosis shows) or (None, None)."""
+    if result.verdict != Verdict.NUMERIC_DIVERGENCE or result.divergence is None:
+        return None, None
+    div = result.divergence
+    if div.what == "eval":
+        cause = _pick(causes, EVAL_CAUSES, _focus(result))
+        return cause, cause.rule if cause else None
+    if div.what == "reported" and _frozen_value(result):
+        baked = [c for c in causes if c.rule == "GD518" and c.message.startswith(("torch.", "Tensor."))]
+        return (baked[0], FROZEN_VALUE_RULE) if baked else (None, None)
+    cause = _pick(causes, TRAINING_CAUSES, _focus(result))
+    return cause, cause.rule if cause else None
+
+
+def _diagnosis(result: ImplResult, cause: Cause, rule: str) -> Diagnosis:
+    previous = result.diagnosis
+    entry = get_rule(rule)
+    localized = previous.message if previous is not None and previous.error_type == "numeric-divergence" else None
+    div = result.divergence
+    meaning = f"{entry.code} {entry.name}: {_first_sentence(entry.summary())}"
+    if localized:
+        meaning += f"; {localized}"
+    elif div is not None:
+        meaning += f"; first difference: {_first_difference(div)}"
+    return Diagnosis(error_type="numeric-divergence", message=cause.message, meaning=meaning, fix=rule_fix(rule),
+                     rule=rule, module=cause.module or None, location=cause.location,
+                     step=cause.step if cause.step is not None else (div.step if div else None),
+                     phase=cause.phase, also_at=cause.also_at)
+
+
+def _first_sentence(text: str) -> str:
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
+
+
+def _first_difference(div: Divergence) -> str:
+    if div.what == "eval":
+        return f"{div.label} after step {div.step}"
+    if div.what in ("grads", "params") and div.tensor:
+        return f"step {div.step} {div.label} ({div.tensor})"
+    return f"step {div.step} {div.label}"
+
+
+def _hook_notes(result: ImplResult, hooks: Iterable[Hazard], explained: Cause | None) -> list[str]:
+    """Backward-side localization: the first differing main_grad in backward order, and each user hook on
+    or around it (its registration site)."""
+    div = result.divergence
+    if div is None or div.backward_tensor is None or result.verdict != Verdict.NUMERIC_DIVERGENCE:
+        return []
+    notes = []
+    if div.backward_tensor != div.tensor:
+        notes.append(f"backward: the first differing main_grad in backward order is {div.backward_tensor} "
+                     f"(step {div.step}); {div.tensor} is the first in parameter order")
+    target = _module_of(div.backward_tensor)
+    for hook in hooks:
+        if related(hook.module, target) and (explained is None or explained.location != hook.location):
+            notes.append(f"backward: a hook registered at {hook.location} ({hook.subject}) is on {hook.module}, "
+                         f"where {div.backward_tensor} is: {hook.message}")
+    return notes
+
+
+def apply_causes(result: ImplResult, graphed: RunRecord) -> ImplResult:
+    """The row with every cause its graphed run's evidence names, and the diagnosis of the one that explains
+    its difference (the earlier diagnosis, the taps' localization, becomes its meaning)."""
+    hooks = [h for h in graphed.hazards if h.rule == HOOK]
+    evaluation_differs = result.divergence is not None and result.divergence.what == "eval" \
+        and result.verdict == Verdict.NUMERIC_DIVERGENCE
+    # A training graph replayed by evaluation matters where an evaluation differs (the static GD402 note says
+    # the rest): Megatron's local runners do it in every run that evaluates.
+    causes = grouped(cause_of(h) for h in graphed.hazards
+                     if h.rule != HOOK and (h.rule not in EVAL_CAUSES or evaluation_differs))
+    if not causes and not hooks:
+        return result
+    explained, rule = _explained(result, causes)
+    notes = list(result.notes)
+    diagnosis = result.diagnosis
+    if explained is not None and rule is not None:
+        diagnosis = _diagnosis(result, explained, rule)
+        causes = [dataclasses.replace(c, explains=True) if c is explained else c for c in causes]
+    notes += _hook_notes(result, hooks, explained)
+    for cause in causes:
+        if not cause.explains:
+            notes.append(cause.line() if result.verdict != Verdict.MATCH else
+                         f"{cause.line()} [seen, no difference measured in this run]")
+    return dataclasses.replace(result, diagnosis=diagnosis, notes=tuple(notes), causes=tuple(causes))
+
+
+__all__ = ["EVAL_CAUSES", "HOOK", "TRAINING_CAUSES", "apply_causes", "cause_of", "related"]
