@@ -8,7 +8,7 @@
 # limit): `core` (diff, forensics, probes, memory, count, launches, report: about 4 minutes), `i15` (MoE,
 # forward_step forms, diagnoses, clean-model probes, memory site, launch line), `i20` (evaluation,
 # microbatches, recompute, logged values), `i33` (issue 33: a failing plugin test's message, setup-failed rows and
-# advise's refused local mlp), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
+# advise's refused local mlp), `i34` (issue 34: the planted causes and clean models), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
 # minutes in one process, now five at once), `i30` (issue 30: Megatron-LM's example lines built as Megatron builds
 # them, with TE: the field comparison, then the shrunk Llama-3 and Mixtral diffs, about 6 minutes). Run `core` and `i15` where TE does not import: tests marked
 # `without_te` skip where it does. `all` runs every part in one call.
@@ -42,6 +42,13 @@ fi
 if [ "$part" = i30 ]; then  # issue 30 with Transformer Engine: Megatron-LM's own models of its example lines
     run model_fields tests/gpu/test_model_description_gpu.py -k "every_field" &
     run model_lines tests/gpu/test_model_description_gpu.py -k "reaches_a_verdict" &
+fi
+if [ "$part" = all ] || [ "$part" = i34 ]; then  # issue 34: every divergence's cause, and the older planted fixtures' verdicts, five groups at once
+    run causes_new tests/gpu/test_causes_gpu.py -k "rebinding_line or at_the_read or at_the_branch or at_its_registration" &
+    run causes_older tests/gpu/test_causes_gpu.py -k "older" &
+    run causes_more tests/gpu/test_causes_gpu.py -k "mode_test or at_the_fill or legacy" &
+    run causes_clean tests/gpu/test_causes_gpu.py -k "clean" &
+    run causes_kept_verdicts tests/gpu/test_forensics_gpu.py tests/gpu/test_diagnosis_gpu.py &
 fi
 if [ "$part" = all ] || [ "$part" = i33 ]; then  # issue 33: failing plugin test's message, setup-failed, clean probes
     GD_SAMPLE_OUT="$out/pytest_failure_sample.txt" run pytest_failure tests/gpu/test_pytest_failure_gpu.py &
