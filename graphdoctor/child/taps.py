@@ -269,16 +269,15 @@ def _forward_location(module: torch.nn.Module) -> str | None:
     return format_location(code.co_filename, code.co_firstlineno)
 
 
-def _capture_owner() -> type:
-    """The Python class that defines CUDAGraph.capture_begin and capture_end (keep_graphs may have
-    subclassed it)."""
+def graph_method_owner(*methods: str) -> type:
+    """The Python class that defines CUDAGraph's `methods` (capture_begin, capture_end, replay): where a
+    patch must go to be seen by every graph (keep_graphs may have subclassed it)."""
     import torch.cuda.graphs
 
     for klass in type.mro(torch.cuda.graphs.CUDAGraph):
-        if ("capture_begin" in klass.__dict__ and "capture_end" in klass.__dict__
-                and not klass.__module__.startswith("torch._C")):
+        if all(name in klass.__dict__ for name in methods) and not klass.__module__.startswith("torch._C"):
             return klass
-    raise RuntimeError("torch.cuda.CUDAGraph has no Python-level capture_begin/capture_end to observe")
+    raise RuntimeError(f"torch.cuda.CUDAGraph has no Python-level {'/'.join(methods)} to observe")
 
 
 class Taps:
@@ -299,7 +298,7 @@ class Taps:
             model.register_forward_pre_hook(lambda *_: self._activate()),
             model.register_forward_hook(lambda *_: self._deactivate(), always_call=True),
         ]
-        self._owner = _capture_owner()
+        self._owner = graph_method_owner("capture_begin", "capture_end")
         self._originals = {name: self._owner.__dict__[name] for name in ("capture_begin", "capture_end")}
         begin, end = self._originals["capture_begin"], self._originals["capture_end"]
         taps = self
@@ -398,5 +397,5 @@ class Taps:
         return self.table.to_dict()
 
 
-__all__ = ["DEFAULT_CAPACITY", "MAX_GRAPHS", "DrawMode", "Site", "TapBuffer", "Taps", "call_site",
+__all__ = ["DEFAULT_CAPACITY", "MAX_GRAPHS", "DrawMode", "Site", "TapBuffer", "Taps", "call_site", "graph_method_owner",
            "tapped_modules"]

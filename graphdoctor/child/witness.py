@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from graphdoctor.child.taps import graph_method_owner
+from graphdoctor.compare.cause import FACTORIES, HOOK
 from graphdoctor.locations import format_location
 from graphdoctor.protocol.events import Event, Hazard
 
@@ -54,9 +56,6 @@ MAX_VALUES = 8
 MAX_HAZARDS = 32
 """Hazard events one child reports at most (the first ones; a note-sized report, not a log)."""
 
-_FACTORIES: tuple[str, ...] = ("full", "tensor", "as_tensor", "scalar_tensor", "full_like")
-"""torch functions that turn a host number into a device tensor (the value becomes a kernel argument or
-a copied constant of a captured graph)."""
 
 _MODE_QUERIES = frozenset({"training"})
 """Attributes a forward reads to take a mode-dependent branch."""
@@ -125,17 +124,6 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, dict):
         for item in value.values():
             yield from _tensors(item)
-
-
-def _graph_class() -> type:
-    """The Python class defining CUDAGraph.capture_begin, capture_end and replay."""
-    import torch.cuda.graphs
-
-    for klass in type.mro(torch.cuda.graphs.CUDAGraph):
-        if all(name in klass.__dict__ for name in ("capture_begin", "capture_end", "replay")) \
-                and not klass.__module__.startswith("torch._C"):
-            return klass
-    raise RuntimeError("torch.cuda.CUDAGraph has no Python-level capture_begin/capture_end/replay to observe")
 
 
 def _function_location(fn: Any) -> str:
@@ -244,7 +232,7 @@ class CaptureWitness:
         self._place_eval_replays()
         for site in self._hooks.values():
             if site.calls and not site.reported:
-                self._add(Hazard(rule="hook", module=site.module, subject=site.function, location=site.location,
+                self._add(Hazard(rule=HOOK, module=site.module, subject=site.function, location=site.location,
                                  also_at=(site.function,), message=(
                                      f"{site.kind} hook {site.function} registered at {site.location} on "
                                      f"{site.subject}, called {site.calls} times")))
@@ -289,7 +277,7 @@ class CaptureWitness:
         import torch.cuda.graphs as graphs
 
         witness = self
-        klass = _graph_class()
+        klass = graph_method_owner("capture_begin", "capture_end", "replay")
 
         def make_begin(original: Any) -> Any:
             def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
@@ -352,9 +340,9 @@ class CaptureWitness:
         self._patch(torch.nn.Module, "register_forward_hook", make_register("forward"))
         self._patch(torch.nn.Module, "register_full_backward_hook", make_register("backward"))
 
-        for op in _FACTORIES:
-            self._patch(torch, op, self._factory_wrapper(op))
-        self._patch(torch.Tensor, "fill_", self._factory_wrapper("fill_", method=True))
+        for op in FACTORIES:  # the value becomes a kernel argument or a copied constant of a captured graph
+            method = op.endswith("_")
+            self._patch(torch.Tensor if method else torch, op, self._factory_wrapper(op, method=method))
 
     def _factory_wrapper(self, op: str, *, method: bool = False) -> Callable[[Any], Any]:
         witness = self
@@ -545,20 +533,28 @@ class CaptureWitness:
         site.kept = [k for k in site.kept if k[0]() is not None][-64:]
 
 
-def user_issuer(skip: int = 1) -> str | None:
-    """`file:line` of the code that issued the current call when that code is the user's: the innermost frame
-    outside torch, graphdoctor and generated code (`<...>`) is a user file. None when it is library code
-    (Megatron, Transformer Engine, the standard library) or when the stack holds no such frame (a callback from
-    autograd's device thread)."""
-    from graphdoctor.child.probe_recorder import is_user_file
-
-    frame: Any = sys._getframe(skip + 1)
+def _issuing_frame(skip: int) -> Any:
+    """The innermost frame outside torch, graphdoctor and generated code (`<...>`), above the caller's
+    `skip` frames: the code that issued the current call; None when the stack holds none."""
+    frame: Any = sys._getframe(skip + 2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith("<") and not _real(filename).startswith(_SKIPPED_ROOTS):
-            return format_location(filename, frame.f_lineno) if is_user_file(filename) else None
+            return frame
         frame = frame.f_back
     return None
+
+
+def user_issuer(skip: int = 1) -> str | None:
+    """`file:line` of the code that issued the current call when that code is the user's: the issuing frame
+    is a user file. None when it is library code (Megatron, Transformer Engine, the standard library) or when
+    the stack holds no issuing frame (a callback from autograd's device thread)."""
+    from graphdoctor.child.probe_recorder import is_user_file
+
+    frame = _issuing_frame(skip)
+    if frame is None or not is_user_file(frame.f_code.co_filename):
+        return None
+    return format_location(frame.f_code.co_filename, frame.f_lineno)
 
 
 def _qualified(op: str) -> str:
@@ -573,14 +569,9 @@ def _host_numbers(value: Any) -> bool:
 
 
 def _innermost_outside_torch(skip: int) -> str:
-    """`file:line` of the innermost frame outside torch and graphdoctor (library code included)."""
-    frame: Any = sys._getframe(skip + 1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith("<") and not _real(filename).startswith(_SKIPPED_ROOTS):
-            return format_location(filename, frame.f_lineno)
-        frame = frame.f_back
-    return "<unknown>"
+    """`file:line` of the issuing frame, library code included."""
+    frame = _issuing_frame(skip)
+    return "<unknown>" if frame is None else format_location(frame.f_code.co_filename, frame.f_lineno)
 
 
 def _named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

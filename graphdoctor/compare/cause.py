@@ -6,6 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+FACTORIES: tuple[str, ...] = ("full", "tensor", "as_tensor", "scalar_tensor", "full_like", "fill_")
+"""torch functions (and the Tensor method `fill_`) that turn host numbers into a device tensor: the subjects of
+GD518 evidence of a host number baked into a graph while it was captured."""
+
+HOOK = "hook"
+"""Hazard rule of context evidence that names no rule: a hook the user's code registered (its registration
+site, its function, what it is on), for the backward-side localization."""
+
 
 @dataclass(frozen=True, slots=True)
 class Cause:
@@ -28,6 +36,8 @@ class Cause:
     """True for the cause the row's diagnosis names (the evidence that accounts for the difference)."""
     phase: str | None = None
     """Phase at which the child saw the evidence (capture, replay, eval)."""
+    subject: str | None = None
+    """What the evidence is about: an attribute, a hook function, a torch function (FACTORIES)."""
 
     def line(self) -> str:
         """`GD518 host-value-baked: message (at file:line in module M); fix: ...`."""
@@ -39,7 +49,8 @@ class Cause:
         """JSON view (docs/json.md, `impls[].causes`)."""
         return {"rule": self.rule, "name": self.name, "severity": self.severity, "module": self.module,
                 "location": self.location, "also_at": list(self.also_at), "step": self.step,
-                "message": self.message, "fix": self.fix, "explains": self.explains, "phase": self.phase}
+                "message": self.message, "fix": self.fix, "explains": self.explains, "phase": self.phase,
+                "subject": self.subject}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cause:
@@ -51,7 +62,8 @@ class Cause:
                    message=str(data.get("message", "")), fix=str(data.get("fix", "")),
                    step=None if step is None else int(step), also_at=tuple(str(a) for a in data.get("also_at") or ()),
                    explains=bool(data.get("explains", False)),
-                   phase=None if data.get("phase") is None else str(data["phase"]))
+                   phase=None if data.get("phase") is None else str(data["phase"]),
+                   subject=None if data.get("subject") is None else str(data["subject"]))
 
 
-__all__ = ["Cause"]
+__all__ = ["FACTORIES", "HOOK", "Cause"]

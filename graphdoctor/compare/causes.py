@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from graphdoctor.compare.cause import Cause
+from graphdoctor.compare.cause import FACTORIES, HOOK, Cause
 from graphdoctor.compare.divergence import Divergence
 from graphdoctor.compare.phases import FROZEN_VALUE_RULE
 from graphdoctor.compare.verdict import ImplResult
@@ -30,18 +30,11 @@ from graphdoctor.protocol.record import RunRecord
 from graphdoctor.rules import get_rule, rule_fix
 from graphdoctor.types import Diagnosis, Verdict
 
-HOOK = "hook"
-"""Hazard rule of context evidence that names no rule: a hook the user's code registered (its registration
-site, its function, what it is on), for the backward-side localization."""
-
 TRAINING_CAUSES: frozenset[str] = frozenset({"GD509", "GD518", "GD519", "GD520", "GD511"})
 """Rules whose evidence explains a training step's difference."""
 
 EVAL_CAUSES: frozenset[str] = frozenset({"GD402", "GD514"})
 """Rules whose evidence explains an evaluation's difference."""
-
-FACTORY_SUBJECTS: frozenset[str] = frozenset({"full", "tensor", "as_tensor", "scalar_tensor", "full_like", "fill_"})
-"""GD518 evidence of a host number turned into a device tensor (the subject is the torch function)."""
 
 
 def cause_of(hazard: Hazard) -> Cause:
@@ -49,7 +42,7 @@ def cause_of(hazard: Hazard) -> Cause:
     rule = get_rule(hazard.rule)
     return Cause(rule=hazard.rule, name=rule.name, severity=rule.severity.value, module=hazard.module,
                  location=hazard.location, message=hazard.message, fix=rule.fix_title(), step=hazard.step,
-                 also_at=hazard.also_at, phase=hazard.phase)
+                 also_at=hazard.also_at, phase=hazard.phase, subject=hazard.subject)
 
 
 def grouped(causes: Iterable[Cause]) -> list[Cause]:
@@ -111,7 +104,7 @@ def _explained(result: ImplResult, causes: Sequence[Cause]) -> tuple[Cause | Non
         cause = _pick(causes, EVAL_CAUSES, _focus(result))
         return cause, cause.rule if cause else None
     if div.what == "reported" and _frozen_value(result):
-        baked = [c for c in causes if c.rule == "GD518" and c.message.startswith(("torch.", "Tensor."))]
+        baked = [c for c in causes if c.rule == "GD518" and c.subject in FACTORIES]
         return (baked[0], FROZEN_VALUE_RULE) if baked else (None, None)
     cause = _pick(causes, TRAINING_CAUSES, _focus(result))
     return cause, cause.rule if cause else None
