@@ -9,54 +9,17 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import t
 
+from graphdoctor.config.fp8 import low_precision_recipe, unsupported_reason
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
 
 FAMILY = "environment"
 
-RECIPE_NEEDS: dict[str, tuple[tuple[int, int], tuple[int, int] | None, str]] = {
-    "delayed": ((8, 9), None, "Ada (sm_89) or newer"),
-    "tensorwise": ((8, 9), None, "Ada (sm_89) or newer"),
-    "blockwise": ((9, 0), None, "Hopper (sm_90) or newer, with CUDA 12.9 or newer"),
-    "mxfp8": ((10, 0), (12, 0), "Blackwell sm_100 to sm_11x (not sm_120 yet)"),
-    "nvfp4": ((10, 0), None, "Blackwell (sm_100) or newer"),
-}
-"""Recipe -> (lowest compute capability, first capability that no longer runs it, in words): Transformer
-Engine's `_compute_fp8_support`, `_compute_fp8_block_scaling_support`, `_compute_mxfp8_support` and
-`_compute_nvfp4_support`. `custom` recipes are the user's own and are not judged."""
-
-BLOCKWISE_CUDA = (12, 9)
-"""CUDA version (torch.version.cuda) blockwise FP8 GEMMs need."""
-
 
 def recipe_of(ctx: CheckContext) -> tuple[str, str] | None:
-    """(recipe, field) of the run's low-precision recipe: `fp4_recipe` when fp4 is on, else `fp8_recipe` when
-    fp8 is on; None when neither is (or the recipe is custom)."""
-    if ctx.value("fp4"):
-        recipe, name = ctx.value("fp4_recipe") or "nvfp4", "fp4_recipe"
-    elif ctx.value("fp8"):
-        recipe, name = ctx.value("fp8_recipe") or "delayed", "fp8_recipe"
-    else:
-        return None
-    recipe = str(getattr(recipe, "value", recipe))
-    return (recipe, name) if recipe in RECIPE_NEEDS else None
-
-
-def unsupported_reason(recipe: str, capability: tuple[int, int], cuda: str | None) -> str | None:
-    """Why `recipe` cannot run on a GPU of `capability` with torch built for `cuda`; None when it can."""
-    low, high, words = RECIPE_NEEDS[recipe]
-    sm = f"sm_{capability[0]}{capability[1]}"
-    if capability < low or (high is not None and capability >= high):
-        return f"{recipe} needs {words}; the training GPU is {sm}"
-    if recipe == "blockwise" and cuda:
-        try:
-            version = tuple(int(p) for p in cuda.split(".")[:2])
-        except ValueError:
-            return None
-        if version < BLOCKWISE_CUDA:
-            return f"blockwise needs CUDA 12.9 or newer; torch is built for CUDA {cuda}"
-    return None
+    """(recipe, field) of the run's low-precision recipe (graphdoctor.config.fp8.low_precision_recipe)."""
+    return low_precision_recipe(ctx.value)
 
 
 class LowPrecisionRecipeUnsupportedGpu(Rule):

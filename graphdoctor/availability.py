@@ -7,7 +7,9 @@ hang the importing process); the answer is cached for the process.
 from __future__ import annotations
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.child_model import run_model
 from graphdoctor.config.entry_points import TE_LAYER_SPECS
+from graphdoctor.config.fp8 import recipe_unavailable_here
 from graphdoctor.errors import NoGPUError
 from graphdoctor.installed import mamba_findable, te_findable
 from graphdoctor.parent.runner import python_command, run_isolated
@@ -68,13 +70,17 @@ def _probe_te_import() -> tuple[bool, str]:
 
 
 def why_unavailable(impl: str, cfg: DiffConfig, *, probe: bool = True) -> str | None:
-    """Why `impl` cannot run here (None: it can): a model this machine cannot build (every implementation), or
+    """Why `impl` cannot run here (None: it can): a model this machine cannot build (every implementation), an FP8
+    or FP4 recipe this machine's GPU does not run (every implementation, checked with `probe`), or
     Transformer Engine's graphs without Transformer Engine or bf16. `probe=False` takes an installed
     Transformer Engine as importable without the import probe (te_available's child process) unless the probe
     already ran: diff starts its children before the probe answers, and a child whose import fails reports the
     implementation unavailable itself."""
     if cfg.model is not None and cfg.model.unavailable is not None:
         return cfg.model.unavailable
+    recipe = recipe_unavailable_here(run_model(cfg).value) if probe else None
+    if recipe is not None:
+        return recipe
     if cfg.model is not None and cfg.model.kind == "hybrid" and not mamba_findable():
         return MAMBA_MISSING
     te_layers = cfg.layer_spec in TE_LAYER_SPECS and cfg.model_provider is None

@@ -15,6 +15,7 @@ from graphdoctor.config.codec import CALL, TARGET, decode, encode
 from graphdoctor.config.description import TRANSFORMER_CLASSES, ModelDescription
 from graphdoctor.config.diff_config import RUN_OWNED_FIELDS, DiffConfig
 from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS, TE_LAYER_SPECS
+from graphdoctor.config.fp8 import fp8_fields
 from graphdoctor.config.megatron_line import MegatronLine, describe_args, megatron_args, with_values
 from graphdoctor.errors import MissingDependencyError
 
@@ -78,6 +79,8 @@ def builtin_model(config: DiffConfig, *, source: str = "graphdoctor defaults") -
         if key not in RUN_OWNED_FIELDS:
             fields[key] = encode(value)
     fields.update(moe_defaults(config.transformer))
+    fields.update({key: value for key, value in fp8_fields(config.fp8_format, config.fp8_recipe,
+                                                           config.fp8_param_gather).items()})
     spec = config.layer_spec if config.layer_spec not in (None, *BUILTIN_LAYER_SPECS) else None
     return ModelDescription(kind="gpt", transformer_class=TRANSFORMER_CLASSES[0], transformer=fields,
                             model={"vocab_size": config.vocab_size, "seq_length": config.seq_length},

@@ -159,7 +159,9 @@ def model_facts(model: ModelDescription) -> dict[str, Any]:
         "vocab_size": value("vocab_size"),
         "layer_spec": model.layer_spec or value("transformer_impl"),
         "dtype": "bf16" if value("bf16") else "fp16" if value("fp16") else "fp32",
-        "fp8": value("fp8"), "fp8_recipe": value("fp8_recipe") if value("fp8") else None,
+        "fp8": value("fp8"), "fp8_recipe": _name(value("fp8_recipe")) if value("fp8") else None,
+        "fp8_param": bool(value("fp8_param")) if value("fp8") else None,
+        "fp4": value("fp4"), "fp4_recipe": _name(value("fp4_recipe")) if value("fp4") else None,
         "moe": None if not experts else {
             "num_experts": experts, "topk": value("moe_router_topk"),
             "dispatcher": value("moe_token_dispatcher_type"), "layer_freq": value("moe_layer_freq"),
@@ -171,6 +173,11 @@ def model_facts(model: ModelDescription) -> dict[str, Any]:
         "unavailable": model.unavailable,
     }
     return facts
+
+
+def _name(value: Any) -> Any:
+    """An enum's value (Fp8Recipe.delayed -> `delayed`), anything else as it is."""
+    return getattr(value, "value", value)
 
 
 def plain(value: Any) -> Any:

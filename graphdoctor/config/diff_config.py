@@ -101,6 +101,18 @@ class DiffConfig:
     dropout: float = 0.1
     """hidden_dropout and attention_dropout (Megatron's default is 0.1)."""
 
+    fp8_format: str | None = None
+    """TransformerConfig.fp8 (Megatron-LM's --fp8-format): e4m3 or hybrid; None: the model's own (off for
+    graphdoctor's model). FP8 runs in Transformer Engine's layers (layer_spec `te`)."""
+
+    fp8_recipe: str | None = None
+    """TransformerConfig.fp8_recipe (--fp8-recipe): delayed, tensorwise, blockwise or mxfp8; None: the model's
+    own (Megatron's default delayed)."""
+
+    fp8_param_gather: bool = False
+    """FP8 primary weights (Megatron-LM's --fp8-param-gather, TransformerConfig.fp8_param): the model is built
+    under Transformer Engine's fp8_model_init; needs the distributed optimizer (Megatron-LM's validate_args)."""
+
     steps: int = 8
     """Training steps per run; each step sees a different batch."""
 
@@ -244,6 +256,7 @@ class DiffConfig:
             )
         if self.dtype not in DTYPES:
             raise UsageError(f"dtype: got {self.dtype!r}, expected one of {', '.join(DTYPES)}")
+        _check_fp8(self)
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"dropout: got {self.dropout!r}, expected 0 <= dropout < 1")
         if self.cuda_graph_warmup_steps < 1:
@@ -340,6 +353,29 @@ STARTUP_VARIABLES: tuple[str, ...] = (
     "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PATH",
 )
 """Run-file `env:` keys refused unless --allow-env names them: they change which code a child runs."""
+
+
+def _check_fp8(config: DiffConfig) -> None:
+    """The FP8 flags: known values, a recipe or primary weights only with a format (graphdoctor's model), the
+    distributed optimizer for FP8 primary weights, Transformer Engine's layers for graphdoctor's own model."""
+    from graphdoctor.config.entry_points import TE_LAYER_SPECS
+    from graphdoctor.config.fp8 import FP8_FORMATS, FP8_RECIPES
+
+    if config.fp8_format is not None and config.fp8_format not in FP8_FORMATS:
+        raise UsageError(f"fp8_format: got {config.fp8_format!r}, expected one of {', '.join(FP8_FORMATS)}")
+    if config.fp8_recipe is not None and config.fp8_recipe not in FP8_RECIPES:
+        raise UsageError(f"fp8_recipe: got {config.fp8_recipe!r}, expected one of {', '.join(FP8_RECIPES)}")
+    if config.fp8_param_gather and not config.use_distributed_optimizer:
+        raise UsageError("fp8_param_gather: FP8 primary weights need the distributed optimizer (Megatron-LM's "
+                         "validate_args, training/arguments.py:1060); add --use-distributed-optimizer")
+    if config.model is not None:
+        return
+    fp8 = config.fp8_format or config.transformer.get("fp8")
+    if (config.fp8_recipe or config.fp8_param_gather) and not fp8:
+        raise UsageError("fp8_recipe and fp8_param_gather need an FP8 format: add --fp8-format e4m3 or hybrid")
+    if fp8 and config.layer_spec not in TE_LAYER_SPECS and config.model_provider is None:
+        raise UsageError(f"fp8 {fp8}: FP8 runs in Transformer Engine's layers and graphdoctor's model is built "
+                         f"with the {config.layer_spec or 'local'} spec; add --layer-spec te")
 
 
 def _check_schedule(config: DiffConfig) -> None:

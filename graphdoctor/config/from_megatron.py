@@ -89,6 +89,12 @@ def megatron_settings(values: Mapping[str, Any]) -> dict[str, Any]:
         out.update(bf16=values["dtype"] == "bf16", fp16=values["dtype"] == "fp16")
     if values.get("dropout") is not None:
         out.update(hidden_dropout=values["dropout"], attention_dropout=values["dropout"])
+    if values.get("fp8_format") is not None:
+        out["fp8"] = values["fp8_format"]
+    if values.get("fp8_recipe") is not None:
+        out["fp8_recipe"] = values["fp8_recipe"]
+    if values.get("fp8_param_gather"):
+        out["fp8_param_gather"] = True
     if values.get("layer_spec") in ("local", "te", "transformer_engine"):
         out["transformer_impl"] = "local" if values["layer_spec"] == "local" else "transformer_engine"
     return out
@@ -254,6 +260,8 @@ def _read_back(args: Any, world: int) -> dict[str, Any]:
         "use_distributed_optimizer": bool(args.use_distributed_optimizer),
         "ddp_bucket_size": args.ddp_bucket_size,
         "layer_spec": "local" if args.transformer_impl == "local" else "te",
+        "fp8_format": args.fp8, "fp8_recipe": str(getattr(args.fp8_recipe, "value", args.fp8_recipe)) if args.fp8
+        else None, "fp8_param_gather": bool(args.fp8 and args.fp8_param_gather),
     }
 
 

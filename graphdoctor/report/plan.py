@@ -77,6 +77,9 @@ def render_diff_plan(config: DiffConfig, screenings: list[Screening], *, model_l
     from graphdoctor.report.diff import header_line, placement_line
 
     lines = [header_line(config, "graphdoctor diff --plan"), *model_lines]
+    needs = _recipe_needs(config)
+    if needs:
+        lines.append(f"  precision: {needs}")
     if config.nproc_per_node > 1:
         lines.append(placement_line(config))
     lines += ["", plan_table(screenings, "diff"), ""]
@@ -101,7 +104,8 @@ def plan_document(of: PlanOf, config: DiffConfig, screenings: list[Screening], *
                   skeleton: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `plan` JSON document: `of` (`diff` or `advise`), the config as read, the model as it would be built
     (`model`: its facts; `skeleton`: what building it on the meta device said), one row per screened
-    configuration (`candidate`, `plan`, `rejections`, `unavailable`, `warnings`) and the exit code."""
+    configuration (`candidate`, `plan`, `rejections`, `unavailable`, `warnings`), which GPU the FP8 or FP4 recipe
+    needs (`recipe_needs`, null without one) and the exit code."""
     rows = []
     for item in screenings:
         plan, errors, warnings = row_plan(item, of)
@@ -109,7 +113,15 @@ def plan_document(of: PlanOf, config: DiffConfig, screenings: list[Screening], *
                      "rejections": [r.to_dict() for r in errors], "unavailable": item.unavailable,
                      "warnings": list(warnings)})
     return envelope("plan", {"of": of, "config": config.to_dict(), "model": model, "skeleton": skeleton, "rows": rows,
-                             "exit_code": plan_exit_code(screenings, of)})
+                             "recipe_needs": _recipe_needs(config), "exit_code": plan_exit_code(screenings, of)})
+
+
+def _recipe_needs(config: DiffConfig) -> str | None:
+    """Which GPU the run's FP8 or FP4 recipe needs (graphdoctor.config.fp8.recipe_needs), None without one."""
+    from graphdoctor.config.child_model import run_model
+    from graphdoctor.config.fp8 import recipe_needs
+
+    return recipe_needs(run_model(config).value)
 
 
 __all__ = ["PlanOf", "diff_errors", "plan_document", "plan_exit_code", "plan_table", "render_diff_plan", "row_plan"]

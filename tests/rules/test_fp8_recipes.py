@@ -4,7 +4,7 @@ runs, what needs Blackwell, blockwise's CUDA floor."""
 from __future__ import annotations
 
 import pytest
-from graphdoctor.checks.gd3xx_fp8 import RECIPE_NEEDS, unsupported_reason
+from graphdoctor.config.fp8 import RECIPE_NEEDS, unsupported_reason
 
 from graphdoctor.rules import EnvironmentFacts, check
 
