@@ -129,16 +129,27 @@ class StepPrints:
     params: tuple[int, ...]
     """Likewise for the parameters."""
 
+    fp8: tuple[int, ...] = ()
+    """Likewise for the FP8 state tensors (graphdoctor.child.fp8_state; empty without FP8 state)."""
+
+    fp8_layout: int = -1
+    """Index of the run's FP8 layout those lanes follow (RunRecord.fp8_layouts); -1 without FP8 state."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view: one 32-hex-digit string per tensor (compare.lanes.encode_step; exact in every
-        JSON reader)."""
-        return {"grads": encode_step(pairs(self.grads)), "params": encode_step(pairs(self.params))}
+        JSON reader); `fp8` and `fp8_layout` only where the step fingerprinted FP8 state."""
+        data: dict[str, Any] = {"grads": encode_step(pairs(self.grads)), "params": encode_step(pairs(self.params))}
+        if self.fp8_layout >= 0:
+            data.update(fp8=encode_step(pairs(self.fp8)), fp8_layout=self.fp8_layout)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepPrints:
         """Inverse of to_dict."""
         return cls(grads=tuple(v for pair in decode_step(data["grads"]) for v in pair),
-                   params=tuple(v for pair in decode_step(data["params"]) for v in pair))
+                   params=tuple(v for pair in decode_step(data["params"]) for v in pair),
+                   fp8=tuple(v for pair in decode_step(data.get("fp8") or []) for v in pair),
+                   fp8_layout=int(data.get("fp8_layout", -1)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,19 +97,22 @@ class TensorFamilies:
 
 
 class StepPrinter:
-    """Bitwise fingerprints of every main_grad and parameter, on the device, every step
-    (graphdoctor.compare.bitprint); only [num_tensors, 2] lanes per family reach the host."""
+    """Bitwise fingerprints of every main_grad and parameter (an FP8 primary weight's FP8 bytes), on the device,
+    every step (graphdoctor.compare.bitprint); only [num_tensors, 2] lanes per family reach the host."""
 
     def __init__(self, families: TensorFamilies) -> None:
+        from graphdoctor.child.fp8_state import raw_data
         from graphdoctor.compare.bitprint import BitFingerprinter
 
-        params = [p for _, p in families.params]
+        params = [raw_data(p) for _, p in families.params]
         grads = families.main_grads()
         device = params[0].device
         self.families = families
+        self._raw = raw_data
         self._grads = BitFingerprinter([(n, g.numel(), g.dtype) for (n, _), g in zip(families.params, grads,
                                                                                       strict=True)], device)
-        self._params = BitFingerprinter([(n, p.numel(), p.dtype) for n, p in families.params], device)
+        self._params = BitFingerprinter([(n, p.numel(), p.dtype) for (n, _), p in zip(families.params, params,
+                                                                                       strict=True)], device)
 
     @property
     def extra_bytes(self) -> int:
@@ -121,8 +124,8 @@ class StepPrinter:
         return self._grads.fingerprint(self.families.main_grads())
 
     def params(self) -> torch.Tensor:
-        """Lanes of the parameters (asynchronous)."""
-        return self._params.fingerprint([p for _, p in self.families.params])
+        """Lanes of the parameters (asynchronous); an FP8 primary weight's raw FP8 bytes."""
+        return self._params.fingerprint([self._raw(p) for _, p in self.families.params])
 
 
 def _lanes(fingerprints: torch.Tensor) -> tuple[int, ...]:
@@ -195,6 +198,8 @@ class StepRunner:
     io: ReferenceIO
     printer: StepPrinter | None
     taps: Any = None
+    fp8: Any = None
+    """The FP8 state watch (graphdoctor.child.fp8_state.Fp8Watch) of an FP8 run, else None."""
     fingerprint_s: float = 0.0
     """Wall seconds spent in the fingerprints (taken and read back)."""
 
@@ -254,7 +259,9 @@ class StepRunner:
         prints = None
         if grad_prints is not None and self.printer is not None:
             printing = time.perf_counter()
-            prints = StepPrints(grads=_lanes(grad_prints), params=_lanes(self.printer.params()))
+            fp8 = self.fp8.prints(step, phase) if self.fp8 is not None else None
+            prints = StepPrints(grads=_lanes(grad_prints), params=_lanes(self.printer.params()),
+                                fp8=fp8[0] if fp8 else (), fp8_layout=fp8[1] if fp8 else -1)
             self.fingerprint_s += time.perf_counter() - printing
         params = None if profiled else self.io.process(step, "params")
         loss, reported = values.host()
@@ -285,8 +292,13 @@ def run_steps(
     cfg = spec.config
     families = TensorFamilies.of(setup.model)
     printer = StepPrinter(families) if spec.fingerprints else None
+    fp8 = None
+    if printer is not None and (getattr(setup.config, "fp8", None) or getattr(setup.config, "fp4", None)):
+        from graphdoctor.child.fp8_state import Fp8Watch
+
+        fp8 = Fp8Watch(setup.model, emit, graphed=spec.impl != EAGER)
     runner = StepRunner(spec=spec, setup=setup, io=ReferenceIO(spec=spec, families=families),
-                        printer=printer, taps=taps)
+                        printer=printer, taps=taps, fp8=fp8)
     emit(Tensors(names=families.layout.names, num_parameters=families.layout.total,
                  parameter_bytes=sum(p.numel() * p.element_size() for _, p in families.params),
                  fingerprint_bytes=printer.extra_bytes if printer is not None else 0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from graphdoctor.compare.fp8_state import step_difference
 from graphdoctor.compare.prints import FAMILIES, family_diff
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.types import StepRecord
@@ -21,8 +22,8 @@ class Divergence:
     """First step whose loss, main_grads or parameters differ."""
 
     what: str
-    """loss | reported | grads | params: the first quantity of that step that differs (in that
-    order; `reported`: a value the loss function reported, named by `key`); `eval` when every
+    """loss | reported | grads | params | fp8_state: the first quantity of that step that differs (in that
+    order; `fp8_state`: an FP8 scale or amax history, `tensor` its `module:what`; `reported`: a value the loss function reported, named by `key`); `eval` when every
     training step matches and the evaluation after `step` differs (its loss, or the value `key`)."""
 
     tensor: str | None
@@ -54,6 +55,8 @@ class Divergence:
         """`loss`, `grads`, `params`, or `reported 'lm loss'`."""
         if self.what == "eval":
             return f"eval {self.key!r}" if self.key else "eval loss"
+        if self.what == "fp8_state":
+            return "FP8 state"
         return f"reported {self.key!r}" if self.what == "reported" else self.what
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,8 +111,8 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
     """First step where `graphed` leaves `reference`, with maxima over what was measured; None when
     they agree.
 
-    Losses and reported values compare by value (bitwise, or within rtol/atol). main_grads and
-    parameters compare by the steps' bitwise fingerprints, or element by element where the graphed
+    Losses and reported values compare by value (bitwise, or within rtol/atol). main_grads, parameters and
+    FP8 state (scales, amax histories) compare by the steps' bitwise fingerprints, or element by element where the graphed
     run measured them (a targeted re-run); only measured comparisons contribute max abs / max rel.
     """
     ref_steps = {s.step: s for s in reference.steps}
@@ -147,6 +150,10 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
                 if what == "grads":
                     backward = diff.last_tensor
                 unmeasured = unmeasured or not diff.measured
+        fp8 = step_difference(reference, graphed, ref, rec)
+        if fp8 is not None:
+            candidates.append(("fp8_state", fp8))
+            unmeasured = True
         if candidates and first is None:
             tensor = next((t for _, t in candidates if t is not None), None)
             first = (rec.step, candidates[0][0], tensor, keys[0] if keys else None, backward)

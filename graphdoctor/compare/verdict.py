@@ -13,6 +13,7 @@ from typing import Any
 from graphdoctor.compare.cause import Cause
 from graphdoctor.compare.divergence import Divergence, find_divergence
 from graphdoctor.compare.forensics import Forensics
+from graphdoctor.compare.fp8_state import Fp8StateDiff, compare_fp8_state
 from graphdoctor.compare.phases import (
     EVAL_DIVERGENCE_RULE,
     capture_only_values,
@@ -171,6 +172,9 @@ class ImplResult:
     causes: tuple[Cause, ...] = ()
     """Every rule the graphed run's evidence names (graphdoctor.compare.causes); the one that explains the
     difference is the diagnosis."""
+    fp8_state: Fp8StateDiff | None = None
+    """The FP8 state (scales, amax histories, FP8 weights' scales) against eager, step by step; None without
+    FP8 state (graphdoctor.compare.fp8_state)."""
 
     def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
         """JSON view (schema in docs/diff.md)."""
@@ -188,6 +192,7 @@ class ImplResult:
             "launches": self.launches.to_dict() if self.launches else None,
             "forensics": self.forensics.to_dict() if self.forensics else None,
             "causes": [c.to_dict() for c in self.causes],
+            "fp8_state": self.fp8_state.to_dict() if self.fp8_state else None,
         }
         if include_steps:
             data["runs"] = [r.to_dict() for r in self.runs]
@@ -208,7 +213,8 @@ class ImplResult:
                    launches=opt("launches", LaunchComparison.from_dict),
                    runs=tuple(RunRecord.from_dict(r) for r in data.get("runs", ())),
                    forensics=opt("forensics", Forensics.from_dict),
-                   causes=tuple(Cause.from_dict(c) for c in data.get("causes") or ()))
+                   causes=tuple(Cause.from_dict(c) for c in data.get("causes") or ()),
+                   fp8_state=opt("fp8_state", Fp8StateDiff.from_dict))
 
 
 def _phases(runs: tuple[RunRecord, ...]) -> list[str]:
@@ -288,11 +294,12 @@ def judge(
     if graphed.launches is not None:
         eager_step = reference.launches.step if reference.launches is not None else None
         launches = compare_launches(eager_step, graphed.launches)
-    common = {"impl": graphed.impl, "memory": graphed.memory, "launches": launches, "runs": runs}
+    common: dict[str, Any] = {"impl": graphed.impl, "memory": graphed.memory, "launches": launches, "runs": runs}
     if graphed.status != "ok":
         return ImplResult(verdict=verdict_for_failure(graphed), diagnosis=graphed.diagnosis,
                           **common)  # type: ignore[arg-type]
     timing = steady_timing(reference, graphed, warmup_steps)
+    common["fp8_state"] = compare_fp8_state(reference, graphed)
     divergence = find_divergence(reference, graphed, rtol=rtol, atol=atol)
     capture_notes, divergence = capture_only_values(reference, graphed, divergence, rtol=rtol, atol=atol)
     phase_notes = capture_notes + schedule_notes(reference, graphed, rtol=rtol, atol=atol,

@@ -17,6 +17,7 @@ from graphdoctor.protocol.events import (
     Error,
     Eval,
     EventLog,
+    Fp8Layout,
     Hazard,
     Launches,
     Memory,
@@ -58,6 +59,7 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
         end_reserved_bytes=end.end_reserved_bytes if end else None,
         end_allocated_bytes=end.end_allocated_bytes if end else None, teardown=teardown,
         checkpoints=tuple(log.of(Checkpoint)), seconds=child_seconds(end, teardown, ended),
+        fp8_layouts=tuple(e.names for e in sorted(log.of(Fp8Layout), key=lambda e: e.index)),
     )
 
 

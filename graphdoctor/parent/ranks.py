@@ -63,8 +63,11 @@ def fold_step(steps: list[StepRecord]) -> StepRecord:
     scored = next((s for s in steps if not math.isnan(s.loss)), lead)
     prints = None
     if all(s.prints is not None for s in steps):
+        layouts = {s.prints.fp8_layout for s in steps}  # type: ignore[union-attr]
+        fp8 = tuple(v for s in steps for v in s.prints.fp8) if len(layouts) == 1 else ()  # type: ignore[union-attr]
         prints = StepPrints(grads=tuple(v for s in steps for v in s.prints.grads),  # type: ignore[union-attr]
-                            params=tuple(v for s in steps for v in s.prints.params))  # type: ignore[union-attr]
+                            params=tuple(v for s in steps for v in s.prints.params),  # type: ignore[union-attr]
+                            fp8=fp8, fp8_layout=layouts.pop() if fp8 else -1)
     return dataclasses.replace(
         lead, loss=scored.loss, reported=scored.reported, step_time_ms=max(s.step_time_ms for s in steps),
         grads=_fold_diffs([(r, s.grads) for r, s in enumerate(steps)]),
@@ -94,10 +97,13 @@ def fold_ranks(records: list[RunRecord], *, wall_s: float) -> RunRecord:
     steps = tuple(fold_step([r.steps[i] for r in records]) for i in range(num_steps))
     lead = records[0]
     names = tuple(rank_prefix(rank) + n for rank, r in enumerate(records) for n in r.tensor_names)
+    counts = {len(r.fp8_layouts) for r in records}
+    layouts = tuple(tuple(rank_prefix(rank) + n for rank, r in enumerate(records) for n in r.fp8_layouts[i])
+                    for i in range(counts.pop())) if len(counts) == 1 else ()
     return dataclasses.replace(
         lead, status=records[decider].status, diagnosis=_fold_diagnosis(records[decider], decider), steps=steps,
         wall_s=wall_s, train_s=max(r.train_s for r in records), compare_s=max(r.compare_s for r in records),
-        hazards=tuple(h for r in records for h in r.hazards), tensor_names=names,
+        hazards=tuple(h for r in records for h in r.hazards), tensor_names=names, fp8_layouts=layouts,
         num_parameters=sum(r.num_parameters for r in records),
         parameter_bytes=sum(r.parameter_bytes for r in records),
         fingerprint_bytes=max(r.fingerprint_bytes for r in records), ranks=tuple(records))

@@ -76,8 +76,11 @@ def stitched(first: RunRecord, resumed: RunRecord) -> RunRecord:
     ranks = resumed.ranks
     if first.ranks and len(first.ranks) == len(resumed.ranks):
         ranks = tuple(stitched(a, b) for a, b in zip(first.ranks, resumed.ranks, strict=True))
+    shift = len(first.fp8_layouts)
+    later = tuple(dataclasses.replace(s, prints=dataclasses.replace(s.prints, fp8_layout=s.prints.fp8_layout + shift))
+                  if s.prints is not None and s.prints.fp8_layout >= 0 else s for s in resumed.steps)
     return dataclasses.replace(
-        resumed, name=first.name, steps=first.steps + resumed.steps, evals=first.evals + resumed.evals,
+        resumed, name=first.name, steps=first.steps + later, fp8_layouts=first.fp8_layouts + resumed.fp8_layouts, evals=first.evals + resumed.evals,
         wall_s=first.wall_s + resumed.wall_s, train_s=first.train_s + resumed.train_s,
         compare_s=first.compare_s + resumed.compare_s,
         seconds=first.seconds.plus(resumed.seconds) if first.seconds and resumed.seconds else resumed.seconds,

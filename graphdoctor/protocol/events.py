@@ -89,6 +89,20 @@ class Tensors:
 
 
 @dataclass(frozen=True, slots=True)
+class Fp8Layout:
+    """The FP8 state tensors the FP8 lanes of the steps from `step` on cover (graphdoctor.child.fp8_state): a new
+    layout whenever the state appears or a tensor changes size."""
+
+    kind: ClassVar[str] = "fp8_layout"
+    index: int
+    """The layout's number in the run (a step's `prints.fp8_layout`)."""
+    step: int
+    """First step fingerprinted with it."""
+    names: tuple[str, ...]
+    """`module:what` of each tensor, in order."""
+
+
+@dataclass(frozen=True, slots=True)
 class Capture:
     """Graphs were captured during `step` (local and full_iteration at the end of that step's
     forward-backward; transformer_engine by TECudaGraphHelper.create_cudagraphs before it)."""
@@ -253,10 +267,10 @@ class Teardown:
 
 
 Event = (Started | Tensors | Step | Eval | Capture | Memory | Launches | Taps | Hazard | Error | End | Phase
-         | Teardown | Checkpoint)
+         | Teardown | Checkpoint | Fp8Layout)
 EVENT_TYPES: dict[str, type[Any]] = {
     cls.kind: cls for cls in (Started, Tensors, Step, Eval, Capture, Memory, Launches, Taps, Hazard, Error, End,
-                              Phase, Teardown, Checkpoint)
+                              Phase, Teardown, Checkpoint, Fp8Layout)
 }
 
 
@@ -305,7 +319,7 @@ def decode(line: str) -> Event:
             return Taps(table=TapTable.from_dict(data["table"], "taps.table"))
         if cls is Error:
             data["frames"] = tuple((str(f), int(n), str(fn)) for f, n, fn in data.get("frames", ()))
-        if cls is Tensors:
+        if cls in (Tensors, Fp8Layout):
             data["names"] = tuple(str(n) for n in data["names"])
         if cls is Hazard:
             return Hazard.from_dict(data)
@@ -375,6 +389,7 @@ __all__ = [
     "Event",
     "EventLog",
     "EventWriter",
+    "Fp8Layout",
     "Frame",
     "Hazard",
     "Launches",

@@ -97,6 +97,9 @@ class RunRecord:
     seconds: ChildSeconds | None = None
     """Where the process's wall time went (start-up, set-up, training, observers, comparison, teardown) and
     when it started and ended; None in reports written before it."""
+    fp8_layouts: tuple[tuple[str, ...], ...] = ()
+    """The FP8 state tensors (`module:what`) of each FP8 layout the run's steps fingerprinted, by layout index
+    (StepPrints.fp8_layout); empty without FP8 state."""
     ranks: tuple[RunRecord, ...] = ()
     """A multi-GPU run's records of every rank, in rank order (empty for one process). This record is
     then their fold (graphdoctor.parent.ranks): rank 0's figures, the deciding rank's status, every
@@ -128,6 +131,7 @@ class RunRecord:
                             for c in self.checkpoints],
             **{key: getattr(self, key) for key in END_MEMORY_FIELDS},
             "seconds": self.seconds.to_dict() if self.seconds else None,
+            "fp8_layouts": [list(names) for names in self.fp8_layouts],
             "ranks": [r.to_dict() for r in self.ranks],
         }
 
@@ -158,6 +162,7 @@ class RunRecord:
             checkpoints=tuple(Checkpoint(action=str(c["action"]), iteration=int(c["iteration"]),
                                          seconds=float(c["seconds"])) for c in data.get("checkpoints", ())),
             seconds=ChildSeconds.from_dict(data["seconds"]) if isinstance(data.get("seconds"), dict) else None,
+            fp8_layouts=tuple(tuple(str(n) for n in names) for names in data.get("fp8_layouts", ())),
             ranks=tuple(cls.from_dict(r) for r in data.get("ranks", ())),
         )
 

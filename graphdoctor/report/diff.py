@@ -160,6 +160,10 @@ def model_line(facts: dict[str, Any], num_parameters: int | None = None) -> str:
               f"vocab {facts.get('vocab_size')}", f"{facts.get('layer_spec')} spec", str(facts.get("dtype"))]
     if facts.get("fp8"):
         parts.append(f"fp8 {facts['fp8']}" + (f" {facts['fp8_recipe']}" if facts.get("fp8_recipe") else ""))
+        if facts.get("fp8_param"):
+            parts.append("fp8 primary weights")
+    if facts.get("fp4"):
+        parts.append(f"fp4 {facts['fp4']}" + (f" {facts['fp4_recipe']}" if facts.get("fp4_recipe") else ""))
     moe = facts.get("moe")
     if moe:
         parts.append(f"MoE {moe.get('num_experts')} experts top-{moe.get('topk')} {moe.get('dispatcher')}")
@@ -284,6 +288,8 @@ def _details(report: DiffReport, *, verbose: bool) -> list[str]:
             out.append(f"{result.impl}: control pair at dropout 0: {ctl.verdict.value}{where}")
         for note in result.notes:
             out.append(f"{result.impl}: note: {note}")
+        if result.fp8_state is not None:
+            out.append(f"{result.impl}: {result.fp8_state.line()}")
         if verbose and result.forensics is not None:
             out.append(f"{result.impl}: forensics (capture-time taps):")
             out += ["  " + line for line in forensics_table(result.forensics).splitlines()]
