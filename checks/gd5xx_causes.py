@@ -1,4 +1,4 @@
-"""GD518-GD520 runtime rules: causes of a numeric divergence that the graphed child's witness sees in the
+"""GD518-GD521 runtime rules: causes of a numeric divergence that the graphed child's witness sees in the
 user's code (graphdoctor.child.witness). Metadata only: `graphdoctor diff` names the one that explains a
 divergence in the row's diagnosis, and the others in its notes.
 """
@@ -132,3 +132,53 @@ class GraphBufferKept(RuntimeRule):
     fix = FixAvailability.ALWAYS
     template = "a hook keeps references to a graph's buffers: {detail} at {where}"
     fix_template = "Keep copies (clone()) of the tensors a hook receives, not references"
+
+
+class Fp8StateRebound(RuntimeRule):
+    """## What it does
+    Reports FP8 state of a Transformer Engine module that stops being the tensor a CUDA graph captured: a
+    delayed-scaling `scale` or `amax_history`, a quantizer's `scale` or `amax`, or an FP8 weight's data or
+    scale inverse replaced by a new tensor after capture (`quantizer.scale = torch.ones(...)`, a recipe
+    state rebuilt, an amax history resized by a new `fp8_amax_history_len`, a checkpoint loaded into FP8
+    weights by assignment). The graphed child names the module, the tensor and the step, and the user's
+    `file:line` where it made the assignment.
+
+    ## Why is this bad?
+    A graph quantizes with the scale tensors it captured and writes amaxes into the history it captured.
+    After a replacement, eager quantizes with the new tensor and the graph with the old one, which Transformer
+    Engine keeps updating: the FP8 GEMMs of the two runs use other scales and training drifts without an
+    error. Transformer Engine's own graphs must be made with FP8 enabled and their amax and scale state
+    updated per step (`make_graphed_callables(enabled=True)`); FP8 weights loaded from a checkpoint after
+    graphs were made gave graphed garbage in Megatron-LM#6036 (fixed by Megatron-LM PR#6038 and
+    TransformerEngine PR#3123; failure mode 25).
+
+    ## Example
+    ```python
+    for quantizer in module.quantizers["scaling_fwd"]:
+        quantizer.scale = torch.ones_like(quantizer.scale)   # [GD521] a new tensor after capture
+    ```
+
+    ## Use instead
+    ```python
+    module.fp8_meta["scaling_fwd"].scale.fill_(1.0)        # in place: the graph reads this storage
+    module.fp8_meta["scaling_fwd"].amax_history.zero_()
+    ```
+
+    ## Fix
+    Change FP8 state in place (`copy_`, `fill_`, `zero_`), or change it before the graphs are captured; load
+    checkpoints before capture.
+
+    ## Known problems
+    The replacement is seen at the end of a step (the module and tensor), and at the assignment where the
+    user's code assigns a quantizer's or recipe state's tensor attribute (the line). A change inside Transformer
+    Engine names no line. `full_iteration` replays skip the forward_step's Python, so an assignment there never
+    runs under that implementation.
+    """
+
+    code = "GD521"
+    name = "fp8-state-rebound"
+    detected_by = "`graphdoctor diff` (the graphed child's FP8 state watch and witness)"
+    severity = Severity.ERROR
+    fix = FixAvailability.ALWAYS
+    template = "FP8 state replaced after capture: {detail} at {where}"
+    fix_template = "Change FP8 state in place (copy_, fill_, zero_) or before the graphs are captured"

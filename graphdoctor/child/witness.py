@@ -15,7 +15,9 @@ its rule, module, user `file:line` and step:
   call of the same hook receives a tensor in that same storage while the kept one is still alive (a graph's
   static buffer, rewritten by every replay);
 - GD402 / GD514: a graph captured with grad on replayed with grad off (evaluation replaying the training
-  graph; GD402 when Megatron's code replays it, GD514 when the user's does).
+  graph; GD402 when Megatron's code replays it, GD514 when the user's does);
+- GD521: an FP8 scale or amax tensor of a Transformer Engine quantizer or recipe state replaced by the user's
+  code after a capture (`quantizer.scale = torch.ones(...)`), where Transformer Engine is loaded.
 
 Only calls issued by the user's code count (graphdoctor.child.probe_recorder.is_user_file: not torch,
 megatron, transformer_engine, graphdoctor, the standard library or site-packages), so a clean model gives no
@@ -340,9 +342,57 @@ class CaptureWitness:
         self._patch(torch.nn.Module, "register_forward_hook", make_register("forward"))
         self._patch(torch.nn.Module, "register_full_backward_hook", make_register("backward"))
 
+        te_state = _te_state_classes()
+        for owner in te_state:
+            self._patch(owner, "__setattr__", self._fp8_setattr_wrapper())
+
         for op in FACTORIES:  # the value becomes a kernel argument or a copied constant of a captured graph
             method = op.endswith("_")
             self._patch(torch.Tensor if method else torch, op, self._factory_wrapper(op, method=method))
+
+    def _fp8_setattr_wrapper(self) -> Callable[[Any], Any]:
+        witness = self
+
+        def make(original: Any) -> Any:
+            def setattr_(obj: Any, name: str, value: Any) -> None:
+                if witness.captures and not witness._inside and isinstance(value, torch.Tensor):
+                    witness._on_fp8_setattr(obj, name, value)
+                original(obj, name, value)
+            return setattr_
+        return make
+
+    def _fp8_owner(self, obj: Any) -> tuple[str, str] | None:
+        """(module name, `fwd.q3` / `bwd`) of a quantizer or recipe state held by one of the model's modules."""
+        for module_id, module in self.modules.items():
+            meta = getattr(module, "fp8_meta", None)
+            quantizers = getattr(module, "quantizers", None)
+            if not isinstance(meta, dict):
+                continue
+            for key, short in (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd")):
+                if meta.get(key) is obj:
+                    return self.names.get(module_id, type(module).__name__), short
+                held = quantizers.get(key, ()) if isinstance(quantizers, dict) else ()
+                for index, quantizer in enumerate(held):
+                    if quantizer is obj:
+                        return self.names.get(module_id, type(module).__name__), f"{short}.q{index}"
+        return None
+
+    def _on_fp8_setattr(self, obj: Any, name: str, value: torch.Tensor) -> None:
+        def handle() -> None:
+            location = user_issuer(2)
+            old = obj.__dict__.get(name) if hasattr(obj, "__dict__") else None
+            if location is None or not isinstance(old, torch.Tensor) or _storage(old) == _storage(value):
+                return
+            owner = self._fp8_owner(obj)
+            if owner is None:
+                return
+            module, what = owner
+            self._add(Hazard(rule="GD521", module=module, subject=f"{what}.{name}", location=location,
+                             step=self.step, phase=self._phase, message=(
+                                 f"FP8 state {what}.{name} of {module} was replaced by a new tensor {self._when} "
+                                 f"(step {self.step}); the graph keeps quantizing with the tensor it captured, so "
+                                 "the new scale never reaches a replay")))
+        self._guarded(handle)
 
     def _factory_wrapper(self, op: str, *, method: bool = False) -> Callable[[Any], Any]:
         witness = self
@@ -531,6 +581,21 @@ class CaptureWitness:
             if grew > 0:
                 site.kept.append((weakref.ref(tensor), storage, self.step, site.calls))
         site.kept = [k for k in site.kept if k[0]() is not None][-64:]
+
+
+def _te_state_classes() -> tuple[type, ...]:
+    """Transformer Engine's quantizer and recipe-state base classes, where TE is already loaded (never imported
+    here: a run without FP8 does not load it)."""
+    if "transformer_engine.pytorch" not in sys.modules:
+        return ()
+    found: list[type] = []
+    for module_name, attr in (("transformer_engine.pytorch.quantized_tensor", "Quantizer"),
+                              ("transformer_engine.pytorch.quantization", "RecipeState")):
+        module = sys.modules.get(module_name)
+        cls = getattr(module, attr, None) if module is not None else None
+        if isinstance(cls, type):
+            found.append(cls)
+    return tuple(found)
 
 
 def _issuing_frame(skip: int) -> Any:

@@ -6,8 +6,9 @@ row's difference becomes its diagnosis (rule, module, file:line, fix), chosen by
 
 - a training step's loss, gradients or parameters: an attribute rebound after capture (GD509), a host value
   baked into the graph (GD518), capture-dependent control flow (GD519), a graph buffer kept across
-  micro-batches or replays (GD520), or a None attention mask under TE graphs (GD511); the one whose module
-  is where the taps or the first differing gradient put the difference, else the earliest;
+  micro-batches or replays (GD520), a None attention mask under TE graphs (GD511), or FP8 state replaced after
+  capture (GD521); the one whose module is where the taps, the first differing FP8 state or the first differing
+  gradient put the difference, else the earliest;
 - a reported value frozen over the replays (a GD513 note): the host value baked at capture that makes it;
 - an evaluation only (every training step matches): a training graph replayed by evaluation (GD402 when
   Megatron's runner replays it, GD514 when the user's code does).
@@ -30,7 +31,7 @@ from graphdoctor.protocol.record import RunRecord
 from graphdoctor.rules import get_rule, rule_fix
 from graphdoctor.types import Diagnosis, Verdict
 
-TRAINING_CAUSES: frozenset[str] = frozenset({"GD509", "GD518", "GD519", "GD520", "GD511"})
+TRAINING_CAUSES: frozenset[str] = frozenset({"GD509", "GD518", "GD519", "GD520", "GD511", "GD521"})
 """Rules whose evidence explains a training step's difference."""
 
 EVAL_CAUSES: frozenset[str] = frozenset({"GD402", "GD514"})
@@ -47,9 +48,14 @@ def cause_of(hazard: Hazard) -> Cause:
 
 def grouped(causes: Iterable[Cause]) -> list[Cause]:
     """One cause per (rule, file:line): the same line seen in several modules (every layer's MLP) is one
-    cause, its first module named and the others listed in its message."""
+    cause, its first module named and the others listed in its message; evidence of a rule in a module with
+    no line (FP8 state seen replaced) gives way to evidence of it there with the user's line."""
+    causes = list(causes)
+    located = {(c.rule, c.module) for c in causes if c.location}
     out: dict[tuple[str, str | None], list[Cause]] = {}
     for cause in causes:
+        if cause.location is None and (cause.rule, cause.module) in located:
+            continue  # the same evidence seen where the user's line is known
         out.setdefault((cause.rule, cause.location), []).append(cause)
     merged = []
     for same in out.values():
@@ -73,11 +79,15 @@ def _module_of(tensor: str | None) -> str | None:
 
 
 def _focus(result: ImplResult) -> list[str]:
-    """Where the difference is, most specific first: the taps' first differing module, the first differing
-    main_grad in backward order, the first in parameter order."""
+    """Where the difference is, most specific first: the taps' first differing module, the first differing FP8
+    state's module, the first differing main_grad in backward order, the first in parameter order."""
     div, diag = result.divergence, result.diagnosis
     out = [diag.module] if diag is not None and diag.module else []
-    if div is not None:
+    if result.fp8_state is not None and result.fp8_state.module:
+        out.append(result.fp8_state.module)
+    if div is not None and div.what == "fp8_state" and div.tensor:
+        out.append(div.tensor.partition(":")[0])
+    elif div is not None:
         out += [m for m in (_module_of(div.backward_tensor), _module_of(div.tensor)) if m]
     return out
 

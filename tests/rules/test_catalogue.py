@@ -25,14 +25,14 @@ EXPECTED_CODES = [
     "GD301", "GD302", "GD303", "GD304", "GD305", "GD306", "GD307", "GD308", "GD309", "GD310", "GD311",
     "GD401", "GD402", "GD403", "GD404", "GD405",
     "GD501", "GD502", "GD503", "GD504", "GD505", "GD506", "GD507", "GD508", "GD509", "GD510",
-    "GD511", "GD513", "GD514", "GD515", "GD516", "GD517", "GD518", "GD519", "GD520",
+    "GD511", "GD513", "GD514", "GD515", "GD516", "GD517", "GD518", "GD519", "GD520", "GD521",
 ]
 RUNTIME_NAMES = [
     "host-sync-in-capture", "data-dependent-shape", "legacy-default-stream-work", "pageable-h2d-copy",
     "unregistered-generator", "host-drawn-random-mask", "cpu-tensor-in-capture", "forward-hook-in-capture",
     "attribute-tensor-reassigned", "capture-invalidated-cascade", "te-graph-none-attention-mask",
     "frozen-logged-value", "eval-after-train-divergence", "logged-value-at-capture", "teardown-hang",
-    "rank-divergent-collective", "host-value-baked", "capture-dependent-branch", "graph-buffer-kept",
+    "rank-divergent-collective", "host-value-baked", "capture-dependent-branch", "graph-buffer-kept", "fp8-state-rebound",
 ]
 NOT_IMPERATIVE = ("you ", "the ", "this ", "it ", "consider", "should", "must")
 
@@ -45,7 +45,7 @@ def test_code_list_is_frozen() -> None:
 
 def test_runtime_rules_in_order() -> None:
     runtime = [r for r in RULES if r.runtime]
-    assert [r.code for r in runtime] == [f"GD5{n:02d}" for n in range(1, 12)] + ["GD513", "GD514", "GD515", "GD516", "GD517", "GD518", "GD519", "GD520"]
+    assert [r.code for r in runtime] == [f"GD5{n:02d}" for n in range(1, 12)] + ["GD513", "GD514", "GD515", "GD516", "GD517", "GD518", "GD519", "GD520", "GD521"]
     assert [r.name for r in runtime] == RUNTIME_NAMES
 
 
