@@ -19,7 +19,7 @@ from graphdoctor.report.diff import render_text
 from graphdoctor.types import Verdict
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "fp8"
-CLEAN = ("default-delayed-hybrid", "default-delayed-e4m3", "default-tensorwise")
+CLEAN = ("default-delayed-hybrid", "default-delayed-e4m3", "default-tensorwise", "llama-line")
 
 
 def report(name: str) -> DiffReport:
@@ -30,14 +30,17 @@ def report(name: str) -> DiffReport:
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_recipes_match_with_fp8_state_compared(name: str) -> None:
     rep = report(name)
-    delayed = "delayed" in name
+    delayed = "delayed" in name or name == "llama-line"  # the Llama-3 line: hybrid delayed, FP8 primary weights
+    weights = rep.config.fp8_param_gather
     for row in rep.results:
         graphed = row.runs[0]
         assert row.verdict == Verdict.MATCH, (row.impl, row.diagnosis)
         state = row.fp8_state
         if delayed:  # scale and amax history of every TE module, fwd and bwd, at every unprofiled step
             assert state is not None and state.equal and state.steps == len(graphed.steps) - 1
-            assert state.tensors == 4 * state.modules == len(graphed.fp8_layouts[0])
+            assert len(graphed.fp8_layouts[0]) == state.tensors
+            assert weights or state.tensors == 4 * state.modules
+            assert not weights or any(n.endswith("weight._scale_inv") for n in graphed.fp8_layouts[0])
             assert graphed.fp8_layouts == rep.reference.fp8_layouts
         else:  # current scaling keeps no state between steps
             assert state is None and not graphed.fp8_layouts
