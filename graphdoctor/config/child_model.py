@@ -59,8 +59,7 @@ def builtin_model(config: DiffConfig, *, source: str = "graphdoctor defaults") -
     (`local`, `te`, or the user's `pkg.mod:fn`), weights initialised on the CPU; the eager reference's graphs."""
     fields: dict[str, Any] = {
         "num_layers": config.num_layers, "hidden_size": config.hidden_size,
-        "num_attention_heads": config.num_attention_heads,
-        "use_cpu_initialization": not config.fp8_param_gather,
+        "num_attention_heads": config.num_attention_heads, "use_cpu_initialization": True,
         "hidden_dropout": config.dropout, "attention_dropout": config.dropout,
         **graph_fields(config, EAGER), **DTYPE_FIELDS[config.dtype],
         "transformer_impl": "transformer_engine" if config.layer_spec in TE_LAYER_SPECS else "local",

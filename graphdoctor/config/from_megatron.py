@@ -48,9 +48,7 @@ model's settings before Megatron validates them."""
 
 SAME_WEIGHTS: dict[str, Any] = {"use_cpu_initialization": True}
 """graphdoctor's own setting for every child: weights initialised on the CPU from the seed, so that eager and
-every graphed child start from the same weights whatever RNG tracker their graphs need. Not with FP8 primary
-weights: Megatron's CPU initialisation then quantizes a CPU tensor into a CUDA FP8 weight, an illegal memory
-access on the H200 (TE 2.20.2, float8_tensor.py update_quantized); they are initialised on the GPU."""
+every graphed child start from the same weights whatever RNG tracker their graphs need."""
 
 EAGER_GRAPHS: dict[str, Any] = {"cuda_graph_impl": "none", "cuda_graph_modules": [], "enable_cuda_graph": False,
                                 "external_cuda_graph": False}
@@ -191,8 +189,7 @@ def resolve_line(values: dict[str, Any], line: MegatronLine, source: str) -> dic
     if note:
         settings.update(missing)
         notes.append(note)
-    fp8_weights = settings.get("fp8_param_gather") or "fp8_param_gather" in given
-    line = with_values(line, {**settings, **({} if fp8_weights else SAME_WEIGHTS)})
+    line = with_values(line, {**settings, **SAME_WEIGHTS})
     args, warned = megatron_args(line, world_size=world)
     if values.get("num_microbatches") is not None:
         batch = args.micro_batch_size * int(values["num_microbatches"]) * args.data_parallel_size
