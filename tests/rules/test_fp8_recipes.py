@@ -4,8 +4,8 @@ runs, what needs Blackwell, blockwise's CUDA floor."""
 from __future__ import annotations
 
 import pytest
-from graphdoctor.config.fp8 import RECIPE_NEEDS, unsupported_reason
 
+from graphdoctor.config.fp8 import RECIPE_NEEDS, unsupported_reason
 from graphdoctor.rules import EnvironmentFacts, check
 
 
