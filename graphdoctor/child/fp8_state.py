@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphdoctor.child.loop import strip_wrappers
 from graphdoctor.protocol.events import Event, Fp8Layout, Hazard
 
 FP8_META_KEYS: tuple[tuple[str, str], ...] = (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd"))
@@ -79,18 +80,12 @@ class StateTensor:
         return f"{self.module}:{self.what}"
 
 
-def _module_name(name: str) -> str:
-    while name.startswith("module."):
-        name = name[len("module."):]
-    return "" if name == "module" else name
-
-
 def state_tensors(model: torch.nn.Module) -> list[StateTensor]:
     """Every FP8 state tensor of the model, in module order (empty when no module holds any)."""
     out: list[StateTensor] = []
     for qualified, module in model.named_modules():
         meta = getattr(module, "fp8_meta", None)
-        name = _module_name(qualified)
+        name = strip_wrappers(qualified)
         if isinstance(meta, dict):
             quantizers = getattr(module, "quantizers", None)
             for key, short in FP8_META_KEYS:
