@@ -105,8 +105,9 @@ class ChildRun:
     def train(self, state: Any) -> None:
         """Everything from the model build to the end event."""
         from graphdoctor.child.culprit import CulpritHunt
-        from graphdoctor.child.loop import run_steps, strip_wrappers
+        from graphdoctor.child.loop import run_steps
         from graphdoctor.child.megatron_setup import build_setup
+        from graphdoctor.child.names import strip_wrappers
         from graphdoctor.child.observers import make_observers
 
         waited_s = 0.0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphdoctor.child.loop import strip_wrappers
+from graphdoctor.child.names import strip_wrappers
 from graphdoctor.protocol.events import Event, Fp8Layout, Hazard
 
 FP8_META_KEYS: tuple[tuple[str, str], ...] = (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd"))

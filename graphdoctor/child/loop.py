@@ -18,6 +18,7 @@ import torch
 from graphdoctor.child.batches import forward_step_name, step_batches
 from graphdoctor.child.checkpoint import save_run
 from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics
+from graphdoctor.child.names import strip_wrappers
 from graphdoctor.child.quiet import GpuTurn
 from graphdoctor.child.reported import reduce_step
 from graphdoctor.child.schedule import EvalPoint, eval_plan, run_eval, with_tracker_values
@@ -51,13 +52,6 @@ def phase_of(impl: str, step: int, warmup_steps: int) -> str:
     if step < warmup_steps:
         return "warmup"
     return "capture" if step == warmup_steps else "replay"
-
-
-def strip_wrappers(name: str) -> str:
-    """A module or parameter name without the DDP/Float16Module `module.` prefixes ("" for them)."""
-    while name.startswith("module."):
-        name = name[len("module."):]
-    return "" if name == "module" else name
 
 
 @dataclass(slots=True)
@@ -353,4 +347,4 @@ def _evaluate(spec: ChildSpec, setup: Setup, state: LoopState, emit: Callable[[E
                               taps=taps)))
 
 
-__all__ = ["LoopState", "StepObserver", "StepRunner", "phase_of", "run_steps", "strip_wrappers", "timed_steps"]
+__all__ = ["LoopState", "StepObserver", "StepRunner", "phase_of", "run_steps", "timed_steps"]

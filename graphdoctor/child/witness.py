@@ -640,7 +640,7 @@ def _innermost_outside_torch(skip: int) -> str:
 
 
 def _named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    from graphdoctor.child.loop import strip_wrappers
+    from graphdoctor.child.names import strip_wrappers
 
     return [(strip_wrappers(n), p) for n, p in model.named_parameters()]
 
