@@ -19,6 +19,7 @@ from graphdoctor.config import diff_config_from
 from graphdoctor.config.build import model_config, transformer_config
 from graphdoctor.config.child_model import child_model
 from graphdoctor.config.codec import encode
+from graphdoctor.config.fp8 import initialisation
 from graphdoctor.config.launch_scan import scan_launch
 from graphdoctor.installed import te_findable
 
@@ -29,7 +30,8 @@ SHRINK = {"llama3_8b": ["--num-layers", "2", "--global-batch-size", "2"],
           "deepseek_mla_mtp": ["--num-layers", "2", "--moe-layer-freq", "[0,1]", "--global-batch-size", "2"]}
 """What the user passes graphdoctor to shrink each line to one GPU (the flags of the test's diff_config_from)."""
 GRAPHDOCTOR_FLAGS = ["--use-cpu-initialization"]
-"""graphdoctor's own setting for every child (from_megatron.SAME_WEIGHTS)."""
+"""graphdoctor's own setting for every child (graphdoctor.config.fp8.SAME_WEIGHTS), but FP8 primary weights'
+(graphdoctor.config.fp8.initialisation)."""
 IMPL_FLAGS = {
     "eager": ["--cuda-graph-impl", "none"],
     "local": ["--cuda-graph-impl", "local"],
@@ -111,8 +113,12 @@ def assert_same_model(name: str, impl: str, extra_flags: list[str]) -> None:
         config = config.replace(impls=(impl,), cuda_graph_modules=())
     ours_model = child_model(config, impl, config.dropout)
     ours = transformer_config(ours_model)
-    theirs, their_model = megatron_lm(line_flags(name) + SHRINK[name] + GRAPHDOCTOR_FLAGS + extra_flags
-                                      + IMPL_FLAGS[impl])
+    argv = line_flags(name) + SHRINK[name] + extra_flags
+    fp8_weights = "--fp8-param-gather" in argv
+    theirs, their_model = megatron_lm(argv[:len(argv) - len(extra_flags)] + ([] if fp8_weights else GRAPHDOCTOR_FLAGS)
+                                      + extra_flags + IMPL_FLAGS[impl])
+    if fp8_weights:  # graphdoctor's own setting, which no Megatron-LM flag can say (--use-cpu-initialization off)
+        theirs.use_cpu_initialization = initialisation(True)["use_cpu_initialization"]
     assert type(ours) is type(theirs)
     mine, reference = fields_of(ours), fields_of(theirs)
     assert {k for k in mine if mine[k] != reference.get(k)} == set(), \

@@ -49,6 +49,9 @@ def build(config_json: str) -> dict[str, Any]:
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     tconfig = child_transformer_config(config, EAGER, config.dropout)
+    # Where the weights are initialised does not change the model; FP8 primary weights are initialised on the GPU
+    # (graphdoctor.config.fp8.initialisation), which a process without one cannot do.
+    tconfig.use_cpu_initialization = True
     with torch.device("meta"):
         built = build_model(model, tconfig)
     return {"built": True, "num_parameters": sum(p.numel() for p in built.parameters()),

@@ -15,7 +15,7 @@ from graphdoctor.config.codec import CALL, TARGET, decode, encode
 from graphdoctor.config.description import TRANSFORMER_CLASSES, ModelDescription
 from graphdoctor.config.diff_config import RUN_OWNED_FIELDS, DiffConfig
 from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS, TE_LAYER_SPECS
-from graphdoctor.config.fp8 import fp8_fields
+from graphdoctor.config.fp8 import fp8_fields, initialisation
 from graphdoctor.config.megatron_line import MegatronLine, describe_args, megatron_args, with_values
 from graphdoctor.errors import MissingDependencyError
 
@@ -56,10 +56,11 @@ def moe_defaults(transformer: dict[str, Any]) -> dict[str, Any]:
 def builtin_model(config: DiffConfig, *, source: str = "graphdoctor defaults") -> ModelDescription:
     """graphdoctor's own GPT model: DiffConfig's shape, precision, dropout and placement, then the run file's
     `transformer:` fields (but what the run owns, RUN_OWNED_FIELDS), the recompute settings, the layer spec
-    (`local`, `te`, or the user's `pkg.mod:fn`), weights initialised on the CPU; the eager reference's graphs."""
+    (`local`, `te`, or the user's `pkg.mod:fn`), weights initialised where `initialisation` says; the eager
+    reference's graphs."""
     fields: dict[str, Any] = {
         "num_layers": config.num_layers, "hidden_size": config.hidden_size,
-        "num_attention_heads": config.num_attention_heads, "use_cpu_initialization": True,
+        "num_attention_heads": config.num_attention_heads, **initialisation(config.fp8_param_gather),
         "hidden_dropout": config.dropout, "attention_dropout": config.dropout,
         **graph_fields(config, EAGER), **DTYPE_FIELDS[config.dtype],
         "transformer_impl": "transformer_engine" if config.layer_spec in TE_LAYER_SPECS else "local",

@@ -2,6 +2,7 @@
 recipe needs (Transformer Engine's own capability checks), and the TransformerConfig fields of `--fp8-format`,
 `--fp8-recipe` and `--fp8-param-gather` for graphdoctor's own model.
 
+graphdoctor decides one thing of its own here: where each child initialises its weights (`initialisation`).
 Megatron decides everything else: `get_fp8_recipe` builds the recipe from the TransformerConfig, the transformer
 block enters `fp8_autocast`, and the model is built under `fp8_model_init` for FP8 primary weights
 (megatron/core/fp8_utils.py).
@@ -32,6 +33,22 @@ and are not judged."""
 
 BLOCKWISE_CUDA = (12, 9)
 """CUDA version (torch.version.cuda) blockwise FP8 GEMMs need."""
+
+
+SAME_WEIGHTS: dict[str, Any] = {"use_cpu_initialization": True}
+"""graphdoctor's own setting for every child: weights initialised on the CPU from the seed, so that eager and
+every graphed child start from the same weights whatever RNG tracker their graphs need."""
+
+FP8_WEIGHTS_ON_GPU: dict[str, Any] = {"use_cpu_initialization": False}
+"""The same setting for FP8 primary weights (`fp8_param`): Megatron's CPU initialisation quantizes a CPU tensor into
+a CUDA FP8 weight, an illegal memory access on the H200 (TE 2.20.2, float8_tensor.py update_quantized), so they are
+initialised on the GPU, from the same seed in every child (Megatron-LM's --use-cpu-initialization cannot say False:
+it is kept as an override of the line)."""
+
+
+def initialisation(fp8_weights: bool) -> dict[str, Any]:
+    """Where every child initialises its weights: SAME_WEIGHTS, or FP8_WEIGHTS_ON_GPU for FP8 primary weights."""
+    return dict(FP8_WEIGHTS_ON_GPU if fp8_weights else SAME_WEIGHTS)
 
 
 def low_precision_recipe(value: Callable[[str], Any]) -> tuple[str, str] | None:
@@ -108,5 +125,6 @@ def fp8_fields(fp8_format: str | None, fp8_recipe: str | None, fp8_param_gather:
     return out
 
 
-__all__ = ["BLOCKWISE_CUDA", "FP8_FORMATS", "FP8_RECIPES", "RECIPE_NEEDS", "fp8_fields", "low_precision_recipe",
+__all__ = ["BLOCKWISE_CUDA", "FP8_FORMATS", "FP8_RECIPES", "FP8_WEIGHTS_ON_GPU", "RECIPE_NEEDS", "SAME_WEIGHTS",
+           "fp8_fields", "initialisation", "low_precision_recipe",
            "recipe_needs", "recipe_unavailable_here", "unsupported_reason"]

@@ -18,6 +18,7 @@ from typing import Any
 from graphdoctor.config.bridge import UNSET_EVAL_INTERVAL, BridgeConfig
 from graphdoctor.config.codec import decode, encode
 from graphdoctor.config.description import ModelDescription, describe_model
+from graphdoctor.config.fp8 import initialisation
 from graphdoctor.config.graph_settings import graph_choice
 from graphdoctor.config.launch_scan import parse_moe_layer_freq
 from graphdoctor.config.megatron_line import (
@@ -45,10 +46,6 @@ LINE_FIELDS: tuple[str, ...] = (
 )
 """DiffConfig fields that are Megatron settings of the same name: given by a flag or the run file, they go into the
 model's settings before Megatron validates them."""
-
-SAME_WEIGHTS: dict[str, Any] = {"use_cpu_initialization": True}
-"""graphdoctor's own setting for every child: weights initialised on the CPU from the seed, so that eager and
-every graphed child start from the same weights whatever RNG tracker their graphs need."""
 
 EAGER_GRAPHS: dict[str, Any] = {"cuda_graph_impl": "none", "cuda_graph_modules": [], "enable_cuda_graph": False,
                                 "external_cuda_graph": False}
@@ -189,7 +186,8 @@ def resolve_line(values: dict[str, Any], line: MegatronLine, source: str) -> dic
     if note:
         settings.update(missing)
         notes.append(note)
-    line = with_values(line, {**settings, **SAME_WEIGHTS})
+    weights = initialisation(bool(settings.get("fp8_param_gather", "fp8_param_gather" in given)))
+    line = with_values(line, {**settings, **weights})
     args, warned = megatron_args(line, world_size=world)
     if values.get("num_microbatches") is not None:
         batch = args.micro_batch_size * int(values["num_microbatches"]) * args.data_parallel_size
@@ -198,7 +196,8 @@ def resolve_line(values: dict[str, Any], line: MegatronLine, source: str) -> dic
     graphs = graph_choice(lambda name: _graph_arg(args, name), lambda name: "--" + name.replace("_", "-"))
     eager = with_values(line, EAGER_GRAPHS | {"cuda_graph_scope_deprecated": None})
     eager_args, _ = megatron_args(eager, world_size=world)
-    run_transformer = {k: v for k, v in (values.get("transformer") or {}).items() if k not in LINE_FIELDS}
+    run_transformer = {**{k: v for k, v in (values.get("transformer") or {}).items() if k not in LINE_FIELDS},
+                       **weights}
     model = describe_args(eager_args, eager, source=source, transformer=run_transformer)
     out = dict(values)
     out.update(_read_back(args, world))
@@ -304,8 +303,8 @@ def resolve_bridge(values: dict[str, Any], bridge: BridgeConfig) -> dict[str, An
             | {"hybrid_layer_pattern": model_fields.get("hybrid_layer_pattern")}, settings, notes)
     if "hybrid_layer_pattern" in settings:
         model_fields["hybrid_layer_pattern"] = settings.pop("hybrid_layer_pattern")
-    fields = {**decode(dict(bridge.transformer), f"{bridge.path}: model"), **settings, **SAME_WEIGHTS,
-              **EAGER_GRAPHS}
+    fields = {**decode(dict(bridge.transformer), f"{bridge.path}: model"), **settings}
+    fields.update(**initialisation(bool(fields.get("fp8_param"))), **EAGER_GRAPHS)
     tconfig, model_config = _bridge_objects(bridge, fields, decode(model_fields, f"{bridge.path}: model"))
     model = describe_model(tconfig, model_config, source=f"Megatron-Bridge {bridge.path}",
                            layer_spec=bridge.layer_spec, te_rng_tracker=bridge.te_rng_tracker)
@@ -379,6 +378,6 @@ def model_view(model: ModelDescription) -> dict[str, Any]:
     return {k: model.value(k) for k in model.transformer if k not in EAGER_GRAPHS and k not in PER_CHILD}
 
 
-__all__ = ["DEFAULT_VOCAB", "EAGER_GRAPHS", "LINE_FIELDS", "SAME_WEIGHTS", "megatron_settings", "model_view",
+__all__ = ["DEFAULT_VOCAB", "EAGER_GRAPHS", "LINE_FIELDS", "megatron_settings", "model_view",
            "required_settings",
            "resolve_bridge", "resolve_line"]
