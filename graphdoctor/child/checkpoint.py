@@ -8,6 +8,7 @@ tensor/pipeline rank, and the iteration. Imported only inside children.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -124,6 +125,29 @@ def _write_queue_stopped() -> Iterator[None]:
             manager.shutdown()
 
 
+TE_PICKLED_STATE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+"""Transformer Engine's opt-in (transformer_engine/pytorch/_extra_state.py, TE 2.20) to load a module's pickled
+extra state: delayed-scaling FP8 keeps its scales and amax histories as a pickle in the checkpoint, and TE refuses to
+unpickle it without this variable."""
+
+
+@contextlib.contextmanager
+def own_extra_state() -> Iterator[None]:
+    """Let Transformer Engine load the pickled FP8 extra state of the checkpoint being loaded, for the load alone.
+    Only `load` uses it, and `load` reads only the checkpoint this run's own first process wrote into its own new
+    directory moments before (parent/resume.py): no file from elsewhere is unpickled. The variable is put back as
+    it was afterwards."""
+    before = os.environ.get(TE_PICKLED_STATE_ENV)
+    os.environ[TE_PICKLED_STATE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TE_PICKLED_STATE_ENV, None)
+        else:
+            os.environ[TE_PICKLED_STATE_ENV] = before
+
+
 def load(directory: str | Path, model: Any, optimizer: Any | None, *, iteration: int,
          distributed_optimizer: bool = False) -> float:
     """Load what `save` wrote at `iteration` into the model (through its wrappers, as Megatron-LM's
@@ -139,10 +163,12 @@ def load(directory: str | Path, model: Any, optimizer: Any | None, *, iteration:
         raise CheckpointError(f"no distributed checkpoint in {directory}")
     state = sharded_state(model, optimizer, iteration=iteration, loading=True,
                           distributed_optimizer=distributed_optimizer)
-    loaded = dist_checkpointing.load(state, str(directory))
-    if loaded.get("iteration") != iteration:
-        raise CheckpointError(f"checkpoint {directory} is of iteration {loaded.get('iteration')!r}, expected {iteration}")
-    load_model_state(model, loaded["model"])
+    with own_extra_state():
+        loaded = dist_checkpointing.load(state, str(directory))
+        if loaded.get("iteration") != iteration:
+            raise CheckpointError(f"checkpoint {directory} is of iteration {loaded.get('iteration')!r}, "
+                                  f"expected {iteration}")
+        load_model_state(model, loaded["model"])
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
     restore_rng_state(loaded[RNG_KEY][0])
@@ -202,6 +228,6 @@ def _plain(metadata: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metadata.items() if k != "dp_cp_group"}
 
 
-__all__ = ["EXTRA_STATE_SUFFIX", "RNG_KEY", "CheckpointError", "content_metadata", "load", "load_model_state",
-           "restore_rng_state", "resume_run", "rng_state",
+__all__ = ["EXTRA_STATE_SUFFIX", "RNG_KEY", "TE_PICKLED_STATE_ENV", "CheckpointError", "content_metadata", "load", "load_model_state",
+           "own_extra_state", "restore_rng_state", "resume_run", "rng_state",
            "save", "save_run", "sharded_state"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -360,3 +361,18 @@ def test_megatron_sharded_state_of_a_real_gpt_model_on_the_cpu(tmp_path: Path) -
     assert lines["unfit"] == "checkpoint does not fit the model: missing ['output_layer.weight'], unexpected []"
     # the writer's Manager process is stopped after the save: a child ends with os._exit
     assert (lines["during"], lines["after"]) == ("1", "0 None")
+
+
+def test_the_resumed_load_lets_te_read_its_own_fp8_extra_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transformer Engine refuses the pickled delayed-scaling state of a checkpoint unless its opt-in variable is 1
+    (TE 2.20, _extra_state.py); the resumed process's load sets it for the load alone and puts it back after."""
+    from graphdoctor.child.checkpoint import TE_PICKLED_STATE_ENV, own_extra_state
+
+    monkeypatch.delenv(TE_PICKLED_STATE_ENV, raising=False)
+    with own_extra_state():
+        assert os.environ[TE_PICKLED_STATE_ENV] == "1"
+    assert TE_PICKLED_STATE_ENV not in os.environ
+    monkeypatch.setenv(TE_PICKLED_STATE_ENV, "0")
+    with pytest.raises(RuntimeError), own_extra_state():
+        raise RuntimeError("a load that fails")
+    assert os.environ[TE_PICKLED_STATE_ENV] == "0"
