@@ -144,6 +144,9 @@ class BridgeConfig:
     not_applied: tuple[str, ...] = ()
     """`model.hf_model_id`, `optimizer`, ...: what diff does not take."""
     guards: BridgeGuards = field(default_factory=BridgeGuards)
+    checkpoint: dict[str, str] = field(default_factory=dict)
+    """`checkpoint.load` and `checkpoint.pretrained_checkpoint` where set: the checkpoint the run loads (diff never
+    loads it; GD406 reads it)."""
     """What Bridge's own validate()/provide() refuse on (`check` only)."""
 
 
@@ -256,7 +259,8 @@ def read_bridge(path: str | Path, data: Any = None, lines: Mapping[int, Mapping[
     skipped.extend(sorted(name for name in sections if name not in APPLIED_SECTIONS and sections[name] is not None))
     return BridgeConfig(path=where, kind=kind, transformer=transformer, model=model, layer_spec=spec, graph=graph,
                         run=run, te_rng_tracker=rng_tracker or bool(values.get("use_te_rng_tracker")), env=env,
-                        where=at, not_applied=tuple(skipped), guards=_guards(sections, at, where))
+                        where=at, not_applied=tuple(skipped), guards=_guards(sections, at, where),
+                        checkpoint=_checkpoint_paths(sections.get("checkpoint")))
 
 
 def _run_values(sections: Mapping[str, Any], where: str) -> tuple[dict[str, Any], bool]:
@@ -284,6 +288,14 @@ def _run_values(sections: Mapping[str, Any], where: str) -> tuple[dict[str, Any]
             raise UsageError(f"{where}: {key}: got {describe(value)}, expected "
                              f"{'true or false' if key.startswith(('overlap', 'use_')) else 'an integer'}")
     return run, bool(rng.get("te_rng_tracker"))
+
+
+def _checkpoint_paths(section: Any) -> dict[str, str]:
+    """The checkpoint paths a `checkpoint:` section loads from (non-empty strings only)."""
+    if not isinstance(section, Mapping):
+        return {}
+    return {key: section[key] for key in ("load", "pretrained_checkpoint")
+            if isinstance(section.get(key), str) and section[key]}
 
 
 def _key_lines(data: Mapping[str, Any], lines: Mapping[int, Mapping[str, int]], where: str) -> dict[str, str]:

@@ -336,9 +336,8 @@ def _unchecked_hits(rule: Rule, ctx: CheckContext) -> set[tuple[str, ...]]:
         values = {k: v for k, v in case.items() if k in ctx.facts.unknown}
         if not values:
             continue
-        worst = CheckContext(transformer=ctx.transformer, args=ctx.args, run=ctx.run, env=ctx.env,
-                             facts=replace(ctx.facts, **values, unknown=ctx.facts.unknown - values.keys()),  # type: ignore[arg-type]
-                             megatron_lm=ctx.megatron_lm)
+        worst = replace(ctx, facts=replace(ctx.facts, **values,  # type: ignore[arg-type]
+                                           unknown=ctx.facts.unknown - values.keys()))
         out.update(hit.fields for hit in rule.detect(worst))
     return out
 
