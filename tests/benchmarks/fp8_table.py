@@ -1,6 +1,7 @@
 """The FP8 table of issue 35 on one GPU: `graphdoctor diff` for every FP8 recipe on the default model (TE spec,
-bf16) and on the shrunk Llama-3 8B FP8 example line, each implementation's verdict, first difference, FP8 state
-comparison and eager and graphed step times, side by side in one run; plus the planted GD521 fixture.
+bf16) and on the shrunk Llama-3 8B FP8 example line (also saved after step 4 and resumed in a fresh process that loads
+the checkpoint into FP8 primary weights), each implementation's verdict, first difference, FP8 state comparison and
+eager and graphed step times, side by side in one run; plus the planted GD521 fixture.
 
     python tests/benchmarks/fp8_table.py --out DIR [--only default,llama,planted] [--recipes delayed,...]
 
@@ -38,6 +39,7 @@ def cases(only: set[str], recipes: list[str]) -> list[tuple[str, list[str]]]:
                                                     "transformer_engine", "--cuda-graph-modules", "attn"]))
     if "llama" in only:
         out.append(("llama-line", [*LLAMA, "--impl", IMPLS]))
+        out.append(("llama-line-resume", [*LLAMA, "--impl", IMPLS, "--save-at", "4", "--resume"]))
     if "planted" in only:
         out.append(("planted-gd521", [*DEFAULT, *RECIPES["delayed-hybrid"], "--impl", "local,transformer_engine",
                                       "--forward-step", "fixtures.planted.fp8_scale_reset:forward_step"]))
@@ -66,13 +68,13 @@ def row_lines(case: str, report: dict) -> list[str]:
     return lines
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", default="default,llama,planted")
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--timeout", type=float, default=200.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = ["| case | impl | verdict | first difference | FP8 state | causes | eager ms | graphed ms | why |",

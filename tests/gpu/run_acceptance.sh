@@ -3,14 +3,16 @@
 # log written under $OUT as it goes (a call that hits its time limit still returns what finished).
 # Transformer Engine groups run only when it imports (stage it first: ../shared/device/README.md).
 #   source .whl/gpu-env.sh && [bash tests/gpu/te_env.sh && PYTHONPATH=/tmp/te-site:$PYTHONPATH] \
-#       bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|i33|te|moe-te|i30]
+#       bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|i33|te|moe-te|i30|i35]
 # (tests/gpu/device_call.sh does the TE path for the TE parts only.) Parts, one device call each (10-minute
 # limit): `core` (diff, forensics, probes, memory, count, launches, report: about 4 minutes), `i15` (MoE,
 # forward_step forms, diagnoses, clean-model probes, memory site, launch line), `i20` (evaluation,
 # microbatches, recompute, logged values), `i33` (issue 33: a failing plugin test's message, setup-failed rows and
 # advise's refused local mlp), `i34` (issue 34: the planted causes and clean models), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
 # minutes in one process, now five at once), `i30` (issue 30: Megatron-LM's example lines built as Megatron builds
-# them, with TE: the field comparison, then the shrunk Llama-3 and Mixtral diffs, about 6 minutes). Run `core` and `i15` where TE does not import: tests marked
+# them, with TE: the field comparison, then the shrunk Llama-3 and Mixtral diffs, about 6 minutes), `i35` (issue 35,
+with TE: every FP8 recipe under every implementation, the Llama-3 FP8 line with a resume, the planted scale reset;
+one diff at a time so the step times are its own, about 6 minutes). Run `core` and `i15` where TE does not import: tests marked
 # `without_te` skip where it does. `all` runs every part in one call.
 set -u
 limit=${1:-540}
@@ -53,6 +55,9 @@ fi
 if [ "$part" = all ] || [ "$part" = i33 ]; then  # issue 33: failing plugin test's message, setup-failed, clean probes
     GD_SAMPLE_OUT="$out/pytest_failure_sample.txt" run pytest_failure tests/gpu/test_pytest_failure_gpu.py &
     GD_SAMPLE_DIR="$out" run setup_failed tests/gpu/test_setup_failed_gpu.py &
+fi
+if [ "$part" = i35 ]; then  # issue 35 with Transformer Engine: the FP8 table (tests/benchmarks/fp8_table.py), one diff at a time
+    GD_FP8_OUT="$out/fp8" run fp8 tests/gpu/test_fp8_gpu.py &
 fi
 if [ "$part" = moe-te ]; then  # issue 15's Transformer Engine rows: MoE router/preprocess scopes, the TE clean spec
     run moe_te tests/gpu/test_moe_gpu.py tests/gpu/test_probes_clean_gpu.py -k "transformer_engine or [te-" &
