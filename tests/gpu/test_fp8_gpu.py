@@ -68,7 +68,13 @@ def test_clean_fp8_runs_match_bitwise_with_the_state_compared(table: Path, case:
         if case in DELAYED:
             assert state is not None and state["first_step"] is None and state["tensors"] > 0, row["impl"]
         assert not [c for c in row.get("causes", []) if c["severity"] in ("error", "warning")]
-        assert row["timing"]["eager"]["median_ms"] > 0 and row["timing"]["graphed"]["median_ms"] > 0
+        timing = row["timing"]
+        assert timing["eager"]["median_ms"] > 0
+        # A resumed full_iteration or TE run warms up and captures again after the load (steps 4-7 of 8): no steady
+        # replay step is left to time, and the row says so rather than time a capture.
+        steady = not report["config"]["resume"] or row["impl"] == "local"
+        assert (timing["graphed"] is not None and timing["graphed"]["median_ms"] > 0) if steady else \
+            (timing["graphed"] is None and not timing["measurable"])
 
 
 def test_the_llama_line_resumes_into_fp8_primary_weights(table: Path) -> None:
@@ -76,7 +82,9 @@ def test_the_llama_line_resumes_into_fp8_primary_weights(table: Path) -> None:
     assert report["config"]["fp8_param_gather"] and report["config"]["resume"]
     for run in [report["reference"], *(row["runs"][0] for row in report["impls"])]:
         assert [c["action"] for c in run["checkpoints"]] == ["save", "load"], run["name"]
-        assert [s["step"] for s in run["steps"] if s["resumed"]] == list(range(4, 8)), run["name"]
+        steps = report["config"]["steps"]  # the resumed process's steps: 4 to the last, and the profiled one after it
+        assert [s["step"] for s in run["steps"] if s["resumed"]] == list(range(4, steps + 1)), run["name"]
+        assert [s["step"] for s in run["steps"] if s["profiled"]] == [steps], run["name"]
         assert any(name.endswith("weight._scale_inv") for name in run["fp8_layouts"][-1]), run["name"]
 
 

@@ -19,7 +19,8 @@ from graphdoctor.report.diff import render_text
 from graphdoctor.types import Verdict
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "fp8"
-CLEAN = ("default-delayed-hybrid", "default-delayed-e4m3", "default-tensorwise", "llama-line")
+CLEAN = ("default-delayed-hybrid", "default-delayed-e4m3", "default-tensorwise", "default-blockwise",
+         "default-delayed-hybrid-attn", "llama-line", "llama-line-resume")
 
 
 def report(name: str) -> DiffReport:
@@ -30,7 +31,7 @@ def report(name: str) -> DiffReport:
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_recipes_match_with_fp8_state_compared(name: str) -> None:
     rep = report(name)
-    delayed = "delayed" in name or name == "llama-line"  # the Llama-3 line: hybrid delayed, FP8 primary weights
+    delayed = "delayed" in name or name.startswith("llama-line")  # the Llama-3 line: hybrid delayed, FP8 weights
     weights = rep.config.fp8_param_gather
     for row in rep.results:
         graphed = row.runs[0]
@@ -38,13 +39,26 @@ def test_clean_recipes_match_with_fp8_state_compared(name: str) -> None:
         state = row.fp8_state
         if delayed:  # scale and amax history of every TE module, fwd and bwd, at every unprofiled step
             assert state is not None and state.equal and state.steps == len(graphed.steps) - 1
-            assert len(graphed.fp8_layouts[0]) == state.tensors
+            assert all(len(layout) == state.tensors for layout in graphed.fp8_layouts)
             assert weights or state.tensors == 4 * state.modules
             assert not weights or any(n.endswith("weight._scale_inv") for n in graphed.fp8_layouts[0])
             assert graphed.fp8_layouts == rep.reference.fp8_layouts
         else:  # current scaling keeps no state between steps
             assert state is None and not graphed.fp8_layouts
         assert not [c for c in row.causes if c.severity in ("error", "warning")]
+
+
+def test_the_llama_line_resumed_into_fp8_weights_matches_after_the_load() -> None:
+    """Saved after step 4 and loaded in a fresh process into FP8 primary weights (Megatron-LM#6036's setting, GD406):
+    every run saved and loaded, the state's layout made again by the resumed process, equal at every step."""
+    rep = report("llama-line-resume")
+    assert rep.config.fp8_param_gather and rep.config.resume and rep.config.save_at == 4
+    for run in (rep.reference, *(row.runs[0] for row in rep.results)):
+        assert [c.action for c in run.checkpoints] == ["save", "load"]
+        assert [s.step for s in run.steps if s.resumed] == list(range(4, rep.config.steps + 1))
+        assert len(run.fp8_layouts) == 2 and run.fp8_layouts[0] == run.fp8_layouts[1]
+    for row in rep.results:
+        assert row.verdict == Verdict.MATCH and row.fp8_state is not None and row.fp8_state.equal
 
 
 def test_planted_scale_reset_is_found_at_its_module_and_line() -> None:
@@ -71,3 +85,25 @@ def test_mxfp8_is_unavailable_on_the_h200_with_its_reason() -> None:
         assert row.verdict == Verdict.UNAVAILABLE
         assert row.diagnosis is not None and "mxfp8 needs Blackwell" in row.diagnosis.message
         assert "sm_90" in row.diagnosis.message
+
+
+def test_gd310_on_a_local_row_that_matched_says_it_was_not_seen() -> None:
+    """Every FP8 run has Transformer Engine importable, so every `local` row carries GD310 (its graphed gradients
+    can differ from eager). The Llama-3 line's local row matched bitwise on the H200: its note says the run did
+    not see it, instead of a warning; a row that differs keeps the warning."""
+    from dataclasses import replace
+
+    from graphdoctor.parent.static import with_static_findings
+    from graphdoctor.rules import EnvironmentFacts, check
+
+    rep = report("llama-line")
+    row = next(r for r in rep.results if r.impl == "local")
+    facts = EnvironmentFacts().with_overrides({"te_version": "2.20.2", "te_has_torch_extension": True})
+    (gd310,) = [f for f in check({"transformer": {"cuda_graph_impl": "local"}}, facts=facts).findings
+                if f.code == "GD310"]
+    bare = replace(row, notes=tuple(n for n in row.notes if "GD310" not in n))
+    (matched,) = [n for n in with_static_findings(bare, rep.config, [gd310]).notes if "GD310" in n]
+    assert matched.startswith("static GD310 te-weak-refs-in-local-graphs, not seen in this run")
+    differing = replace(bare, verdict=Verdict.NUMERIC_DIVERGENCE)
+    (warned,) = [n for n in with_static_findings(differing, rep.config, [gd310]).notes if "GD310" in n]
+    assert warned.startswith("static GD310 te-weak-refs-in-local-graphs: ")
