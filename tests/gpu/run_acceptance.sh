@@ -11,8 +11,8 @@
 # advise's refused local mlp), `i34` (issue 34: the planted causes and clean models), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
 # minutes in one process, now five at once), `i30` (issue 30: Megatron-LM's example lines built as Megatron builds
 # them, with TE: the field comparison, then the shrunk Llama-3 and Mixtral diffs, about 6 minutes), `i35` (issue 35,
-with TE: every FP8 recipe under every implementation, the Llama-3 FP8 line with a resume, the planted scale reset;
-one diff at a time so the step times are its own, about 6 minutes). Run `core` and `i15` where TE does not import: tests marked
+# with TE: every FP8 recipe under every implementation, the Llama-3 FP8 line with a resume, the planted scale reset;
+# one diff at a time so the step times are its own, about 6 minutes). Run `core` and `i15` where TE does not import: tests marked
 # `without_te` skip where it does. `all` runs every part in one call.
 set -u
 limit=${1:-540}
