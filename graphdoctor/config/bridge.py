@@ -144,10 +144,10 @@ class BridgeConfig:
     not_applied: tuple[str, ...] = ()
     """`model.hf_model_id`, `optimizer`, ...: what diff does not take."""
     guards: BridgeGuards = field(default_factory=BridgeGuards)
+    """What Bridge's own validate()/provide() refuse on (`check` only)."""
     checkpoint: dict[str, str] = field(default_factory=dict)
     """`checkpoint.load` and `checkpoint.pretrained_checkpoint` where set: the checkpoint the run loads (diff never
     loads it; GD406 reads it)."""
-    """What Bridge's own validate()/provide() refuse on (`check` only)."""
 
 
 def is_bridge_config(data: Any) -> bool:

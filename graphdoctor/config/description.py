@@ -74,7 +74,8 @@ class ModelDescription:
     for a mapping (run file, Megatron-Bridge)."""
 
     overrides: Mapping[str, Any] = field(default_factory=dict)
-    """TransformerConfig fields a run file sets over the line (encoded), applied again to each child's line."""
+    """TransformerConfig fields set over the line (encoded), applied again to each child's line: a run file's, and
+    graphdoctor's own `use_cpu_initialization` (graphdoctor.config.fp8.initialisation), whose False no flag says."""
 
     unavailable: str | None = None
     """Why this machine cannot build the model (Megatron's TransformerConfig asks for Transformer Engine, which is
