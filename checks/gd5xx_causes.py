@@ -46,7 +46,9 @@ class HostValueBaked(RuntimeRule):
 
     ## Known problems
     Attributes are followed on modules whose `forward` is the user's code (read from its source), and
-    numbers the user's code sets; a number read from a global or another object is not followed.
+    numbers the user's code sets. A number read from a global, a class attribute or a closure is followed where a
+    captured forward (under `full_iteration` also the forward_step and loss function) reads it and its value
+    reached a captured operation unchanged; a number read from another object is not followed.
     """
 
     code = "GD518"
@@ -182,3 +184,59 @@ class Fp8StateRebound(RuntimeRule):
     fix = FixAvailability.ALWAYS
     template = "FP8 state replaced after capture: {detail} at {where}"
     fix_template = "Change FP8 state in place (copy_, fill_, zero_) or before the graphs are captured"
+
+
+class CapturedTensorRebound(RuntimeRule):
+    """## What it does
+    Reports a tensor a CUDA graph read when it was captured that its holder later replaced by a new tensor,
+    wherever the holder is: the optimizer (Megatron's fp16 loss scaler: `DynamicGradScaler.update` rebinds
+    `self._scale` on every back-off and growth, `grad_scaler.py:143` and `:153` in megatron-core 0.19.2), a
+    parameter group, a TransformerConfig callback (`grad_scale_func`), a closure cell or a global of the
+    forward_step or loss function, a class attribute, a model module's attribute set by library code. The graphed
+    child takes each captured graph's external inputs (the tensors its operations read that the capture did not
+    allocate), names each by the path that held it (`optimizer.chained_optimizers[0].grad_scaler._scale`,
+    `forward_step.<closure>.w`, `mymodule.AUX`), checks every path after every step, and names the line that
+    rebound it and whether the captured tensor is still alive. The generator states of Megatron's RNG tracker,
+    which Megatron's graphs register, are watched the same way (`rng_tracker.states_['model-parallel-rng']`,
+    replaced by `model_parallel_cuda_manual_seed` after the capture): replays keep drawing from the registered
+    states, so the dropout masks differ from eager's.
+
+    ## Why is this bad?
+    A graph replays the device addresses it captured. After the rebinding eager reads the new tensor and every
+    replay the old one. If the old tensor is freed, the caching allocator hands its memory to whatever asks next,
+    so what the graphed run computes depends on allocation order; if it is alive, the graph reads stale values.
+    Nothing fails. Under `full_iteration` with fp16 and Megatron's dynamic loss scaler, the captured step keeps
+    multiplying the loss by the scale it read at capture: measured on an H200, eager takes its first optimizer
+    update at step 15 and the graphed run at step 16, and the losses differ from then on.
+
+    ## Example
+    ```python
+    def update_schedule(optimizer, args, kwargs):          # runs after every optimizer step
+        global AUX_WEIGHT
+        AUX_WEIGHT = torch.full((), next_weight(), device="cuda")   # [GD522] a new tensor after capture
+    ```
+
+    ## Use instead
+    ```python
+    AUX_WEIGHT.fill_(next_weight())       # in place: the graph reads this storage
+    ```
+
+    ## Fix
+    Update tensors a graph reads in place (`copy_`, `fill_`). For Megatron's fp16 loss scaler: train in bf16,
+    set a static loss scale (`--loss-scale`), or graph with `local` or `transformer_engine`, which keep the loss
+    scaling outside the graph.
+
+    ## Known problems
+    Operations outside PyTorch's dispatcher (Transformer Engine's extension kernels) are not seen as reads. The
+    assignment's line is seen where it runs when the holder is an attribute of a Python object; for a global, a
+    closure cell, a dictionary entry or a class attribute it is the assignment found in the user's source files.
+    A module attribute the user's code rebinds is GD509.
+    """
+
+    code = "GD522"
+    name = "captured-tensor-rebound"
+    detected_by = "`graphdoctor diff` (the graphed child's watch of every tensor a graph read, traced to its holder)"
+    severity = Severity.ERROR
+    fix = FixAvailability.ALWAYS
+    template = "a tensor a graph read was rebound after capture: {detail} at {where}"
+    fix_template = "Update tensors a graph reads in place (copy_, fill_), or keep them out of the graph"

@@ -127,7 +127,7 @@ class ChildRun:
 
             resume_run(self.spec, setup, state, self.events.emit)
         self.names.update({id(m): strip_wrappers(n) for n, m in setup.model.named_modules()})
-        observers = make_observers(self.spec, setup.model, self.names)
+        observers = make_observers(self.spec, setup.model, self.names, setup=setup)
         observers_at, attach_s = time.perf_counter(), sum(o.seconds for o in observers)
         taps = self._install_taps(setup)
         if self.spec.gate:
@@ -152,7 +152,8 @@ class ChildRun:
         seconds = {o.name: o.seconds + (state.profiled_s if o.name == "launches" else 0.0) for o in observers}
         self.events.emit(_end_event(setup, train_s=max(0.0, train_s), compare_s=compare_s + state.fingerprint_s,
                                     setup_s=observers_at - started - attach_s, waited_s=waited_s,
-                                    startup_s=startup_s, observers=seconds))
+                                    startup_s=startup_s, observers=seconds,
+                                    hooks={o.name: o.hooks_s for o in observers}))
 
     def _install_taps(self, setup: Any) -> Any:
         if not self.spec.taps:
@@ -240,7 +241,7 @@ def _close_taps(taps: Any) -> Any:
 
 
 def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float, startup_s: float,
-               observers: dict[str, float], waited_s: float) -> Any:
+               observers: dict[str, float], waited_s: float, hooks: dict[str, float]) -> Any:
     """Peak and reserved while the graphs (and their pools) are alive; allocated once they are not."""
     import torch
 
@@ -251,6 +252,7 @@ def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float, 
     reserved = int(torch.cuda.memory_reserved())
     delete_te_graphs(setup.te_helper)
     return End(train_s=train_s, compare_s=compare_s, setup_s=setup_s, startup_s=startup_s, observers=observers,
+               hooks=hooks,
                waited_s=waited_s,
                peak_allocated_bytes=peak,
                end_reserved_bytes=reserved, end_allocated_bytes=int(torch.cuda.memory_allocated()))

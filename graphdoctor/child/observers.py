@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from graphdoctor.child.hazards import NoneMaskObserver
+from graphdoctor.child.holders import HolderWatcher
 from graphdoctor.child.witness import CaptureWitness
 from graphdoctor.launches.census import GraphCensus
 from graphdoctor.launches.compare import LaunchSection
@@ -263,15 +264,35 @@ def _census_kept(kept: Any) -> tuple[GraphCensus, ...]:
 
 
 class Timed(Observer):
-    """An observer with its own seconds counted: attaching it, its step hooks (`step_s`: inside the
-    training loop, which the loop's training seconds leave out) and its finish."""
+    """An observer with its own seconds counted: attaching it, its step hooks and its finish, and the seconds
+    it spends inside the training step (an observer's `inline_s`: work in patched functions, like the holder
+    watch's). `step_s` is what the loop's training seconds leave out: the step hooks and the inline seconds."""
 
     def __init__(self, name: str, make: Callable[[], Observer]) -> None:
         self.name = name
         began = time.perf_counter()
         self.inner = make()
-        self.seconds = time.perf_counter() - began
-        self.step_s = 0.0
+        self._own_s = time.perf_counter() - began
+        self._hooks_s = 0.0
+
+    @property
+    def _inline_s(self) -> float:
+        return float(getattr(self.inner, "inline_s", 0.0))
+
+    @property
+    def seconds(self) -> float:
+        """All the observer's seconds."""
+        return self._own_s + self._hooks_s + self._inline_s
+
+    @property
+    def hooks_s(self) -> float:
+        """Its step hooks' seconds (what recurs every step)."""
+        return self._hooks_s
+
+    @property
+    def step_s(self) -> float:
+        """Its seconds inside the training loop."""
+        return self._hooks_s + self._inline_s
 
     def begin_step(self, step: int, phase: str) -> None:
         self._step_hook(self.inner.begin_step, step, phase)
@@ -284,22 +305,21 @@ class Timed(Observer):
         try:
             return self.inner.finish()
         finally:
-            self.seconds += time.perf_counter() - began
+            self._own_s += time.perf_counter() - began
 
     def _step_hook(self, hook: Callable[[int, str], None], step: int, phase: str) -> None:
         began = time.perf_counter()
         try:
             hook(step, phase)
         finally:
-            spent = time.perf_counter() - began
-            self.step_s += spent
-            self.seconds += spent
+            self._hooks_s += time.perf_counter() - began
 
 
-def make_observers(spec: ChildSpec, model: Any,
-                   names: dict[int, str] | None = None) -> tuple[Timed, ...]:
+def make_observers(spec: ChildSpec, model: Any, names: dict[int, str] | None = None, *,
+                   setup: Any = None) -> tuple[Timed, ...]:
     """Observers this child needs, from its spec (tapped runs get none), each with its seconds counted
-    under its name (graphdoctor.protocol.seconds.OBSERVER_NAMES)."""
+    under its name (graphdoctor.protocol.seconds.OBSERVER_NAMES); the holder watch needs the Megatron `setup`
+    (optimizer, config, forward_step)."""
     if spec.role is Role.TAPPED:
         return ()
     observers: list[Timed] = []
@@ -312,6 +332,9 @@ def make_observers(spec: ChildSpec, model: Any,
         observers.append(Timed("none_mask", lambda: NoneMaskObserver(model, names)))
     if spec.graphed and spec.role is Role.GRAPHED and names is not None:
         observers.append(Timed("witness", lambda: CaptureWitness(model, names)))
+        if setup is not None and spec.holders:
+            watched = names
+            observers.append(Timed("holders", lambda: HolderWatcher(setup, watched, spec.impl)))
     return tuple(observers)
 
 

@@ -7,8 +7,11 @@ row's difference becomes its diagnosis (rule, module, file:line, fix), chosen by
 - a training step's loss, gradients or parameters: an attribute rebound after capture (GD509), a host value
   baked into the graph (GD518), capture-dependent control flow (GD519), a graph buffer kept across
   micro-batches or replays (GD520), a None attention mask under TE graphs (GD511), or FP8 state replaced after
-  capture (GD521); the one whose module is where the taps, the first differing FP8 state or the first differing
-  gradient put the difference, else the earliest;
+  capture (GD521), a tensor the graphs read replaced by its holder anywhere in the run (GD522: the optimizer's loss
+  scaler, a parameter group, a closure, a global); the one whose module is where the taps, the first differing FP8
+  state or the first differing gradient put the difference, else the earliest;
+- dropout draws only (rng-divergence: the dropout-free control pair matches): a generator state of Megatron's RNG
+  tracker replaced after the graphs registered it (GD522 on `rng_tracker.states_[...]`);
 - a reported value frozen over the replays (a GD513 note): the host value baked at capture that makes it;
 - an evaluation only (every training step matches): a training graph replayed by evaluation (GD402 when
   Megatron's runner replays it, GD514 when the user's code does).
@@ -26,12 +29,12 @@ from graphdoctor.compare.cause import FACTORIES, HOOK, Cause
 from graphdoctor.compare.divergence import Divergence
 from graphdoctor.compare.phases import FROZEN_VALUE_RULE
 from graphdoctor.compare.verdict import ImplResult
-from graphdoctor.protocol.events import Hazard
+from graphdoctor.protocol.events import RNG_HOLDER, Hazard
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.rules import get_rule, rule_fix
 from graphdoctor.types import Diagnosis, Verdict
 
-TRAINING_CAUSES: frozenset[str] = frozenset({"GD509", "GD518", "GD519", "GD520", "GD511", "GD521"})
+TRAINING_CAUSES: frozenset[str] = frozenset({"GD509", "GD518", "GD519", "GD520", "GD511", "GD521", "GD522"})
 """Rules whose evidence explains a training step's difference."""
 
 EVAL_CAUSES: frozenset[str] = frozenset({"GD402", "GD514"})
@@ -42,7 +45,7 @@ def cause_of(hazard: Hazard) -> Cause:
     """The Cause of one hazard (its rule's name, severity and fix from the catalogue)."""
     rule = get_rule(hazard.rule)
     return Cause(rule=hazard.rule, name=rule.name, severity=rule.severity.value, module=hazard.module,
-                 location=hazard.location, message=hazard.message, fix=rule.fix_title(), step=hazard.step,
+                 location=hazard.location, message=hazard.message, fix=hazard.fix or rule.fix_title(), step=hazard.step,
                  also_at=hazard.also_at, phase=hazard.phase, subject=hazard.subject)
 
 
@@ -107,6 +110,9 @@ def _frozen_value(result: ImplResult) -> bool:
 
 def _explained(result: ImplResult, causes: Sequence[Cause]) -> tuple[Cause | None, str | None]:
     """(the cause that explains the row's difference, the rule its diagnosis shows) or (None, None)."""
+    if result.verdict == Verdict.RNG_DIVERGENCE and result.divergence is not None:
+        rng = [c for c in causes if c.rule == "GD522" and (c.subject or "").startswith(RNG_HOLDER)]
+        return (rng[0], rng[0].rule) if rng else (None, None)
     if result.verdict != Verdict.NUMERIC_DIVERGENCE or result.divergence is None:
         return None, None
     div = result.divergence
@@ -130,7 +136,8 @@ def _diagnosis(result: ImplResult, cause: Cause, rule: str) -> Diagnosis:
         meaning += f"; {localized}"
     elif div is not None:
         meaning += f"; first difference: {_first_difference(div)}"
-    return Diagnosis(error_type="numeric-divergence", message=cause.message, meaning=meaning, fix=rule_fix(rule),
+    fix = cause.fix if rule == cause.rule else rule_fix(rule)
+    return Diagnosis(error_type="numeric-divergence", message=cause.message, meaning=meaning, fix=fix,
                      rule=rule, module=cause.module or None, location=cause.location,
                      step=cause.step if cause.step is not None else (div.step if div else None),
                      phase=cause.phase, also_at=cause.also_at)

@@ -137,6 +137,11 @@ class Taps:
     table: TapTable
 
 
+RNG_HOLDER = "rng_tracker.states_["
+"""How a Hazard's subject begins when the holder is a generator state of Megatron's RNG tracker (the holder watch,
+graphdoctor.child.holders): the evidence behind a row whose dropout draws differ."""
+
+
 @dataclass(frozen=True, slots=True)
 class Hazard:
     """A run-time hazard the child saw in how the model is called (a catalogue rule)."""
@@ -155,12 +160,14 @@ class Hazard:
     """Other `file:line`s of the same evidence (where an attribute is set, where a hook is defined)."""
     phase: str | None = None
     """Phase at which the child saw it (capture, replay, eval, ...)."""
+    fix: str | None = None
+    """The fix where it is particular to what the evidence names (Megatron's loss scaler); None: the rule's."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON view (a run record's `hazards`)."""
         return {"rule": self.rule, "module": self.module, "message": self.message, "location": self.location,
                 "step": self.step, "subject": self.subject, "also_at": list(self.also_at),
-                "phase": self.phase}
+                "phase": self.phase, "fix": self.fix}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Hazard:
@@ -171,7 +178,8 @@ class Hazard:
                    step=None if step is None else int(step),
                    subject=None if data.get("subject") is None else str(data["subject"]),
                    also_at=tuple(str(a) for a in data.get("also_at") or ()),
-                   phase=None if data.get("phase") is None else str(data["phase"]))
+                   phase=None if data.get("phase") is None else str(data["phase"]),
+                   fix=None if data.get("fix") is None else str(data["fix"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +221,8 @@ class End:
     """Spawn (graphdoctor.protocol.processes.SPAWNED_AT_ENV) to the start of set-up."""
     observers: dict[str, float] = field(default_factory=dict)
     """Seconds each observer took, by name (graphdoctor.protocol.seconds.OBSERVER_NAMES)."""
+    hooks: dict[str, float] = field(default_factory=dict)
+    """Of those, the seconds of each observer's step hooks (what recurs every step)."""
     waited_s: float = 0.0
     """Seconds waited at the parent's gate after set-up (graphdoctor.protocol.gate)."""
     peak_allocated_bytes: int | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-OBSERVER_NAMES: tuple[str, ...] = ("memory", "launches", "phases", "none_mask", "witness")
+OBSERVER_NAMES: tuple[str, ...] = ("memory", "launches", "phases", "none_mask", "witness", "holders")
 """The observers a child can attach (graphdoctor.child.observers), as the seconds name them."""
 
 
@@ -26,6 +26,9 @@ class ChildSeconds:
     observers: dict[str, float] = field(default_factory=dict)
     """Seconds each observer took, by name (OBSERVER_NAMES): its hooks and analysis, and for `launches`
     the extra profiled step."""
+    hooks: dict[str, float] = field(default_factory=dict)
+    """Of each observer's seconds, those of its step hooks (the part that recurs every step; the rest is
+    attaching, capture-time work and its finish)."""
     compare_s: float = 0.0
     """Fingerprints of every step, and saving or comparing reference tensors (targeted re-runs)."""
     teardown_s: float = 0.0
@@ -44,7 +47,8 @@ class ChildSeconds:
         """JSON view (docs/diff.md)."""
         return {"startup_s": self.startup_s, "setup_s": self.setup_s, "waited_s": self.waited_s,
                 "train_s": self.train_s,
-                "observers": dict(self.observers), "observers_s": self.observers_s, "compare_s": self.compare_s,
+                "observers": dict(self.observers), "observers_s": self.observers_s, "hooks": dict(self.hooks),
+                "compare_s": self.compare_s,
                 "teardown_s": self.teardown_s, "started_at": self.started_at, "ended_at": self.ended_at}
 
     @classmethod
@@ -55,6 +59,7 @@ class ChildSeconds:
                    waited_s=float(data.get("waited_s", 0.0)),
                    train_s=float(data.get("train_s", 0.0)),
                    observers={str(k): float(v) for k, v in observers.items()},
+                   hooks={str(k): float(v) for k, v in (data.get("hooks") or {}).items()},
                    compare_s=float(data.get("compare_s", 0.0)), teardown_s=float(data.get("teardown_s", 0.0)),
                    started_at=float(data.get("started_at", 0.0)), ended_at=float(data.get("ended_at", 0.0)))
 
@@ -67,6 +72,7 @@ class ChildSeconds:
             waited_s=self.waited_s + other.waited_s,
             train_s=self.train_s + other.train_s,
             observers={n: self.observers.get(n, 0.0) + other.observers.get(n, 0.0) for n in sorted(names)},
+            hooks={n: self.hooks.get(n, 0.0) + other.hooks.get(n, 0.0) for n in sorted({*self.hooks, *other.hooks})},
             compare_s=self.compare_s + other.compare_s, teardown_s=self.teardown_s + other.teardown_s,
             started_at=self.started_at or other.started_at, ended_at=other.ended_at or self.ended_at)
 

@@ -213,6 +213,9 @@ class ChildSpec:
     fingerprints: bool = True
     """Fingerprint every step's main_grads and parameters (off only for baseline timings)."""
 
+    holders: bool = True
+    """Watch the holders of what the graphs read (graphdoctor.child.holders; off only for its cost benchmark)."""
+
     gpu_turn: str | None = None
     """Lock file of the GPU this child shares with other children (graphdoctor.child.quiet); None
     when it runs alone, and never for a multi-process child."""

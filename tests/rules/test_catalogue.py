@@ -22,10 +22,10 @@ EXPECTED_CODES = [
     "GD212", "GD213", "GD214", "GD215", "GD216", "GD217", "GD218", "GD219", "GD220",
     "GD221", "GD222", "GD223", "GD224", "GD225", "GD226",
     "GD231", "GD232", "GD233", "GD234", "GD235", "GD236", "GD237", "GD238", "GD239", "GD240",
-    "GD301", "GD302", "GD303", "GD304", "GD305", "GD306", "GD307", "GD308", "GD309", "GD310", "GD311",
+    "GD301", "GD302", "GD303", "GD304", "GD305", "GD306", "GD307", "GD308", "GD309", "GD310", "GD311", "GD312",
     "GD401", "GD402", "GD403", "GD404", "GD405", "GD406", "GD407",
     "GD501", "GD502", "GD503", "GD504", "GD505", "GD506", "GD507", "GD508", "GD509", "GD510",
-    "GD511", "GD513", "GD514", "GD515", "GD516", "GD517", "GD518", "GD519", "GD520", "GD521",
+    "GD511", "GD513", "GD514", "GD515", "GD516", "GD517", "GD518", "GD519", "GD520", "GD521", "GD522",
 ]
 RUNTIME_NAMES = [
     "host-sync-in-capture", "data-dependent-shape", "legacy-default-stream-work", "pageable-h2d-copy",
@@ -33,6 +33,7 @@ RUNTIME_NAMES = [
     "attribute-tensor-reassigned", "capture-invalidated-cascade", "te-graph-none-attention-mask",
     "frozen-logged-value", "eval-after-train-divergence", "logged-value-at-capture", "teardown-hang",
     "rank-divergent-collective", "host-value-baked", "capture-dependent-branch", "graph-buffer-kept", "fp8-state-rebound",
+    "captured-tensor-rebound",
 ]
 NOT_IMPERATIVE = ("you ", "the ", "this ", "it ", "consider", "should", "must")
 
@@ -45,7 +46,7 @@ def test_code_list_is_frozen() -> None:
 
 def test_runtime_rules_in_order() -> None:
     runtime = [r for r in RULES if r.runtime]
-    assert [r.code for r in runtime] == [f"GD5{n:02d}" for n in range(1, 12)] + ["GD513", "GD514", "GD515", "GD516", "GD517", "GD518", "GD519", "GD520", "GD521"]
+    assert [r.code for r in runtime] == [f"GD5{n:02d}" for n in range(1, 12)] + ["GD513", "GD514", "GD515", "GD516", "GD517", "GD518", "GD519", "GD520", "GD521", "GD522"]
     assert [r.name for r in runtime] == RUNTIME_NAMES
 
 
