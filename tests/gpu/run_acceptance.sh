@@ -8,7 +8,8 @@
 # limit): `core` (diff, forensics, probes, memory, count, launches, report: about 4 minutes), `i15` (MoE,
 # forward_step forms, diagnoses, clean-model probes, memory site, launch line), `i20` (evaluation,
 # microbatches, recompute, logged values), `i33` (issue 33: a failing plugin test's message, setup-failed rows and
-# advise's refused local mlp), `i34` (issue 34: the planted causes and clean models), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
+# advise's refused local mlp), `i34` (issue 34: the planted causes and clean models), `i42` (issue 42: fp16's loss scaler
+# and the planted holders, with two older causes and the clean model; then the watch's cost benchmark alone), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
 # minutes in one process, now five at once), `i30` (issue 30: Megatron-LM's example lines built as Megatron builds
 # them, with TE: the field comparison, then the shrunk Llama-3 and Mixtral diffs, about 6 minutes), `i35` (issue 35,
 # with TE: every FP8 recipe under every implementation, the Llama-3 FP8 line with a resume, the planted scale reset;
@@ -51,6 +52,19 @@ if [ "$part" = all ] || [ "$part" = i34 ]; then  # issue 34: every divergence's 
     run causes_more tests/gpu/test_causes_gpu.py -k "mode_test or at_the_fill or legacy" &
     run causes_clean tests/gpu/test_causes_gpu.py -k "clean" &
     run causes_kept_verdicts tests/gpu/test_forensics_gpu.py tests/gpu/test_diagnosis_gpu.py &
+fi
+if [ "$part" = all ] || [ "$part" = i42 ]; then  # issue 42: state held anywhere in the run (fp16's loss scaler, one planted holder of each kind), with the older causes and the clean model kept
+    run holders_fp16 tests/gpu/test_holders_gpu.py -k "fp16 or static or bf16" &
+    run holders_a tests/gpu/test_holders_gpu.py -k "param_group or closure or (holder_global and not number)" &
+    run holders_b tests/gpu/test_holders_gpu.py -k "class_number or global_number or grad_scale" &
+    run holders_rng tests/gpu/test_holders_gpu.py -k "rng_tracker" &
+    run holders_clean_dropout "tests/gpu/test_causes_gpu.py::test_clean_model_with_every_phase_gives_no_cause[0.1]" &
+    run holders_kept tests/gpu/test_causes_gpu.py::test_tensor_rebound_by_the_training_loop_is_gd509_at_the_rebinding_line \
+        tests/gpu/test_causes_gpu.py::test_python_number_read_in_a_graphed_forward_is_gd518_at_the_read \
+        "tests/gpu/test_causes_gpu.py::test_clean_model_with_every_phase_gives_no_cause[0.0]" &
+    wait  # the watch's cost alone on the GPU: its step times are its own
+    timeout 250 python tests/benchmarks/holders_cost.py --steps 24 > "$out/holders_cost.json" 2> "$out/holders_cost.log"
+    echo "holders_cost: exit $? $(tail -2 "$out/holders_cost.log" | tr '\n' ' ')" >> "$out/summary.txt"
 fi
 if [ "$part" = all ] || [ "$part" = i33 ]; then  # issue 33: failing plugin test's message, setup-failed, clean probes
     GD_SAMPLE_OUT="$out/pytest_failure_sample.txt" run pytest_failure tests/gpu/test_pytest_failure_gpu.py &
