@@ -90,8 +90,8 @@ class DiffReport:
         return self.reference.env
 
     def exit_code(self) -> int:
-        """0: all passed (rng-divergence unless strict_rng) and every process exited within its bound;
-        2: the reference hit a usage error; else 1 (a teardown-hang is a finding even when the results
+        """0: all passed (rng-divergence unless strict_rng or a cause explains it) and every process exited within
+        its bound; 2: the reference hit a usage error; else 1 (a teardown-hang is a finding even when the results
         match); 128 + the signal's number when a signal stopped the diff (as the process exits)."""
         if self.stopped is not None:
             return stopped_exit_code(self.stopped)
@@ -103,7 +103,7 @@ class DiffReport:
         for result in self.results:
             if result.verdict == Verdict.UNAVAILABLE:
                 continue
-            if not result.verdict.passed:
+            if not result.passed:
                 return 1
             if result.verdict == Verdict.RNG_DIVERGENCE and self.config.strict_rng:
                 return 1

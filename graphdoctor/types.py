@@ -114,8 +114,10 @@ class TensorDiff:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TensorDiff:
-        """Inverse of to_dict."""
-        return cls(**data)
+        """Inverse of to_dict (a non-finite magnitude may come back as the string JSON writers give it, 'nan')."""
+        numbers = ("max_abs", "max_rel", "first_tensor_max_abs")
+        values: dict[str, Any] = {k: float(v) if k in numbers else v for k, v in data.items()}
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +199,18 @@ class StepRecord:
     """Run by the process that resumed from the run's checkpoint (--resume): `phase` counts from that
     process's first step (it warms up and captures again, as Megatron does after a restart)."""
 
+    skipped: bool = False
+    """The optimizer skipped its update: fp16's loss scaler found non-finite gradients (Megatron's
+    `optimizer.step()` returned update_successful False); the parameters are those of the step before."""
+
+    loss_scale: float | None = None
+    """The fp16 loss scale after the step (the scaler's current value); None without a loss scaler."""
+
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
         return {
+            "skipped": self.skipped,
+            "loss_scale": self.loss_scale,
             "profiled": self.profiled,
             "step": self.step,
             "phase": self.phase,

@@ -92,9 +92,11 @@ class TensorFamilies:
 
 class StepPrinter:
     """Bitwise fingerprints of every main_grad and parameter (an FP8 primary weight's FP8 bytes), on the device,
-    every step (graphdoctor.compare.bitprint); only [num_tensors, 2] lanes per family reach the host."""
+    every step (graphdoctor.compare.bitprint); only [num_tensors, 2] lanes per family reach the host. With
+    `canonical_nan` (fp16 runs) every NaN of a main_grad hashes alike: the steps the loss scaler skips compare by
+    where their non-finite values are, not by NaN payloads."""
 
-    def __init__(self, families: TensorFamilies) -> None:
+    def __init__(self, families: TensorFamilies, *, canonical_nan: bool = False) -> None:
         from graphdoctor.child.fp8_state import raw_data
         from graphdoctor.compare.bitprint import BitFingerprinter
 
@@ -104,7 +106,8 @@ class StepPrinter:
         self.families = families
         self._raw = raw_data
         self._grads = BitFingerprinter([(n, g.numel(), g.dtype) for (n, _), g in zip(families.params, grads,
-                                                                                      strict=True)], device)
+                                                                                      strict=True)], device,
+                                       canonical_nan=canonical_nan)
         self._params = BitFingerprinter([(n, p.numel(), p.dtype) for (n, _), p in zip(families.params, params,
                                                                                        strict=True)], device)
 
@@ -164,7 +167,8 @@ class ReferenceIO:
             if tuple(ref["names"]) != self.families.layout.names:
                 raise RuntimeError(f"graphed run has different {stage} than the reference")
             cfg = self.spec.config
-            result = compare_flat(flat, ref["flat"], self.families.index, rtol=cfg.rtol, atol=cfg.atol)
+            result = compare_flat(flat, ref["flat"], self.families.index, rtol=cfg.rtol, atol=cfg.atol,
+                                  canonical_nan=cfg.dtype == "fp16")
         self.compare_s += time.perf_counter() - start
         return result
 
@@ -245,10 +249,11 @@ class StepRunner:
         self.fingerprint_s += time.perf_counter() - printing
         grads = None if profiled else self.io.process(step, "grads")
         resume.record()
-        _, grad_norm, _ = setup.optimizer.step()
+        updated, grad_norm, _ = setup.optimizer.step()
         end_ev.record()
         end_ev.synchronize()
         clear_moe_metrics()
+        loss_scale = float(setup.optimizer.get_loss_scale().item()) if cfg.dtype == "fp16" else None
         step_ms = start_ev.elapsed_time(end_fb) + resume.elapsed_time(end_ev)
         prints = None
         if grad_prints is not None and self.printer is not None:
@@ -261,7 +266,8 @@ class StepRunner:
         loss, reported = values.host()
         return StepRecord(step=step, phase=phase, loss=loss, step_time_ms=step_ms,
                           grad_norm=None if grad_norm is None else float(grad_norm),
-                          grads=grads, params=params, profiled=profiled, prints=prints, reported=reported)
+                          grads=grads, params=params, profiled=profiled, prints=prints, reported=reported,
+                          skipped=updated is False, loss_scale=loss_scale)
 
 
 def timed_steps(spec: ChildSpec) -> range:
@@ -285,7 +291,7 @@ def run_steps(
     compare/save seconds spent."""
     cfg = spec.config
     families = TensorFamilies.of(setup.model)
-    printer = StepPrinter(families) if spec.fingerprints else None
+    printer = StepPrinter(families, canonical_nan=cfg.dtype == "fp16") if spec.fingerprints else None
     fp8 = None
     if printer is not None and (getattr(setup.config, "fp8", None) or getattr(setup.config, "fp4", None)):
         from graphdoctor.child.fp8_state import Fp8Watch

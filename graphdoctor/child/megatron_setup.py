@@ -225,9 +225,10 @@ def wrap_ddp(impl: str, config: Any, model: torch.nn.Module, run: DiffConfig | N
     return ddp
 
 
-def build_optimizer(dtype: str, config: Any, model: torch.nn.Module, *, distributed: bool = False) -> Any:
-    """get_megatron_optimizer (Adam; sharded over data-parallel ranks when `distributed`) and the
-    config hooks Megatron's trainer sets."""
+def build_optimizer(dtype: str, config: Any, model: torch.nn.Module, *, distributed: bool = False,
+                    loss_scale: float | None = None) -> Any:
+    """get_megatron_optimizer (Adam; sharded over data-parallel ranks when `distributed`; for fp16 Megatron's
+    dynamic loss scaler, or a static one of `loss_scale`) and the config hooks Megatron's trainer sets."""
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -235,6 +236,7 @@ def build_optimizer(dtype: str, config: Any, model: torch.nn.Module, *, distribu
         optimizer="adam", lr=1e-3, weight_decay=0.01, clip_grad=1.0,
         bf16=dtype == "bf16", fp16=dtype == "fp16",
         params_dtype=_params_dtype(dtype), use_distributed_optimizer=distributed,
+        loss_scale=loss_scale if dtype == "fp16" else None,
     )
     optimizer = get_megatron_optimizer(opt_config, [model])
     config.finalize_model_grads_func = finalize_model_grads
@@ -287,7 +289,8 @@ def build_setup(spec: ChildSpec) -> Setup:
     if impl == "local":
         restrict_graph_layers(config, model)
     model = rank_setup.sync_hooks(tconfig, wrap_ddp(impl, tconfig, model, config), config)
-    optimizer = build_optimizer(config.dtype, tconfig, model, distributed=config.use_distributed_optimizer)
+    optimizer = build_optimizer(config.dtype, tconfig, model, distributed=config.use_distributed_optimizer,
+                                loss_scale=config.loss_scale)
     forward_backward = get_forward_backward_func()
     if impl == "full_iteration":
         forward_backward = FullCudaGraphWrapper(

@@ -30,6 +30,9 @@ BLOCK_NUMEL = 1 << 14
 BYTES_PER_CHUNK_ELEMENT = 24
 """Device bytes per element of one chunk: products (2 lanes x 8) and one gather/index/fold word (8)."""
 
+CANONICAL_NAN_MASK_BYTES = 1
+"""Device bytes per chunk element of canonical_nan's NaN mask (torch.bool), on top of BYTES_PER_CHUNK_ELEMENT."""
+
 BYTES_PER_BLOCK = 16
 """Persistent device bytes per block: the block multipliers R (2 lanes x 8)."""
 
@@ -128,28 +131,49 @@ class ChunkPlan:
     """Bytes of the family's tensors in their own dtypes."""
     budget_bytes: int
     """Device budget the chunk size was derived from."""
+    bytes_per_chunk_element: int
+    """Device bytes per chunk element the chunk size was derived from: BYTES_PER_CHUNK_ELEMENT, plus the
+    canonical-NaN temporaries (canonical_nan_bytes) when the plan is for canonical_nan."""
     persistent_bytes: int
     """Device bytes the fingerprinter holds between calls (multipliers and tables)."""
     extra_bytes: int
-    """Peak device bytes during a fingerprint() call: persistent_bytes plus the call's own buffers."""
+    """Peak device bytes during a fingerprint() call: persistent_bytes plus the call's own buffers (the
+    canonical-NaN temporaries included when the plan is for canonical_nan)."""
 
 
 def _blocks(numel: int) -> int:
     return max(1, math.ceil(numel / BLOCK_NUMEL))
 
 
+def canonical_nan_bytes(specs: Sequence[TensorSpec]) -> int:
+    """Device bytes per chunk element that canonical_nan adds to a fingerprint() call, for the widest
+    floating-point dtype of `specs` (0 without one: integer and bool tensors are not touched).
+
+    At the peak, in torch.where: the NaN mask (1 byte) and the replaced words (the element size); the chunk's
+    values gathered with torch.take for a non-contiguous tensor, or for a contiguous 64-bit one the folded copy
+    of the replaced words, are one more element size. So 1 + 2 x element size: 17 for float64, 9 for float32,
+    5 for float16 and bfloat16.
+    """
+    sizes = [_itemsize(s.dtype) for s in specs if s.dtype.is_floating_point]
+    return CANONICAL_NAN_MASK_BYTES + 2 * max(sizes) if sizes else 0
+
+
 def plan_chunks(specs: Sequence[TensorSpec], budget_bytes: int | None = None,
-                chunk_numel: int | None = None) -> ChunkPlan:
+                chunk_numel: int | None = None, *, canonical_nan: bool = False) -> ChunkPlan:
     """Choose the chunk size: the largest multiple of BLOCK_NUMEL whose buffers fit the budget.
 
-    The chunk count is at most total_numel * 24 / (budget - fixed costs) + num_tensors; with the
-    default budget (1% of the model's bytes) that is about 2400 / element size + num_tensors (1200 +
-    num_tensors for bf16, 600 + num_tensors for fp32), whatever the parameter count.
+    The chunk count is at most total_numel * b / (budget - fixed costs) + num_tensors, b the bytes per
+    chunk element (24; with canonical_nan 24 + canonical_nan_bytes: 29 for 16-bit, 33 for 32-bit floats);
+    with the default budget (1% of the model's bytes) that is about 100 * b / element size + num_tensors
+    (1200 + num_tensors for bf16, 600 + num_tensors for fp32; with canonical_nan 1450 and 825), whatever
+    the parameter count.
 
     Args:
         specs: the family's tensors.
         budget_bytes: device budget; default max(1% of model bytes, 4 MiB).
         chunk_numel: explicit chunk size (tests); rounded up to a multiple of BLOCK_NUMEL.
+        canonical_nan: plan for BitFingerprinter's canonical_nan, whose temporaries are per chunk element
+            (canonical_nan_bytes): the chunk is smaller, so that the call still fits the budget.
 
     Returns:
         The plan, with its computed peak extra device bytes.
@@ -171,19 +195,21 @@ def plan_chunks(specs: Sequence[TensorSpec], budget_bytes: int | None = None,
     # persistent: M, R, the salt [num_tensors, 2] and each tensor's first and end block [2, num_tensors].
     persistent = FIXED_BYTES + num_blocks * BYTES_PER_BLOCK + len(specs) * 32
     call_tables = num_blocks * CALL_BYTES_PER_BLOCK + len(specs) * 48
+    per_element = BYTES_PER_CHUNK_ELEMENT + (canonical_nan_bytes(specs) if canonical_nan else 0)
     if chunk_numel is None:
         available = budget_bytes - persistent - call_tables
-        chunk_blocks = max(1, available // (BYTES_PER_CHUNK_ELEMENT * BLOCK_NUMEL))
+        chunk_blocks = max(1, available // (per_element * BLOCK_NUMEL))
     else:
         chunk_blocks = max(1, math.ceil(chunk_numel / BLOCK_NUMEL))
     chunk_blocks = min(chunk_blocks, max((_blocks(s.numel) for s in specs), default=1))
     chunk_numel = chunk_blocks * BLOCK_NUMEL
     num_chunks = sum(math.ceil(_blocks(s.numel) / chunk_blocks) for s in specs)
     # per call: block sums and running sums [2, num_blocks], per-tensor totals and result on top of the chunk buffers.
-    extra = persistent + chunk_numel * BYTES_PER_CHUNK_ELEMENT + call_tables
+    extra = persistent + chunk_numel * per_element + call_tables
     return ChunkPlan(chunk_numel=chunk_numel, num_chunks=num_chunks, num_blocks=num_blocks,
                      num_tensors=len(specs), total_numel=total, model_bytes=model_bytes,
-                     budget_bytes=budget_bytes, persistent_bytes=persistent, extra_bytes=extra)
+                     budget_bytes=budget_bytes, bytes_per_chunk_element=per_element, persistent_bytes=persistent,
+                     extra_bytes=extra)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -222,7 +248,7 @@ class BitFingerprinter:
 
     def __init__(self, specs: Sequence[TensorSpec | tuple[str, int, torch.dtype]],
                  device: torch.device | str, budget_bytes: int | None = None,
-                 chunk_numel: int | None = None) -> None:
+                 chunk_numel: int | None = None, *, canonical_nan: bool = False) -> None:
         """Plan the chunks and build the multipliers and block tables on `device`.
 
         Args:
@@ -230,13 +256,20 @@ class BitFingerprinter:
             device: where the tensors live and the fingerprints are computed.
             budget_bytes: device budget; see plan_chunks.
             chunk_numel: explicit chunk size (tests).
+            canonical_nan: hash every NaN of a floating-point tensor as its dtype's canonical quiet NaN (CANONICAL_NAN),
+                so two tensors with NaNs in the same places and equal bits elsewhere fingerprint equal whatever the
+                NaNs' payloads (fp16 steps the loss scaler skips: kernels leave different payloads). The chunk is
+                planned with its temporaries (plan_chunks), so the call stays within the budget.
         """
+        self.canonical_nan = canonical_nan
+        self._canon: dict[torch.dtype, torch.Tensor] = {}
         self.specs = tuple(s if isinstance(s, TensorSpec) else TensorSpec(*s) for s in specs)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             # "cuda" means the current device; tensors report it with its index (cuda:0).
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.plan = plan_chunks(self.specs, budget_bytes=budget_bytes, chunk_numel=chunk_numel)
+        self.plan = plan_chunks(self.specs, budget_bytes=budget_bytes, chunk_numel=chunk_numel,
+                                canonical_nan=canonical_nan)
         ends = list(itertools.accumulate(_blocks(spec.numel) for spec in self.specs))
         block_mults = [[to_signed64(block_multiplier(b, lane)) for spec in self.specs
                         for b in range(_blocks(spec.numel))] for lane in range(NUM_LANES)]
@@ -250,7 +283,8 @@ class BitFingerprinter:
 
     @property
     def peak_extra_bytes(self) -> int:
-        """Peak device bytes held by the fingerprinter during a call (computed, not measured)."""
+        """Peak device bytes held by the fingerprinter during a call (computed, not measured): plan.extra_bytes,
+        which counts the canonical-NaN temporaries where canonical_nan is on."""
         return self.plan.extra_bytes
 
     def _check(self, tensors: Sequence[torch.Tensor]) -> None:
@@ -304,10 +338,20 @@ class BitFingerprinter:
                 index = prods[0].view(-1)[:stop - start]
                 torch.arange(start, stop, out=index)
                 words = torch.take(bits, index)
+            if self.canonical_nan and tensor.is_floating_point():
+                values = tensor.reshape(-1)[start:stop] if flat is not None else torch.take(tensor, index)
+                words = torch.where(torch.isnan(values), self._canonical(tensor.dtype, int_dtype), words)
             if int_dtype == torch.int64:
                 words = _fold64(words, prods[1].view(-1)[:stop - start], copy=flat is not None)
             row = self._reduce_chunk(words, prods, sums, row)
         return row + 1 if numel == 0 else row
+
+    def _canonical(self, dtype: torch.dtype, int_dtype: torch.dtype) -> torch.Tensor:
+        word = self._canon.get(dtype)
+        if word is None:
+            word = self._canon[dtype] = torch.tensor(_signed(CANONICAL_NAN[dtype], int_dtype), dtype=int_dtype,
+                                                     device=self.device)
+        return word
 
     def _reduce_chunk(self, words: torch.Tensor, prods: torch.Tensor, sums: torch.Tensor, row: int) -> int:
         num_full = words.numel() // BLOCK_NUMEL
@@ -324,6 +368,16 @@ class BitFingerprinter:
         return row
 
 
+CANONICAL_NAN: dict[torch.dtype, int] = {torch.float64: 0x7FF8000000000000, torch.float32: 0x7FC00000,
+                                         torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+"""The raw bits every NaN hashes as with canonical_nan (the positive quiet NaN with an empty payload)."""
+
+
+def _signed(bits: int, int_dtype: torch.dtype) -> int:
+    width = torch.iinfo(int_dtype).bits
+    return bits - (1 << width) if bits >= 1 << (width - 1) else bits
+
+
 def _fold64(words: torch.Tensor, scratch: torch.Tensor, copy: bool) -> torch.Tensor:
     # w ^ (w >>> 32) is a bijection that copies the high half into the low half, so a difference
     # confined to high bits (a float64 sign flip) still reaches the low bits (see docs/fingerprints.md).
@@ -334,13 +388,18 @@ def _fold64(words: torch.Tensor, scratch: torch.Tensor, copy: bool) -> torch.Ten
     return folded
 
 
-def reference_lanes(tensor: torch.Tensor) -> tuple[int, int]:
+def reference_lanes(tensor: torch.Tensor, *, canonical_nan: bool = False) -> tuple[int, int]:
     """The two unsigned lanes of one tensor by the defining formula on Python ints (slow; small tensors).
 
-    This is the specification BitFingerprinter must match bit for bit on every device.
+    This is the specification BitFingerprinter must match bit for bit on every device (canonical_nan: every NaN
+    read as CANONICAL_NAN).
     """
     int_dtype = _INT_VIEW[tensor.dtype][0]
-    words = tensor.detach().cpu().contiguous().view(int_dtype).reshape(-1).tolist()
+    flat = tensor.detach().cpu().contiguous()
+    words = flat.view(int_dtype).reshape(-1).tolist()
+    if canonical_nan and tensor.is_floating_point():
+        canon = _signed(CANONICAL_NAN[tensor.dtype], int_dtype)
+        words = [canon if nan else w for w, nan in zip(words, torch.isnan(flat).reshape(-1).tolist(), strict=True)]
     lanes = []
     for lane in range(NUM_LANES):
         total = salt(tensor.numel(), tensor.dtype, lane)
@@ -363,11 +422,14 @@ __all__ = [
     "BYTES_PER_CHUNK_ELEMENT",
     "BitFingerprinter",
     "BitprintError",
+    "CANONICAL_NAN",
+    "CANONICAL_NAN_MASK_BYTES",
     "ChunkPlan",
     "MAX_CHUNKS",
     "NUM_LANES",
     "TensorSpec",
     "block_multiplier",
+    "canonical_nan_bytes",
     "fill_multipliers",
     "decode_step",
     "differing_tensors",

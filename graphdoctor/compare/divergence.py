@@ -10,6 +10,7 @@ from typing import Any
 
 from graphdoctor.compare.fp8_state import step_difference
 from graphdoctor.compare.prints import FAMILIES, family_diff
+from graphdoctor.compare.scaler import both_skipped, finite_difference, skip_difference
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.types import StepRecord
 
@@ -22,8 +23,8 @@ class Divergence:
     """First step whose loss, main_grads or parameters differ."""
 
     what: str
-    """loss | reported | grads | params | fp8_state: the first quantity of that step that differs (in that
-    order; `fp8_state`: an FP8 scale or amax history, `tensor` its `module:what`; `reported`: a value the loss function reported, named by `key`); `eval` when every
+    """loss | reported | skipped | grads | params | fp8_state: the first quantity of that step that differs (in that
+    order; `skipped`: fp16's loss scaler skipped the update in one run only, `key` says which; `fp8_state`: an FP8 scale or amax history, `tensor` its `module:what`; `reported`: a value the loss function reported, named by `key`); `eval` when every
     training step matches and the evaluation after `step` differs (its loss, or the value `key`)."""
 
     tensor: str | None
@@ -57,6 +58,8 @@ class Divergence:
             return f"eval {self.key!r}" if self.key else "eval loss"
         if self.what == "fp8_state":
             return "FP8 state"
+        if self.what == "skipped":
+            return f"loss-scaler skip ({self.key})" if self.key else "loss-scaler skip"
         return f"reported {self.key!r}" if self.what == "reported" else self.what
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,12 +139,15 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
         max_abs, max_rel = max(max_abs, reported_abs), max(max_rel, reported_rel)
         if keys:
             candidates.append(("reported", None))
+        skip = skip_difference(ref, rec)
+        if skip is not None:
+            candidates.append(("skipped", None))
         unmeasured = False
         backward = None
         for what in FAMILIES:
             diff = family_diff(names, ref, rec, what)
-            if diff is None:
-                continue
+            if diff is None or (what == "grads" and both_skipped(ref, rec) and not finite_difference(diff)):
+                continue  # both loss scalers discarded these gradients (compare.scaler notes where they differ)
             if diff.measured:
                 max_abs = max(max_abs, diff.max_abs)
                 max_rel = max(max_rel, diff.max_rel)
@@ -156,7 +162,8 @@ def find_divergence(reference: RunRecord, graphed: RunRecord, *, rtol: float = 0
             unmeasured = True
         if candidates and first is None:
             tensor = next((t for _, t in candidates if t is not None), None)
-            first = (rec.step, candidates[0][0], tensor, keys[0] if keys else None, backward)
+            first = (rec.step, candidates[0][0], tensor, skip if candidates[0][0] == "skipped" else
+                     keys[0] if keys else None, backward)
             measured = not unmeasured
     if first is None:
         return None

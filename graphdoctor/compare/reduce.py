@@ -73,6 +73,7 @@ def compare_flat(
     *,
     rtol: float = 0.0,
     atol: float = 0.0,
+    canonical_nan: bool = False,
 ) -> TensorDiff:
     """Compare two flat buffers with the same layout; one device-to-host copy.
 
@@ -82,6 +83,8 @@ def compare_flat(
         index: segment ids of the shared layout.
         rtol: relative tolerance; with atol 0 as well the test is bitwise.
         atol: absolute tolerance.
+        canonical_nan: NaNs at the same places compare as equal whatever their bits (fp16 main_grads, as their
+            fingerprints do: graphdoctor.compare.bitprint); a NaN on one side only still differs.
 
     Returns:
         The reduced comparison: number of unequal tensors, max abs/rel difference, first tensor that
@@ -98,16 +101,20 @@ def compare_flat(
     n = len(index.layout.numels)
     a = actual.float()
     e = expected.float()
-    diff = (a - e).abs()
-    # NaN on one side only is a difference of +inf; NaN on both sides compares by bits below.
+    diff = torch.where(a == e, 0.0, (a - e).abs())  # equal infinities differ by nothing, not by inf - inf
+    # NaN on one side only is a difference of +inf; NaN on both sides compares by bits below (any NaN alike
+    # with canonical_nan).
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)
-    diff = torch.where(nan_a | nan_e, torch.where(nan_a & nan_e, 0.0, float("inf")), diff)
+    both_nan = nan_a & nan_e
+    diff = torch.where(nan_a | nan_e, torch.where(both_nan, 0.0, float("inf")), diff)
     denom = e.abs()
     # Relative difference is defined where the reference is non-zero; elsewhere max_abs speaks.
     rel = torch.where(denom > 0, diff / denom.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
     if rtol == 0.0 and atol == 0.0:
         view = _INT_VIEW[actual.element_size()]
         bad = actual.view(view) != expected.view(view)
+        if canonical_nan:
+            bad &= ~both_nan
     else:
         bad = diff > (atol + rtol * denom)
     stats = torch.zeros(3, n, dtype=torch.float32, device=actual.device)

@@ -22,6 +22,7 @@ from graphdoctor.compare.phases import (
     resume_notes,
     schedule_notes,
 )
+from graphdoctor.compare.scaler import scaler_notes
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.record import RunRecord
@@ -176,12 +177,18 @@ class ImplResult:
     """The FP8 state (scales, amax histories, FP8 weights' scales) against eager, step by step; None without
     FP8 state (graphdoctor.compare.fp8_state)."""
 
+    @property
+    def passed(self) -> bool:
+        """The verdict passes and no cause explains a difference (an rng-divergence whose masks differ because a
+        generator state was replaced after capture fails)."""
+        return self.verdict.passed and not any(c.explains for c in self.causes)
+
     def to_dict(self, *, include_steps: bool = True) -> dict[str, Any]:
         """JSON view (schema in docs/diff.md)."""
         data: dict[str, Any] = {
             "impl": self.impl,
             "verdict": self.verdict.value,
-            "passed": self.verdict.passed,
+            "passed": self.passed,
             "first_divergence": self.divergence.to_dict() if self.divergence else None,
             "timing": self.timing.to_dict() if self.timing else None,
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
@@ -302,8 +309,8 @@ def judge(
     common["fp8_state"] = compare_fp8_state(reference, graphed)
     divergence = find_divergence(reference, graphed, rtol=rtol, atol=atol)
     capture_notes, divergence = capture_only_values(reference, graphed, divergence, rtol=rtol, atol=atol)
-    phase_notes = capture_notes + schedule_notes(reference, graphed, rtol=rtol, atol=atol,
-                                                 steps_match=divergence is None)
+    phase_notes = capture_notes + scaler_notes(reference, graphed) + schedule_notes(
+        reference, graphed, rtol=rtol, atol=atol, steps_match=divergence is None)
     divergence = divergence or eval_divergence(reference, graphed, rtol=rtol, atol=atol)
     if divergence is not None:
         phase_notes += resume_notes(graphed, divergence)

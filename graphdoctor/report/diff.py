@@ -42,7 +42,7 @@ def _first(result: ImplResult) -> str:
             return f"{d.label} after step {d.step}"
         if d.tensor is None:
             return f"step {d.step} {d.label}"
-        return f"step {d.step} {d.label} ({d.tensor})" if d.what not in ("loss", "reported") else \
+        return f"step {d.step} {d.label} ({d.tensor})" if d.what not in ("loss", "reported", "skipped") else \
             f"step {d.step} {d.label}; grads from {d.tensor}"
     if result.diagnosis is not None and result.verdict.value not in ("match",):
         diag = result.diagnosis
@@ -72,7 +72,7 @@ def summary_rows(report: DiffReport) -> list[list[str]]:
         div = result.divergence
         rows.append([
             result.impl,
-            f"{result.verdict.value} {_MARK.get(result.verdict.value, 'FAIL')}",
+            f"{result.verdict.value} {_MARK.get(result.verdict.value, 'FAIL') if result.passed else 'FAIL'}",
             _first(result),
             _num(div.max_abs if div else (0.0 if result.verdict.value == "match" else None)),
             _num(div.max_rel if div else (0.0 if result.verdict.value == "match" else None)),
@@ -277,7 +277,7 @@ def _details(report: DiffReport, *, verbose: bool) -> list[str]:
         for run in result.runs:
             out += _teardown_lines(result.impl if run is result.runs[0] else f"{result.impl} ({run.name})", run)
         diag = result.diagnosis
-        if diag is not None and result.verdict.value not in ("match", "rng-divergence"):
+        if diag is not None and (result.verdict.value not in ("match", "rng-divergence") or not result.passed):
             out += _diagnosis_lines(result.impl, diag, verbose=verbose)
         if result.control is not None:
             ctl = result.control

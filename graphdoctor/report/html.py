@@ -59,7 +59,7 @@ def _first_line(impl: ImplView) -> str:
     d = impl.first_divergence
     if d is None:
         return "equal to eager at every compared step" if impl.verdict == "match" else ""
-    where = f"step {d.step}, {d.what}" + (f" {d.key!r}" if d.what in ("reported", "eval") and d.key else "")
+    where = f"step {d.step}, {d.what}" + (f" {d.key!r}" if d.what in ("reported", "eval", "skipped") and d.key else "")
     if d.what == "eval":
         where = f"evaluation after step {d.step}" + (f", {d.key!r}" if d.key else ", its loss")
     if d.tensor:

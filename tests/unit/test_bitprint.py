@@ -17,6 +17,7 @@ from graphdoctor.compare.bitprint import (
     BitFingerprinter,
     BitprintError,
     TensorSpec,
+    canonical_nan_bytes,
     decode_step,
     differing_tensors,
     encode_step,
@@ -239,6 +240,58 @@ def test_plan_bounds_hold_across_sizes() -> None:
         plan = plan_chunks(specs)
         assert plan.num_chunks <= MAX_CHUNKS + len(specs), total
         assert plan.extra_bytes <= max(plan.model_bytes // 100, 4 << 20), total
+
+
+@pytest.mark.parametrize(("dtype", "per_element"), [(torch.float16, 29), (torch.float32, 33), (torch.float64, 41)])
+@pytest.mark.parametrize("total", [50_000_000, 1_300_000_000, 7_000_000_000])
+def test_canonical_nan_plan_keeps_the_budget(dtype: torch.dtype, per_element: int, total: int) -> None:
+    # canonical_nan's temporaries (mask, replaced words, gathered values) are per chunk element: planned for, the
+    # call fits the default budget (1 % of the model's bytes, 4 MiB floor); planned without, it did not.
+    sizes = [total // 300] * 299 + [total - 299 * (total // 300)]
+    specs = [TensorSpec(f"g{i}", n, dtype) for i, n in enumerate(sizes)]
+    plain, canonical = plan_chunks(specs), plan_chunks(specs, canonical_nan=True)
+    assert canonical.bytes_per_chunk_element == per_element == 24 + canonical_nan_bytes(specs)
+    assert canonical.budget_bytes == plain.budget_bytes == max(canonical.model_bytes // 100, 4 << 20)
+    assert canonical.extra_bytes <= canonical.budget_bytes
+    assert plain.extra_bytes + canonical_nan_bytes(specs) * plain.chunk_numel > plain.budget_bytes  # the old peak
+    assert canonical.chunk_numel < plain.chunk_numel and canonical.chunk_numel % BLOCK_NUMEL == 0
+    assert canonical.num_chunks <= MAX_CHUNKS + len(specs)
+    assert plan_chunks(specs, canonical_nan=True, chunk_numel=plain.chunk_numel).extra_bytes == \
+        plain.extra_bytes + canonical_nan_bytes(specs) * plain.chunk_numel  # an explicit chunk: counted, not fitted
+
+
+def test_canonical_nan_bytes_are_those_of_the_widest_float() -> None:
+    assert canonical_nan_bytes([TensorSpec("w", 8, torch.bfloat16), TensorSpec("b", 8, torch.float32)]) == 9
+    assert canonical_nan_bytes([TensorSpec("i", 8, torch.int64), TensorSpec("m", 8, torch.bool)]) == 0
+    ints = [TensorSpec("i", 10**9, torch.int64)]
+    assert plan_chunks(ints, canonical_nan=True) == plan_chunks(ints)  # integer tensors are not touched
+
+
+def test_canonical_nan_fingerprinter_fits_its_budget_with_the_same_lanes() -> None:
+    gen = torch.Generator().manual_seed(11)
+    bases = [torch.randn(7 * BLOCK_NUMEL + 5, generator=gen), torch.randn(3, 2 * BLOCK_NUMEL + 1, generator=gen),
+             torch.randn(4 * BLOCK_NUMEL, generator=gen).half(), torch.randn(5, generator=gen, dtype=torch.float64)]
+    for base in bases:
+        base.view(-1)[::97] = float("nan")
+    grads = [bases[0], bases[1].t(), bases[2], bases[3]]  # the second non-contiguous, gathered per chunk
+    specs = [(f"g{i}", g.numel(), g.dtype) for i, g in enumerate(grads)]
+    budget = 2 << 20  # small enough that the chunk is the budget's, not the largest tensor's
+    plain = BitFingerprinter(specs, "cpu", budget_bytes=budget)
+    canonical = BitFingerprinter(specs, "cpu", budget_bytes=budget, canonical_nan=True)
+    assert canonical.plan.chunk_numel < plain.plan.chunk_numel < 8 * BLOCK_NUMEL
+    assert canonical.peak_extra_bytes == canonical.plan.extra_bytes <= budget < \
+        plain.plan.extra_bytes + canonical_nan_bytes(canonical.specs) * plain.plan.chunk_numel
+    got = host_lanes(canonical.fingerprint(grads))
+    assert got == [reference_lanes(g, canonical_nan=True) for g in grads]
+    for chunk in (1, 2 * BLOCK_NUMEL, 10**9):  # the chunk size changes nothing
+        fixed = BitFingerprinter(specs, "cpu", chunk_numel=chunk, canonical_nan=True)
+        assert host_lanes(fixed.fingerprint(grads)) == got
+    payloads = [g.clone() for g in grads]
+    payloads[0].view(torch.int32).view(-1)[::97] = 0x7FC00001  # other NaN payloads, same places
+    payloads[2].view(torch.int16).view(-1)[::97] = 0xFE01 - (1 << 16)  # fp16 NaNs with the sign bit, another payload
+    assert payloads[0].view(-1)[::97].isnan().all() and payloads[2].view(-1)[::97].isnan().all()
+    assert host_lanes(canonical.fingerprint(payloads)) == got
+    assert differing_tensors(host_lanes(plain.fingerprint(payloads)), host_lanes(plain.fingerprint(grads))) == [0, 2]
 
 
 def test_parameters_that_require_grad_are_read_without_autograd() -> None:

@@ -1,6 +1,7 @@
 """The causes of the planted divergences, re-derived on the CPU from diff reports recorded on the H200
-(fixtures/data/causes/, written by tests/gpu/test_causes_gpu.py): the graphed run's evidence (its hazards)
-and the row's divergence give the same rule, module and marked line again; the clean model gives none."""
+(fixtures/data/causes/, written by tests/gpu/test_causes_gpu.py; fixtures/data/holders/, by
+tests/gpu/test_holders_gpu.py): the graphed run's evidence (its hazards) and the row's divergence give the same
+rule, module, marked line and holder again; the clean model gives none."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from graphdoctor.report.html import render_payload
 from graphdoctor.types import Verdict
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "causes"
+HOLDERS = DATA.parent / "holders"
 
 PLANTED = [  # (recording, implementation, rule, fixture, marker)
     ("rebound_gain", "local", "GD509", "cause_rebound_gain", "GD509"),
@@ -32,8 +34,8 @@ PLANTED = [  # (recording, implementation, rule, fixture, marker)
 ]
 
 
-def _report(name: str) -> DiffReport:
-    with gzip.open(DATA / f"{name}.json.gz", "rt", encoding="utf-8") as fh:
+def _report(name: str, where: Path = DATA) -> DiffReport:
+    with gzip.open(where / f"{name}.json.gz", "rt", encoding="utf-8") as fh:
         return DiffReport.from_dict(json.load(fh))
 
 
@@ -93,3 +95,55 @@ def test_related_modules() -> None:
     assert related("decoder.layers.0", "decoder.layers.0.mlp.linear_fc1")
     assert not related("decoder.layers.1.mlp", "decoder.layers.10.mlp")
     assert not related("", "decoder")
+
+
+HELD = [  # (recording = fixture, rule, the holder's path holds, rows whose graphs read it, verdict there)
+    ("holder_param_group", "GD522", "param_groups[0]['aux_weight']", ("full_iteration",), Verdict.NUMERIC_DIVERGENCE),
+    ("holder_closure", "GD522", "weighted_loss.<closure>.weight", ("full_iteration",), Verdict.NUMERIC_DIVERGENCE),
+    ("holder_global", "GD522", "holder_global.GAIN", ("local", "full_iteration"), Verdict.NUMERIC_DIVERGENCE),
+    ("holder_class_number", "GD518", "DampedMLP.damping", ("local", "full_iteration"), Verdict.NUMERIC_DIVERGENCE),
+    ("holder_global_number", "GD518", "holder_global_number.Z_WEIGHT", ("full_iteration",),
+     Verdict.NUMERIC_DIVERGENCE),
+    ("holder_grad_scale", "GD522", "grad_scale_func.<closure>.boost", ("full_iteration",), Verdict.NUMERIC_DIVERGENCE),
+    ("holder_rng_reseed", "GD522", "rng_tracker.states_[", ("local", "full_iteration"),
+     Verdict.RNG_DIVERGENCE),
+]
+
+
+@pytest.mark.parametrize(("fixture", "rule", "holder", "reads", "verdict"), HELD, ids=[h[0] for h in HELD])
+def test_recorded_holder_is_named_again_from_the_evidence(fixture: str, rule: str, holder: str,
+                                                          reads: tuple[str, ...], verdict: Verdict) -> None:
+    report = _report(fixture, HOLDERS)
+    for row in report.results:
+        again = apply_causes(_before_causes(row), row.runs[0])
+        if row.impl not in reads:
+            assert row.verdict == Verdict.MATCH and again.diagnosis is None, (row.impl, row.notes)
+            continue
+        assert row.verdict == verdict
+        assert again.diagnosis is not None and (again.diagnosis.rule, again.diagnosis.location) == \
+            (rule, marked_location(fixture, rule)), (row.impl, again.diagnosis)
+        (explained,) = [c for c in again.causes if c.explains]
+        assert explained.subject is not None and holder in explained.subject, explained
+        assert not again.passed  # an rng-divergence a cause explains fails too
+    assert report.exit_code() == 1
+
+
+def test_megatron_fp16_scaler_under_full_iteration_is_named_at_its_rebinding_line() -> None:
+    report = _report("fp16_dynamic", HOLDERS)
+    local, full = (_row(report, impl) for impl in ("local", "full_iteration"))
+    assert local.verdict == Verdict.MATCH and local.causes == ()
+    again = apply_causes(_before_causes(full), full.runs[0])
+    diag = again.diagnosis
+    assert diag is not None and (diag.rule, diag.location) == ("GD522", "megatron/core/optimizer/grad_scaler.py:143")
+    assert diag.fix is not None and "--loss-scale" in diag.fix and "bf16" in diag.fix
+    assert "grad_scaler._scale" in diag.message and "freed" in diag.message
+
+
+@pytest.mark.parametrize("name", ["fp16_static_4096", "bf16", "clean_dropout"])
+def test_static_scale_bf16_and_the_clean_dropout_model_name_no_holder(name: str) -> None:
+    report = _report(name, HOLDERS)
+    for row in report.results:
+        assert row.verdict in (Verdict.MATCH, Verdict.RNG_DIVERGENCE), (row.impl, row.verdict)
+        assert not [h for run in row.runs for h in run.hazards if h.rule in ("GD518", "GD522")], row.impl
+        assert row.passed
+    assert report.exit_code() == 0
