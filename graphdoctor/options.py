@@ -95,6 +95,9 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            "(core_attn, mlp, moe, ...).", "LIST", default_text="unset"),
     Option("vocab-size", "vocab_size", int, "Vocabulary size.", "N"),
     Option("dtype", "dtype", str, "fp32, bf16 or fp16.", "DTYPE"),
+    Option("loss-scale", "loss_scale", float,
+           "fp16's static loss scale (Megatron-LM's --loss-scale); another dtype ignores it, with a warning.", "X",
+           default_text="Megatron's dynamic loss scaler"),
     Option("fp8-format", "fp8_format", str,
            "Train in FP8 (Megatron-LM's --fp8-format): e4m3 or hybrid; needs Transformer Engine's layers "
            "(--layer-spec te) (docs/fp8.md).", "FORMAT", default_text="the model's own (off)"),

@@ -1,12 +1,14 @@
 """A Megatron-Bridge ConfigContainer YAML (`ConfigContainer.to_yaml`, `run_recipe.py --dry-run`, or an override
 file in its shape), read with safe YAML and never by importing Bridge: its `model:` section (a GPTModelProvider or
 HybridModelProvider: TransformerConfig fields and the GPT model's arguments, flat) split into the TransformerConfig
-and the model config Megatron builds, the CUDA-graph settings, `train:` batches, `rng:` seed, `ddp:` and `env_vars:`.
+and the model config Megatron builds, the CUDA-graph settings, `train:` batches, `rng:` seed, `ddp:`, `env_vars:`,
+and the optimizer's fp16 loss scaling (fp16 and a static loss scale, as `mixed_precision:` leaves them).
 
 `_target_` entries stay in Megatron's dump format (graphdoctor.config.codec decodes them, Megatron's and torch's
 names only); enums are read by `_name_` (Bridge's old CudaGraphScope numbers differ from CudaGraphModule's).
 What a section sets that diff does not run (optimizer, scheduler, data, logging, checkpoints) is listed once;
-what Bridge's own validate()/provide() refuse a start on is kept as BridgeGuards for `check`'s GD141-GD145.
+what Bridge's own validate()/provide() refuse a start on is kept as BridgeGuards for `check`'s GD141-GD145, with
+the optimizer's fp16 loss scaling (`optimizer:`, `mixed_precision:`) for GD312.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ GUARD_KEYS: tuple[str, ...] = (
     "model.cuda_graph_impl", "model.cuda_graph_modules", "model.cuda_graph_scope", "model.inference_cuda_graph_scope",
     "model.use_te_rng_tracker", "rng.te_rng_tracker", "rerun_state_machine.check_for_nan_in_loss",
     "dataset.offline_packing_specs", "dataset.offline_packing_specs.pad_cu_seqlens", "dataset.pad_to_max_length",
-    "dataset.dataset_kwargs.pad_to_max_length",
+    "dataset.dataset_kwargs.pad_to_max_length", "optimizer.fp16", "optimizer.loss_scale", "mixed_precision",
+    "mixed_precision.fp16", "mixed_precision.loss_scale",
 )
 """The keys BridgeGuards reads (BridgeGuards.given: those the file sets)."""
 
@@ -73,7 +76,8 @@ GUARD_KEYS: tuple[str, ...] = (
 @dataclass(frozen=True, slots=True)
 class BridgeGuards:
     """What Megatron-Bridge's own ConfigContainer.validate() and GPTModelProvider.provide() read before they refuse
-    a start (GD141-GD145), plain, with Bridge's defaults for a key the file does not set (`given` says which)."""
+    a start (GD141-GD145), and the optimizer's fp16 loss scaling (GD312), plain, with Bridge's defaults for a key
+    the file does not set (`given` says which)."""
 
     cuda_graph_impl: str = "none"
     """`model.cuda_graph_impl` (TransformerConfig's default `none`)."""
@@ -95,6 +99,14 @@ class BridgeGuards:
     pad_to_max_length: bool = False
     """`dataset.pad_to_max_length is True or dataset.dataset_kwargs.pad_to_max_length is True` (validate()'s own
     test, before it turns padding on for pipeline or expert parallelism)."""
+    fp16: bool | None = None
+    """fp16 as Bridge's `MixedPrecisionConfig.setup` leaves the optimizer config: where a `mixed_precision` is
+    given, its `fp16` (a mapping's, or a recipe named `fp16_*`; setup writes every field of it over the model's and
+    the optimizer's), else `optimizer.fp16` where set; None: neither is given (the model's `fp16` decides)."""
+    loss_scale: float | None = None
+    """The optimizer's static loss scale: `mixed_precision.loss_scale` where a mixed_precision is given (a recipe's
+    is None, and setup writes it over the optimizer's), else `optimizer.loss_scale`; None: Megatron's dynamic loss
+    scaler for fp16 (megatron/core/optimizer/__init__.py, `if config.loss_scale`)."""
     given: frozenset[str] = frozenset()
     """The GUARD_KEYS the file sets (the others are Bridge's defaults above)."""
 
@@ -135,7 +147,8 @@ class BridgeConfig:
     graph: dict[str, Any] = field(default_factory=dict)
     """The CUDA-graph settings of `model:` (GRAPH_FIELDS), plain."""
     run: dict[str, Any] = field(default_factory=dict)
-    """DiffConfig values: micro_batch_size, global_batch_size, seed, eval, DDP settings."""
+    """DiffConfig values: micro_batch_size, global_batch_size, seed, eval, DDP settings, and the optimizer's
+    fp16 loss scaling (`dtype` fp16, `loss_scale`; precision_values)."""
     te_rng_tracker: bool = False
     env: dict[str, str] = field(default_factory=dict)
     where: dict[str, str] = field(default_factory=dict)
@@ -253,14 +266,42 @@ def read_bridge(path: str | Path, data: Any = None, lines: Mapping[int, Mapping[
             if str(key) in transformer_names and str(key) not in model_section and not str(key).startswith("_"):
                 decode(value, f"{where}: mixed_precision.{key}")
                 transformer[str(key)] = value
-    elif precision is not None:
-        skipped.append(f"mixed_precision {precision} (a Bridge recipe name; the model section's own bf16/fp16/fp8 "
-                       "fields are read)")
-    skipped.extend(sorted(name for name in sections if name not in APPLIED_SECTIONS and sections[name] is not None))
+    guards = _guards(sections, at, where)
+    run.update(precision_values(guards))
+    skipped.extend(_not_read(sections, guards))
     return BridgeConfig(path=where, kind=kind, transformer=transformer, model=model, layer_spec=spec, graph=graph,
                         run=run, te_rng_tracker=rng_tracker or bool(values.get("use_te_rng_tracker")), env=env,
-                        where=at, not_applied=tuple(skipped), guards=_guards(sections, at, where),
+                        where=at, not_applied=tuple(skipped), guards=guards,
                         checkpoint=_checkpoint_paths(sections.get("checkpoint")))
+
+
+def precision_values(guards: BridgeGuards) -> dict[str, Any]:
+    """The DiffConfig values of the optimizer's fp16 loss scaling as Bridge sets it up (BridgeGuards): `dtype`
+    fp16 where the optimizer trains in fp16, and `loss_scale` where a static loss scale is set (Megatron's
+    ConstantGradScaler; unset: its dynamic scaler). Explicit values (flags, the run file) sit over them."""
+    values: dict[str, Any] = {}
+    if guards.fp16:
+        values["dtype"] = "fp16"
+    if guards.loss_scale is not None:
+        values["loss_scale"] = guards.loss_scale
+    return values
+
+
+def _not_read(sections: Mapping[str, Any], guards: BridgeGuards) -> list[str]:
+    """What diff does not take of the sections besides `model:`: a `mixed_precision` recipe (its fp16 taken), then
+    each section outside APPLIED_SECTIONS (an `optimizer` but for its fp16 loss scaling, where no mixed_precision
+    writes over it)."""
+    precision, optimizer = sections.get("mixed_precision"), sections.get("optimizer")
+    out = []
+    if precision is not None and not isinstance(precision, Mapping):
+        taken = "diff takes its fp16; " if guards.fp16 else ""
+        out.append(f"mixed_precision {precision} (a Bridge recipe name; {taken}the model section's own "
+                   "bf16/fp16/fp8 fields are read)")
+    loss_scaling = precision is None and isinstance(optimizer, Mapping) and \
+        bool({"fp16", "loss_scale"} & set(optimizer))
+    for name in sorted(name for name in sections if name not in APPLIED_SECTIONS and sections[name] is not None):
+        out.append("optimizer (all but fp16 and loss_scale)" if name == "optimizer" and loss_scaling else name)
+    return out
 
 
 def _run_values(sections: Mapping[str, Any], where: str) -> tuple[dict[str, Any], bool]:
@@ -364,6 +405,7 @@ def _guards(sections: Mapping[str, Any], at: Mapping[str, str], where: str) -> B
     specs = _mapping(dataset, "dataset.offline_packing_specs", at, where)
     kwargs = _mapping(dataset, "dataset.dataset_kwargs", at, where)
     impl = model.get("cuda_graph_impl")
+    fp16, loss_scale = _precision(sections, at, where)
     return BridgeGuards(
         cuda_graph_impl=impl if isinstance(impl, str) else "none",
         graph_names=(*_names(model.get("cuda_graph_modules")), *_names(model.get("cuda_graph_scope"))),
@@ -374,8 +416,43 @@ def _guards(sections: Mapping[str, Any], at: Mapping[str, str], where: str) -> B
         offline_packing=dataset.get("offline_packing_specs") is not None,
         pad_cu_seqlens=_flag(specs, "dataset.offline_packing_specs.pad_cu_seqlens", False, at, where),
         pad_to_max_length=dataset.get("pad_to_max_length") is True or kwargs.get("pad_to_max_length") is True,
+        fp16=fp16, loss_scale=loss_scale,
         given=frozenset(key for key in GUARD_KEYS if _has(sections, key)),
     )
+
+
+def _precision(sections: Mapping[str, Any], at: Mapping[str, str], where: str) -> tuple[bool | None, float | None]:
+    """(fp16, static loss scale) of the optimizer as Bridge sets them up (BridgeGuards.fp16 and .loss_scale).
+
+    Raises:
+        UsageError: an fp16 that is not true or false, a loss scale that is not a number >= 0 (or null).
+    """
+    optimizer = sections.get("optimizer")
+    if not isinstance(optimizer, Mapping):
+        optimizer = {}
+    precision = sections.get("mixed_precision")
+    if isinstance(precision, str):
+        return precision.replace("-", "_").startswith("fp16_"), None  # a recipe: fp16_mixed, fp16_with_fp8_...
+    if isinstance(precision, Mapping):
+        return _flag(precision, "mixed_precision.fp16", False, at, where), \
+            _loss_scale(precision, "mixed_precision.loss_scale", at, where)
+    fp16 = _flag(optimizer, "optimizer.fp16", False, at, where) if "fp16" in optimizer else None
+    return fp16, _loss_scale(optimizer, "optimizer.loss_scale", at, where)
+
+
+def _loss_scale(section: Mapping[str, Any], key: str, at: Mapping[str, str], where: str) -> float | None:
+    """The loss scale `key` of a Bridge section: a number > 0, or None (null, unset, or 0: Megatron's test is
+    `if config.loss_scale`, megatron/core/optimizer/__init__.py).
+
+    Raises:
+        UsageError: anything else.
+    """
+    value = section.get(key.rpartition(".")[2])
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise UsageError(f"{at.get(key, where)}: {key}: got {describe(value)}, expected a number >= 0 or null")
+    return float(value) or None
 
 
 def _has(sections: Mapping[str, Any], key: str) -> bool:
@@ -389,4 +466,4 @@ def _has(sections: Mapping[str, Any], key: str) -> bool:
 
 
 __all__ = ["BRIDGE_PROVIDER_DEFAULTS", "BRIDGE_SOURCE", "LAYER_SPECS", "MAX_BRIDGE_BYTES", "BridgeConfig",
-           "BridgeGuards", "is_bridge_config", "read_bridge"]
+           "BridgeGuards", "is_bridge_config", "precision_values", "read_bridge"]

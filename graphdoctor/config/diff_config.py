@@ -4,6 +4,7 @@ the model it builds); the same object drives the CLI, the Python API and the pyt
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +98,11 @@ class DiffConfig:
 
     dtype: str = "fp32"
     """Parameter and compute dtype: fp32, bf16 (Float16Module) or fp16 (Float16Module)."""
+
+    loss_scale: float | None = None
+    """fp16's static loss scale (Megatron-LM's --loss-scale, OptimizerConfig.loss_scale); None: Megatron's dynamic
+    loss scaler (initial scale 2^32, hysteresis 2, growth every 1000 steps). Only fp16 scales the loss: with
+    another dtype it has no effect, which __post_init__ warns of (UserWarning) before it drops the value."""
 
     dropout: float = 0.1
     """hidden_dropout and attention_dropout (Megatron's default is 0.1)."""
@@ -257,6 +263,14 @@ class DiffConfig:
         if self.dtype not in DTYPES:
             raise UsageError(f"dtype: got {self.dtype!r}, expected one of {', '.join(DTYPES)}")
         _check_fp8(self)
+        if self.loss_scale is not None and (isinstance(self.loss_scale, bool)
+                                            or not isinstance(self.loss_scale, (int, float)) or self.loss_scale <= 0):
+            raise UsageError(f"loss_scale: got {self.loss_scale!r}, expected a number > 0 (or unset: dynamic)")
+        if self.loss_scale is not None and self.dtype != "fp16":
+            # stacklevel 3: past __post_init__ and the generated __init__, at whoever built the config
+            warnings.warn(f"loss_scale: got {self.loss_scale!r} with dtype {self.dtype}, expected dtype fp16 (only "
+                          f"fp16 scales the loss); the loss scale has no effect and is dropped", stacklevel=3)
+            self.loss_scale = None  # what the children run, so the report and the specs say the same
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"dropout: got {self.dropout!r}, expected 0 <= dropout < 1")
         if self.cuda_graph_warmup_steps < 1:

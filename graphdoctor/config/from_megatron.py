@@ -43,6 +43,7 @@ LINE_FIELDS: tuple[str, ...] = (
     "cuda_graph_warmup_steps", "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
     "expert_model_parallel_size", "expert_tensor_parallel_size", "overlap_grad_reduce", "use_distributed_optimizer",
     "ddp_bucket_size", "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+    "loss_scale",
 )
 """DiffConfig fields that are Megatron settings of the same name: given by a flag or the run file, they go into the
 model's settings before Megatron validates them."""
@@ -261,6 +262,9 @@ def _read_back(args: Any, world: int) -> dict[str, Any]:
         "layer_spec": "local" if args.transformer_impl == "local" else "te",
         "fp8_format": args.fp8, "fp8_recipe": str(getattr(args.fp8_recipe, "value", args.fp8_recipe)) if args.fp8
         else None, "fp8_param_gather": bool(args.fp8 and args.fp8_param_gather),
+        # Megatron's test is `if config.loss_scale` (0 is the dynamic scaler too); a scale beside bf16 or fp32 is
+        # kept so that DiffConfig warns that it has no effect (only fp16 scales the loss).
+        "loss_scale": float(args.loss_scale) if args.loss_scale else None,
     }
 
 
@@ -297,7 +301,8 @@ def resolve_bridge(values: dict[str, Any], bridge: BridgeConfig) -> dict[str, An
     for name in ("seq_length", "vocab_size"):
         if name in settings:
             model_fields[name] = settings.pop(name)
-    for name in ("micro_batch_size", "seed", "overlap_grad_reduce", "use_distributed_optimizer", "ddp_bucket_size"):
+    for name in ("micro_batch_size", "seed", "overlap_grad_reduce", "use_distributed_optimizer", "ddp_bucket_size",
+                 "loss_scale"):
         settings.pop(name, None)
     _shrink({k: bridge.transformer.get(k) for k in ("moe_layer_freq", "pipeline_model_parallel_layout")}
             | {"hybrid_layer_pattern": model_fields.get("hybrid_layer_pattern")}, settings, notes)

@@ -47,6 +47,7 @@ DEFAULT_CAPABILITY: tuple[int, int] = (9, 0)
 RUN_DESTS: frozenset[str] = frozenset({
     "micro_batch_size", "global_batch_size", "seq_length", "seed", "eval_interval", "eval_iters",
     "overlap_grad_reduce", "use_distributed_optimizer", "ddp_bucket_size", "te_rng_tracker", "bf16", "fp16",
+    "loss_scale",
 })
 """Megatron-LM settings outside the model config that diff's children take (graphdoctor.config.resolve)."""
 

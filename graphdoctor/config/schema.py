@@ -37,6 +37,8 @@ VARIABLE_RUN_FIELDS = frozenset({"seq_length", "micro_batch_size"})
 """`run:` fields `check` also takes as several values (a list, or `variable`; rule GD403)."""
 PROBABILITY_FIELDS = frozenset({"hidden_dropout", "attention_dropout", "dropout"})
 """Dropout probabilities: a number in [0, 1)."""
+POSITIVE_NUMBER_FIELDS = frozenset({"loss_scale"})
+"""Scales: a number > 0 (fp16's static loss scale; None: unset)."""
 
 
 def load_yaml_strict(text: str, where: str, repeated: list[str] | None = None) -> tuple[Any, dict[int, dict[str, int]]]:
@@ -158,6 +160,10 @@ def check_field_range(name: str, value: Any, field: str) -> None:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not (number and 0 <= value < 1):
             raise UsageError(f"{field}: expected a number in [0, 1), got {describe(value)}")
+    if name in POSITIVE_NUMBER_FIELDS:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and value > 0):
+            raise UsageError(f"{field}: expected a number > 0, got {describe(value)}")
 
 
 def validate_section(section: str, values: dict[str, Any], where: str, lines: dict[str, int]) -> None:
@@ -183,6 +189,7 @@ __all__ = [
     "MAX_RUN_FILE_VALUES",
     "NON_NEGATIVE_INT_FIELDS",
     "POSITIVE_INT_FIELDS",
+    "POSITIVE_NUMBER_FIELDS",
     "PROBABILITY_FIELDS",
     "check_field_range",
     "check_plain_values",

@@ -72,6 +72,7 @@ FLAGS: dict[str, tuple[str, str, str]] = {
     "--hybrid-layer-pattern": ("args", "hybrid_layer_pattern", "str"),
     "--bf16": ("transformer", "bf16", "true"),
     "--fp16": ("transformer", "fp16", "true"),
+    "--loss-scale": ("args", "loss_scale", "float"),
     "--num-layers": ("transformer", "num_layers", "int"),
     "--hidden-size": ("transformer", "hidden_size", "int"),
     "--ffn-hidden-size": ("transformer", "ffn_hidden_size", "int"),
@@ -101,6 +102,7 @@ ARGS_DEFAULTS: dict[str, Any] = {
     "gradient_accumulation_fusion": True,
     "eval_iters": 100,
     "skip_train": False,
+    "loss_scale": None,
 }
 """Megatron-LM defaults of the `args.*` settings (training/arguments.py)."""
 

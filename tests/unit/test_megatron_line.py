@@ -99,6 +99,33 @@ def test_run_file_key_sits_between_line_and_flags(tmp_path: Path) -> None:
     assert (other.num_layers, other.hidden_size) == (3, 64)
 
 
+def test_loss_scale_is_read_from_the_line_for_fp16_only() -> None:
+    config = diff_config_from(None, megatron_args=f"{GPT_FLAGS} --fp16 --loss-scale 4096")
+    assert (config.dtype, config.loss_scale) == ("fp16", 4096.0)
+    assert not any("--loss-scale" in note for note in config.launch_notes)  # diff takes it
+    assert diff_config_from(None, megatron_args=f"{GPT_FLAGS} --fp16").loss_scale is None  # dynamic
+    assert diff_config_from(None, megatron_args=f"{GPT_FLAGS} --fp16 --loss-scale 0").loss_scale is None  # Megatron's
+    explicit = diff_config_from(None, megatron_args=f"{GPT_FLAGS} --fp16", loss_scale=1024.0)
+    assert explicit.loss_scale == 1024.0
+    over = diff_config_from(None, megatron_args=f"{GPT_FLAGS} --fp16 --loss-scale 4096", loss_scale=512)
+    assert over.loss_scale == 512.0  # the flag over the line's
+
+
+@pytest.mark.parametrize(("line", "flags"), [
+    ("--bf16 --loss-scale 4096", {}),  # the line's own scale, which Megatron-LM ignores beside bf16 too
+    ("--bf16", {"loss_scale": 4096.0}),  # the flag over a bf16 line
+    ("", {"loss_scale": 4096.0}),  # fp32
+    ("--fp16", {"loss_scale": 4096.0, "dtype": "bf16"}),  # --dtype over the line's fp16
+], ids=["line-bf16", "flag-over-bf16", "fp32", "dtype-over-fp16"])
+def test_loss_scale_beside_another_dtype_warns_and_is_dropped(line: str, flags: dict[str, object]) -> None:
+    with pytest.warns(UserWarning, match=r"^loss_scale: got 4096\.0 with dtype (bf16|fp32), expected dtype fp16 "
+                                         r"\(only fp16 scales the loss\); the loss scale has no effect") as caught:
+        config = diff_config_from(None, megatron_args=f"{GPT_FLAGS} {line}", **flags)
+    assert len(caught) == 1 and caught[0].filename == str(REPO / "graphdoctor" / "config" / "resolve.py")
+    assert config.dtype != "fp16" and config.loss_scale is None
+    assert config.to_dict()["loss_scale"] is None and config.replace(seed=2).loss_scale is None  # warned once
+
+
 def test_each_child_keeps_the_lines_own_dropouts() -> None:
     config = diff_config_from(None, megatron_args=f"{GPT_FLAGS} --hidden-dropout 0.0 --attention-dropout 0.05")
     assert config.dropout == 0.05  # diff's control pair runs when any dropout is on
