@@ -11,8 +11,6 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
 from graphdoctor.locations import format_location
 
 
@@ -137,31 +135,20 @@ def _own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
 
 # -- frames --------------------------------------------------------------------------------------------
 
-def _frames(skip: int) -> Iterator[Any]:
-    import os
-
-    torch_root = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
-    here = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-    frame: Any = sys._getframe(skip + 1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        real = os.path.realpath(filename) if not filename.startswith("<") else filename
-        if not filename.startswith("<") and not real.startswith((torch_root, here)):
-            yield frame
-        frame = frame.f_back
-
-
 def issuer(skip: int) -> str | None:
     """`file:line` of the innermost frame outside torch and graphdoctor: the assignment (library code included)."""
-    frame = next(_frames(skip + 1), None)
+    from graphdoctor.child.witness import issuing_frames
+
+    frame = next(issuing_frames(sys._getframe(skip + 1)), None)
     return None if frame is None else format_location(frame.f_code.co_filename, frame.f_lineno)
 
 
 def user_issuer(skip: int) -> str | None:
     """`file:line` of the innermost user frame on the stack (the user's call behind a library's assignment)."""
     from graphdoctor.child.probe_recorder import is_user_file
+    from graphdoctor.child.witness import issuing_frames
 
-    for frame in _frames(skip + 1):
+    for frame in issuing_frames(sys._getframe(skip + 1)):
         if is_user_file(frame.f_code.co_filename):
             return format_location(frame.f_code.co_filename, frame.f_lineno)
     return None

@@ -598,16 +598,20 @@ def _te_state_classes() -> tuple[type, ...]:
     return tuple(found)
 
 
-def _issuing_frame(skip: int) -> Any:
-    """The innermost frame outside torch, graphdoctor and generated code (`<...>`), above the caller's
-    `skip` frames: the code that issued the current call; None when the stack holds none."""
-    frame: Any = sys._getframe(skip + 2)
+def issuing_frames(frame: Any) -> Iterator[Any]:
+    """The frames from `frame` outwards that are outside torch, graphdoctor and generated code (`<...>`),
+    innermost first: the first is the code that issued the current call."""
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith("<") and not _real(filename).startswith(_SKIPPED_ROOTS):
-            return frame
+            yield frame
         frame = frame.f_back
-    return None
+
+
+def _issuing_frame(skip: int) -> Any:
+    """The innermost frame outside torch, graphdoctor and generated code (`<...>`), above the caller's
+    `skip` frames: the code that issued the current call; None when the stack holds none."""
+    return next(issuing_frames(sys._getframe(skip + 2)), None)
 
 
 def user_issuer(skip: int = 1) -> str | None:

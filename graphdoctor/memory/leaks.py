@@ -321,7 +321,8 @@ def replay_slope(live: list[int], threshold: int) -> tuple[float, str]:
     steps = len(live) - 1
     changes = [b - a for a, b in zip(live, live[1:], strict=False)]
     if steps < 2:
-        return float(live[-1] - live[0]) / steps, f"bytes gained per replay step: slope of allocated bytes over {len(live)} replay steps"
+        return float(live[-1] - live[0]) / steps, (f"bytes gained per replay step: slope of allocated bytes over "
+                                                    f"{len(live)} replay steps")
     largest = max(range(steps), key=lambda i: abs(changes[i]))
     gained = (live[-1] - live[0] - changes[largest]) / (steps - 1)
     note = (f"bytes gained per replay step: slope of allocated bytes over {len(live)} replay steps, less the largest "
