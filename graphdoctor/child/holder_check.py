@@ -4,11 +4,11 @@ A 24-layer model has about 600 watched tensor paths (each parameter and its `mai
 their links but one key: `layer._parameters['weight']`, `layer._parameters['bias']`, or the same key under each
 parameter (`...['weight'].main_grad`). Paths are grouped on that: (root, the links before the varying key, the
 kind of that link, the links after it). A group is resolved with one walk of its common prefix and C-level maps
-over its keys, then compared by object identity against the tensors captured (`id`, with a weak reference's
-callback marking a group whose captured tensor died). A group that no longer matches hands its watches back for
-the exact check (graphdoctor.child.holders.Watch.changed), which also accepts a new tensor object over the same
-memory; a group that matches proves every path in it unchanged. On an H200 host this cuts the check about
-threefold (tests/benchmarks/holders_cost.py).
+over its keys, then compared by object identity with what its paths led to last time (`id`; a weak reference's
+callback marks a group whose object died). A group that matches proves every path in it unchanged. One that no
+longer matches hands its watches to the exact check (graphdoctor.child.holders.Watch.changed), which compares
+with the tensor captured and accepts a new tensor object over the same memory; a group the exact check finds
+unchanged is refreshed, so such a new object costs one exact check of its group, not one every step after.
 """
 
 from __future__ import annotations
@@ -65,24 +65,21 @@ class _Group:
 
 
 class TensorChecks:
-    """Unchanged tensor watches grouped for the per-step check; `suspects()` returns those that may have changed.
+    """Unchanged tensor watches grouped for the per-step check.
+
+    Each group remembers the tensors captured, or after a refresh what its paths led to when the exact check
+    found them unchanged (a new tensor object over the same memory).
 
     Args:
-        watches: tensor watches not changed yet, each with a live `tensor` reference.
+        watches: tensor watches not changed yet.
     """
 
     def __init__(self, watches: Sequence[Any]) -> None:
         self.count = len(watches)
         groups: dict[tuple[Any, ...], _Group] = {}
-        self.loose: list[Any] = []
-        """Watches whose captured tensor was already gone (checked one by one)."""
         for watch in watches:
-            held = watch.tensor() if watch.tensor is not None else None
-            if held is None or not watch.links:
-                self.loose.append(watch)
-                continue
-            at = _varying(watch.links)
-            kind, key = watch.links[at]
+            at = _varying(watch.links) if watch.links else -1
+            kind, key = watch.links[at] if watch.links else ("none", None)
             prefix, suffix = watch.links[:at], watch.links[at + 1:]
             group = groups.get((id(watch.root), prefix, kind, suffix))
             if group is None:
@@ -91,18 +88,36 @@ class TensorChecks:
                 group = _Group(watch.root, prefix, kind, suffix, getter=getter)
                 groups[(id(watch.root), prefix, kind, suffix)] = group
             group.keys.append(key)
-            group.ids.append(id(held))
             group.watches.append(watch)
-            group.refs.append(weakref.ref(held, _marker(group)))
         self.groups = list(groups.values())
+        for group in self.groups:  # the tensors captured, which the paths may have left already
+            marker = _marker(group)
+            for watch in group.watches:
+                held = watch.tensor() if watch.tensor is not None else None
+                group.ids.append(id(held))
+                if held is None:
+                    group.dead = True
+                else:
+                    group.refs.append(weakref.ref(held, marker))
 
-    def suspects(self) -> list[Any]:
-        """The watches of every group that no longer leads to exactly the captured tensors, and the loose ones."""
-        found = list(self.loose)
-        for group in self.groups:
-            if group.dead or list(map(id, group.values())) != group.ids:
-                found.extend(group.watches)
-        return found
+    def suspects(self) -> list[_Group]:
+        """The groups that no longer lead to exactly the objects they remember (each watch of them then needs the
+        exact check; `refresh` a group the exact check found unchanged)."""
+        return [group for group in self.groups if group.dead or list(map(id, group.values())) != group.ids]
+
+
+def refresh(group: _Group) -> None:
+    """Remember what the group's paths lead to now."""
+    values = group.values()
+    group.ids = list(map(id, values))
+    group.refs = []
+    group.dead = False
+    marker = _marker(group)
+    for value in values:
+        try:
+            group.refs.append(weakref.ref(value, marker))
+        except TypeError:  # MISSING, None: nothing to outlive; the exact check decides
+            group.dead = True
 
 
 def _marker(group: _Group) -> Callable[[Any], None]:
@@ -112,4 +127,4 @@ def _marker(group: _Group) -> Callable[[Any], None]:
     return died
 
 
-__all__ = ["TensorChecks"]
+__all__ = ["TensorChecks", "refresh"]

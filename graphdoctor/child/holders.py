@@ -31,6 +31,8 @@ no host synchronisation.
 from __future__ import annotations
 
 import functools
+import json
+import os
 import sys
 import time
 import types
@@ -43,7 +45,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from graphdoctor.child.holder_check import TensorChecks
+from graphdoctor.child.holder_check import TensorChecks, refresh
 from graphdoctor.child.holder_lines import issuer, source_assignments, user_issuer
 from graphdoctor.child.holder_search import (
     MISSING,
@@ -68,6 +70,9 @@ from graphdoctor.protocol.events import Event, Hazard
 
 MAX_WATCHES = 8192
 """Holder paths watched at most (a 7B model's parameters, gradients and the rest stay well below)."""
+
+STATS_ENV = "GRAPHDOCTOR_HOLDER_STATS"
+"""A file the watch appends its check's sizes to when it finishes (set by tests/benchmarks/holders_cost.py)."""
 
 MAX_SCALARS = 4096
 """Distinct host numbers kept from the captured operations."""
@@ -216,6 +221,10 @@ class HolderWatcher:
         """Seconds spent inside the training step rather than in the step hooks: reading the captured operations
         and the searches run as the optimizer step begins (graphdoctor.child.observers.Timed counts them)."""
         self.checks = 0
+        self.suspect_groups = 0
+        """Groups of tensor paths the bulk check handed to the exact check, over all steps."""
+        self.exact_checks = 0
+        """Tensor paths checked one by one, over all steps."""
         self._depth = 0
         self._mode = _ReadMode(self)
         self._setters: dict[tuple[int, str], _Setter] = {}
@@ -245,7 +254,15 @@ class HolderWatcher:
         if self._checks is None or self._checks_of != len(self.watches):
             self._regroup()
         assert self._checks is not None
-        for watch in (*self._checks.suspects(), *self._exact):
+        for group in self._checks.suspects():
+            self.suspect_groups += 1
+            self.exact_checks += len(group.watches)
+            changed = [watch for watch in group.watches if watch.changed_step is None and watch.changed()]
+            for watch in changed:
+                self._on_change(watch)
+            if not changed:
+                refresh(group)
+        for watch in self._exact:
             if watch.changed_step is None and watch.changed():
                 self._on_change(watch)
         for watch in self._changed:
@@ -274,6 +291,7 @@ class HolderWatcher:
     def finish(self) -> list[Event]:
         """Remove the patches; one Hazard per holder that changed after its capture."""
         self.close()
+        self._write_stats()
         events: list[Event] = []
         for watch in self.watches:
             if watch.changed_step is None or (watch.user_holder and watch.kind == "tensor"):
@@ -282,6 +300,22 @@ class HolderWatcher:
             if hazard is not None:
                 events.append(hazard)
         return events
+
+    def _write_stats(self) -> None:
+        """The check's sizes, appended as one JSON line to the file STATS_ENV names (tests/benchmarks/holders_cost.py
+        reads them)."""
+        path = os.environ.get(STATS_ENV)
+        if not path:
+            return
+        kinds = {kind: sum(1 for w in self.watches if w.kind == kind) for kind in ("tensor", "number", "generator")}
+        groups = len(self._checks.groups) if self._checks is not None else 0
+        line = {"watches": kinds, "groups": groups, "checks": self.checks, "suspect_groups": self.suspect_groups,
+                "exact_checks": self.exact_checks, "check_ms_per_step": round(self.per_step_ms, 4)}
+        try:
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(json.dumps(line) + "\n")
+        except OSError:
+            pass
 
     def close(self) -> None:
         """Undo every patch (idempotent)."""

@@ -9,7 +9,7 @@
 # forward_step forms, diagnoses, clean-model probes, memory site, launch line), `i20` (evaluation,
 # microbatches, recompute, logged values), `i33` (issue 33: a failing plugin test's message, setup-failed rows and
 # advise's refused local mlp), `i34` (issue 34: the planted causes and clean models), `i42` (issue 42: fp16's loss scaler
-# and the planted holders, with two older causes and the clean model; then the watch's cost benchmark alone), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
+# and the planted holders, with two older causes and the clean model; the watch's cost is device_call.sh's `holders-cost`), `moe-te` (issue 15's TE rows), `te` (Transformer Engine: about 9
 # minutes in one process, now five at once), `i30` (issue 30: Megatron-LM's example lines built as Megatron builds
 # them, with TE: the field comparison, then the shrunk Llama-3 and Mixtral diffs, about 6 minutes), `i35` (issue 35,
 # with TE: every FP8 recipe under every implementation, the Llama-3 FP8 line with a resume, the planted scale reset;
@@ -63,9 +63,6 @@ if [ "$part" = all ] || [ "$part" = i42 ]; then  # issue 42: state held anywhere
     run holders_kept tests/gpu/test_causes_gpu.py::test_tensor_rebound_by_the_training_loop_is_gd509_at_the_rebinding_line \
         tests/gpu/test_causes_gpu.py::test_python_number_read_in_a_graphed_forward_is_gd518_at_the_read \
         "tests/gpu/test_causes_gpu.py::test_clean_model_with_every_phase_gives_no_cause[0.0]" &
-    wait  # the watch's cost alone on the GPU: its step times are its own
-    timeout 250 python tests/benchmarks/holders_cost.py --steps 24 > "$out/holders_cost.json" 2> "$out/holders_cost.log"
-    echo "holders_cost: exit $? $(tail -2 "$out/holders_cost.log" | tr '\n' ' ')" >> "$out/summary.txt"
 fi
 if [ "$part" = all ] || [ "$part" = i33 ]; then  # issue 33: failing plugin test's message, setup-failed, clean probes
     GD_SAMPLE_OUT="$out/pytest_failure_sample.txt" run pytest_failure tests/gpu/test_pytest_failure_gpu.py &
