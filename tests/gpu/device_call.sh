@@ -7,7 +7,8 @@
 # tests/gpu/run_multi_gpu_acceptance.sh; they take every visible GPU), advise-core | advise-moe | advise-te
 # (tests/gpu/run_advise_acceptance.sh), scale (tests/benchmarks/diff_scale.py at default,0.5b,1.3b),
 # schedule-cost (diff_scale.py --sizes schedule: issue 20's schedule with and without comparison), holders-cost
-# (tests/benchmarks/holders_cost.py at 24x1024 and 32x2048: issue 42's watch, alone on the GPU).
+# (tests/benchmarks/holders_cost.py at 24x1024 and 32x2048, or GD_HOLDERS_SIZES="24 1024 2,..." (layers width
+# repeats): issue 42's watch, alone on the GPU).
 # te, moe-te, i30, i35, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
 # the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
@@ -40,8 +41,9 @@ start_part() {  # part, gpu
         advise-core|advise-moe|advise-te) OUT="$dir" "${pin[@]}" bash tests/gpu/run_advise_acceptance.sh "${part#advise-}" ;;
         scale) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_scale.py --sizes default,0.5b,1.3b \
                    --out "$dir/scale.json" > "$dir/summary.txt" 2>&1; echo "scale: exit $?" >> "$dir/summary.txt" ;;
-        holders-cost) for size in "24 1024 2" "32 2048 1"; do set -- $size  # the watch's cost alone on the GPU (issue 42)
-                   "${pin[@]}" timeout $(( inner / 2 - 10 )) python tests/benchmarks/holders_cost.py --num-layers "$1" \
+        holders-cost) IFS=, read -ra sizes <<< "${GD_HOLDERS_SIZES:-24 1024 2,32 2048 1}"  # layers width repeats, ...
+               for size in "${sizes[@]}"; do set -- $size  # the watch's cost alone on the GPU (issue 42)
+                   "${pin[@]}" timeout $(( inner / ${#sizes[@]} - 10 )) python tests/benchmarks/holders_cost.py --num-layers "$1" \
                        --hidden-size "$2" --repeats "$3" > "$dir/holders_cost_$1x$2.json" 2> "$dir/holders_cost_$1x$2.log"
                    echo "holders-cost $1x$2: exit $? $(grep -E '^(local|full_iteration):' "$dir/holders_cost_$1x$2.log" | tr '\n' ' ')" >> "$dir/summary.txt"
                done ;;
