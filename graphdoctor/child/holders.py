@@ -16,8 +16,7 @@ library's included:
    MoE aux-loss scale. Each holder is a path (`optimizer.chained_optimizers[0].grad_scaler._scale`). Numbers are
    watched where a captured forward (or, under full_iteration, the forward_step or loss function) reads them from
    a global, a class attribute or a closure and their value reached a captured operation.
-3. After every step each path is resolved again (a few dictionary look-ups each, tensor paths in bulk groups:
-   graphdoctor.child.holder_check): a tensor path that now leads to
+3. After every step each path is resolved again (a few dictionary look-ups each): a tensor path that now leads to
    another storage, or a number that changed, is a Hazard: GD522 for a tensor, GD518 for a number. The line that
    rebound it is the assignment itself where the holder's class can be watched (a patched `__setattr__`: Megatron's
    `grad_scaler.py:143` included), else the assignment found in the user's source (a global, a closure cell, a
@@ -45,7 +44,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from graphdoctor.child.holder_check import TensorChecks, refresh
 from graphdoctor.child.holder_lines import issuer, source_assignments, user_issuer
 from graphdoctor.child.holder_search import (
     MISSING,
@@ -221,10 +219,6 @@ class HolderWatcher:
         """Seconds spent inside the training step rather than in the step hooks: reading the captured operations
         and the searches run as the optimizer step begins (graphdoctor.child.observers.Timed counts them)."""
         self.checks = 0
-        self.suspect_groups = 0
-        """Groups of tensor paths the bulk check handed to the exact check, over all steps."""
-        self.exact_checks = 0
-        """Tensor paths checked one by one, over all steps."""
         self._depth = 0
         self._mode = _ReadMode(self)
         self._setters: dict[tuple[int, str], _Setter] = {}
@@ -232,11 +226,6 @@ class HolderWatcher:
         self._patched: set[type] = set()
         self._undo: list[Callable[[], None]] = []
         self._loss_funcs: list[Any] = []
-        self._checks: TensorChecks | None = None
-        self._checks_of = 0
-        """len(self.watches) when `_checks` was built; -1 after a change (regrouped at the check's end)."""
-        self._exact: list[Watch] = []
-        self._changed: list[Watch] = []
         self._install()
 
     # -- observer ------------------------------------------------------------------------------------
@@ -251,22 +240,10 @@ class HolderWatcher:
             return
         self.flush()
         began = time.perf_counter()
-        if self._checks is None or self._checks_of != len(self.watches):
-            self._regroup()
-        assert self._checks is not None
-        for group in self._checks.suspects():
-            self.suspect_groups += 1
-            self.exact_checks += len(group.watches)
-            changed = [watch for watch in group.watches if watch.changed_step is None and watch.changed()]
-            for watch in changed:
-                self._on_change(watch)
-            if not changed:
-                refresh(group)
-        for watch in self._exact:
-            if watch.changed_step is None and watch.changed():
-                self._on_change(watch)
-        for watch in self._changed:
-            if watch.changed_step == self.step:
+        for watch in self.watches:
+            if watch.changed_step is None:
+                if watch.changed():
+                    self._on_change(watch)
                 continue
             now = watch.current()  # after the first change: count each further rebinding
             if now != watch.seen:
@@ -274,19 +251,8 @@ class HolderWatcher:
                 watch.changes += 1
                 if watch.kind == "number" and len(watch.new_values) < 3:
                     watch.new_values.append(resolve(watch.root, watch.links))
-        if self._checks_of < 0:
-            self._regroup()
         self.check_s += time.perf_counter() - began
         self.checks += 1
-
-    def _regroup(self) -> None:
-        """Sort the watches for the check: unchanged tensors in bulk groups, the other unchanged ones one by one,
-        the changed ones apart."""
-        unchanged = [w for w in self.watches if w.changed_step is None]
-        self._checks = TensorChecks([w for w in unchanged if w.kind == "tensor"])
-        self._exact = [w for w in unchanged if w.kind != "tensor"]
-        self._changed = [w for w in self.watches if w.changed_step is not None]
-        self._checks_of = len(self.watches)
 
     def finish(self) -> list[Event]:
         """Remove the patches; one Hazard per holder that changed after its capture."""
@@ -308,9 +274,7 @@ class HolderWatcher:
         if not path:
             return
         kinds = {kind: sum(1 for w in self.watches if w.kind == kind) for kind in ("tensor", "number", "generator")}
-        groups = len(self._checks.groups) if self._checks is not None else 0
-        line = {"watches": kinds, "groups": groups, "checks": self.checks, "suspect_groups": self.suspect_groups,
-                "exact_checks": self.exact_checks, "check_ms_per_step": round(self.per_step_ms, 4)}
+        line = {"watches": kinds, "checks": self.checks, "check_ms_per_step": round(self.per_step_ms, 4)}
         try:
             with open(path, "a", encoding="utf-8") as out:
                 out.write(json.dumps(line) + "\n")
@@ -573,7 +537,6 @@ class HolderWatcher:
         """The first change of a holder after its capture; later ones are counted against `seen`."""
         watch.changes = 1
         watch.changed_step, watch.changed_phase = self.step, self.phase
-        self._checks_of = -1
         held = watch.tensor() if watch.tensor is not None else None
         watch.freed = watch.kind == "tensor" and held is None
         watch.seen = watch.current()

@@ -8,8 +8,8 @@ For each implementation it runs graphed children of the same model one after the
 the watch and with it, alternating (`--repeats` pairs; the fastest of each kind is kept, since a host-bound local
 step varies by a tenth from one child to the next). The watch's seconds per step are its step hooks' seconds (the
 check of every holder, ChildSeconds.hooks) over the steps; its one-off seconds (reading the captured operations,
-searching the holders, its finish) are the rest of its seconds. Each watched child also reports the check's sizes
-(paths by kind, bulk groups, groups handed to the exact check: graphdoctor.child.holder_check). The step is the
+searching the holders, its finish) are the rest of its seconds. Each watched child also reports how many paths it
+watched, by kind (graphdoctor.child.holders.STATS_ENV). The step is the
 median CUDA-event replay step time: the ratio of the two kinds says whether the watch slows the GPU's work.
 Target: the per-step part at or below about 1 % of a step. The layer count matters more than the width: the
 check's cost grows with the number of watched paths, and a 7B model has 32 layers.
@@ -89,9 +89,7 @@ def main(argv: list[str]) -> int:
                      "hazards": watched["hazards"], "sizes": watched["sizes"]})
         print(f"{impl}: step {step_ms:.2f} -> {step_on_ms:.2f} ms ({rows[-1]['step_ratio']:.3f}x); "
               f"watch {per_step_ms:.3f} ms/step ({rows[-1]['watch_pct_of_step']:.2f} % of a step), one-off "
-              f"{one_off_s:.2f} s; {sum(watched['sizes'].get('watches', {}).values())} paths in "
-              f"{watched['sizes'].get('groups', 0)} groups, {watched['sizes'].get('suspect_groups', 0)} handed to the "
-              f"exact check", file=sys.stderr)
+              f"{one_off_s:.2f} s; {sum(watched['sizes'].get('watches', {}).values())} paths", file=sys.stderr)
     print(json.dumps({"config": {"dtype": cfg.dtype, "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
                                  "seq_length": cfg.seq_length, "steps": args.steps,
                                  "repeats": args.repeats}, "rows": rows}, indent=1))
