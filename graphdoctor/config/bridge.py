@@ -20,7 +20,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from graphdoctor.config.bridge_precision import BRIDGE_VERSION, PRECISION_RECIPES, precision_recipe
 from graphdoctor.config.codec import NAME, TARGET, decode, is_target
+from graphdoctor.config.container import (
+    MEGATRON_CONTAINER,
+    container_target,
+    load_megatron_container,
+    nested_model,
+)
 from graphdoctor.config.schema import loaded_yaml
 from graphdoctor.errors import InputFileError, UsageError
 from graphdoctor.inputs import describe
@@ -53,9 +60,15 @@ UNSET_EVAL_INTERVAL = 1 << 20
 """eval_interval for an unset `train.eval_interval`: no evaluation between steps, one after the last."""
 DDP_FIELDS: dict[str, str] = {"overlap_grad_reduce": "overlap_grad_reduce",
                               "use_distributed_optimizer": "use_distributed_optimizer", "bucket_size": "ddp_bucket_size"}
-APPLIED_SECTIONS: frozenset[str] = frozenset({"model", "train", "rng", "ddp", "env_vars", "mixed_precision"})
+APPLIED_SECTIONS: frozenset[str] = frozenset({"model", "train", "validation", "rng", "ddp", "env_vars",
+                                              "mixed_precision"})
 
 
+CONTAINER_FUNCTIONS: dict[str, str] = {"activation_func": "torch.nn.functional.gelu"}
+"""TransformerConfig functions a Megatron container's dump cannot hold (ModelConfig.as_dict skips callables), and
+the default its loader gives them."""
+BRIDGE_OWNER = "Megatron-Bridge"
+MEGATRON_OWNER = "Megatron's PretrainConfigContainer"
 BRIDGE_SOURCE = "Megatron-Bridge 067f987 (2026-08-22)"
 """The Bridge sources BridgeGuards mirrors (src/megatron/bridge/utils/cuda_graph.py, training/config.py,
 models/gpt_provider.py); read them again before relying on a line."""
@@ -158,6 +171,11 @@ class BridgeConfig:
     """`model.hf_model_id`, `optimizer`, ...: what diff does not take."""
     guards: BridgeGuards = field(default_factory=BridgeGuards)
     """What Bridge's own validate()/provide() refuse on (`check` only)."""
+    notes: tuple[str, ...] = ()
+    """What the run gets that the file does not say (a function Megatron's to_yaml leaves out)."""
+    owner: str = "Megatron-Bridge"
+    """Who runs the file: BRIDGE_OWNER, or MEGATRON_OWNER for Megatron's own PretrainConfigContainer (Bridge's
+    refusals, GD141-GD145, are Bridge's only)."""
     checkpoint: dict[str, str] = field(default_factory=dict)
     """`checkpoint.load` and `checkpoint.pretrained_checkpoint` where set: the checkpoint the run loads (diff never
     loads it; GD406 reads it)."""
@@ -184,6 +202,16 @@ def _field_names(mla: bool) -> tuple[frozenset[str], frozenset[str], frozenset[s
 
     return (names(MLATransformerConfig if mla else TransformerConfig), names(GPTModelConfig) - {"transformer"},
             names(HybridModelConfig) - {"transformer"})
+
+
+@cache
+def _computed_fields() -> frozenset[str]:
+    """TransformerConfig's and MLATransformerConfig's fields it computes itself (init=False), which a dump
+    writes and Megatron's loader drops."""
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+    return frozenset(f.name for cls in (TransformerConfig, MLATransformerConfig) for f in dataclasses.fields(cls)
+                     if not f.init)
 
 
 def _kind(model: Mapping[str, Any]) -> str:
@@ -231,13 +259,16 @@ def read_bridge(path: str | Path, data: Any = None, lines: Mapping[int, Mapping[
     for name in APPLIED_SECTIONS - {"mixed_precision"}:
         if name in sections and sections[name] is not None and not isinstance(sections[name], Mapping):
             raise InputFileError(f"{where}: {name}: expected a mapping, got {describe(sections[name])}")
-    model_section: Mapping[str, Any] = sections["model"]
+    if container_target(data) == MEGATRON_CONTAINER:  # screened, then loaded by Megatron's own loader: what it
+        load_megatron_container(data, where)  # refuses is the file's error (a Bridge file is never loaded by Bridge)
+    model_section, nested = nested_model(sections["model"])
+    sections["model"] = model_section
     transformer_names, gpt_names, hybrid_names = _field_names(bool(model_section.get("multi_latent_attention")))
     kind = _kind(model_section)
     model_names = gpt_names if kind == "gpt" else hybrid_names
-    at = _key_lines(data, lines, where)
-    values = {**{k: v for k, v in BRIDGE_PROVIDER_DEFAULTS.items() if k not in model_section},
-              **{str(k): v for k, v in model_section.items() if not str(k).startswith("_")}}
+    at = _key_lines(data, lines, where, nested)
+    provider = {} if nested else {k: v for k, v in BRIDGE_PROVIDER_DEFAULTS.items() if k not in model_section}
+    values = {**provider, **{str(k): v for k, v in model_section.items() if not str(k).startswith("_")}}
     transformer: dict[str, Any] = {}
     model: dict[str, Any] = {}
     graph: dict[str, Any] = {}
@@ -254,24 +285,45 @@ def read_bridge(path: str | Path, data: Any = None, lines: Mapping[int, Mapping[
                 transformer[key] = value
             if key in model_names:  # MLA's rotary settings are both the config's and the model's
                 model[key] = value
-        else:
+        elif is_target(value) and NAME not in value and value.get("_call_", True) is not False:
+            raise InputFileError(f"{at.get(f'model.{key}', where)}: model.{key}: a nested config "
+                                 f"({value[TARGET]}) graphdoctor does not read; expected the model's settings "
+                                 "as TransformerConfig and model-config fields")
+        elif key not in _computed_fields():
             skipped.append(f"model.{key}")
+    unread = [name for name in ("num_layers", "hidden_size", "num_attention_heads") if name not in transformer]
+    if len(unread) == 3:
+        raise InputFileError(f"{at.get('model', where)}: model: graphdoctor read no TransformerConfig field of it "
+                             f"({', '.join(unread)} unset); expected them in model:"
+                             f"{' or model.transformer:' if not nested else ''}")
     if impl is not None:
         transformer["transformer_impl"] = impl
     run, rng_tracker = _run_values(sections, where)
     env = {str(k): "" if v is None else str(v) for k, v in (sections.get("env_vars") or {}).items()}
     precision = sections.get("mixed_precision")
-    if isinstance(precision, Mapping):
+    if isinstance(precision, str):  # a recipe by name: Bridge's setup() writes every field of it over the model's
+        recipe = precision_recipe(precision)
+        if recipe is None:
+            raise UsageError(f"{at.get('mixed_precision', where)}: mixed_precision {describe(precision)} is not one of "
+                             f"Megatron-Bridge {BRIDGE_VERSION}'s recipes ({', '.join(sorted(PRECISION_RECIPES))})")
+        transformer.update({k: v for k, v in recipe.items() if k in transformer_names})
+    elif isinstance(precision, Mapping):
+        whole = is_target(precision)  # a dumped MixedPrecisionConfig: setup() writes each of its fields over the model
         for key, value in precision.items():
-            if str(key) in transformer_names and str(key) not in model_section and not str(key).startswith("_"):
+            if str(key) in transformer_names and (whole or str(key) not in model_section) and \
+                    not str(key).startswith("_"):
                 decode(value, f"{where}: mixed_precision.{key}")
                 transformer[str(key)] = value
     guards = _guards(sections, at, where)
     run.update(precision_values(guards))
     skipped.extend(_not_read(sections, guards))
-    return BridgeConfig(path=where, kind=kind, transformer=transformer, model=model, layer_spec=spec, graph=graph,
+    notes = tuple(f"model.transformer.{name} is not in the file (Megatron's to_yaml leaves functions out): "
+                  f"Megatron's loader, and diff, build its default {default}"
+                  for name, default in CONTAINER_FUNCTIONS.items() if nested and name not in model_section)
+    return BridgeConfig(path=where, kind=kind, notes=notes, transformer=transformer, model=model, layer_spec=spec, graph=graph,
                         run=run, te_rng_tracker=rng_tracker or bool(values.get("use_te_rng_tracker")), env=env,
                         where=at, not_applied=tuple(skipped), guards=guards,
+                        owner=MEGATRON_OWNER if container_target(data) == MEGATRON_CONTAINER else BRIDGE_OWNER,
                         checkpoint=_checkpoint_paths(sections.get("checkpoint")))
 
 
@@ -288,15 +340,10 @@ def precision_values(guards: BridgeGuards) -> dict[str, Any]:
 
 
 def _not_read(sections: Mapping[str, Any], guards: BridgeGuards) -> list[str]:
-    """What diff does not take of the sections besides `model:`: a `mixed_precision` recipe (its fp16 taken), then
-    each section outside APPLIED_SECTIONS (an `optimizer` but for its fp16 loss scaling, where no mixed_precision
-    writes over it)."""
+    """What diff does not take of the sections besides `model:`: each section outside APPLIED_SECTIONS (an
+    `optimizer` but for its fp16 loss scaling, where no mixed_precision writes over it)."""
     precision, optimizer = sections.get("mixed_precision"), sections.get("optimizer")
     out = []
-    if precision is not None and not isinstance(precision, Mapping):
-        taken = "diff takes its fp16; " if guards.fp16 else ""
-        out.append(f"mixed_precision {precision} (a Bridge recipe name; {taken}the model section's own "
-                   "bf16/fp16/fp8 fields are read)")
     loss_scaling = precision is None and isinstance(optimizer, Mapping) and \
         bool({"fp16", "loss_scale"} & set(optimizer))
     for name in sorted(name for name in sections if name not in APPLIED_SECTIONS and sections[name] is not None):
@@ -305,14 +352,17 @@ def _not_read(sections: Mapping[str, Any], guards: BridgeGuards) -> list[str]:
 
 
 def _run_values(sections: Mapping[str, Any], where: str) -> tuple[dict[str, Any], bool]:
-    """DiffConfig values of `train:`, `rng:` and `ddp:`, and whether `rng:` asks for TE's RNG tracker."""
+    """DiffConfig values of `train:`, `validation:`, `rng:` and `ddp:`, and whether `rng:` asks for TE's RNG tracker."""
     run: dict[str, Any] = {}
     train = sections.get("train") or {}
     for key, name in TRAIN_FIELDS.items():
         if train.get(key) is not None:
             run[name] = train[key]
-    if "eval_iters" in train or "eval_interval" in train:
-        iters, interval = train.get("eval_iters"), train.get("eval_interval")
+    validation = sections.get("validation") or {}
+    evaluation = {**{k: train[k] for k in ("eval_iters", "eval_interval") if k in train},
+                  **{k: validation[k] for k in ("eval_iters", "eval_interval") if k in validation}}
+    if evaluation:  # Bridge 0.6 and Megatron's container hold them in validation:, older Bridge in train:
+        iters, interval = evaluation.get("eval_iters"), evaluation.get("eval_interval")
         if not iters or interval == 0:
             run["eval_interval"] = 0  # Megatron evaluates only with eval_iters > 0
         else:
@@ -339,18 +389,25 @@ def _checkpoint_paths(section: Any) -> dict[str, str]:
             if isinstance(section.get(key), str) and section[key]}
 
 
-def _key_lines(data: Mapping[str, Any], lines: Mapping[int, Mapping[str, int]], where: str) -> dict[str, str]:
+def _key_lines(data: Mapping[str, Any], lines: Mapping[int, Mapping[str, int]], where: str,
+               nested_model: bool = False) -> dict[str, str]:
     """`section` and `section.key` -> `path:line` for every section, and one level deeper for the dataset's
-    `offline_packing_specs` and `dataset_kwargs` (what the GD141-GD145 findings point at)."""
+    `offline_packing_specs` and `dataset_kwargs` (what the GD141-GD145 findings point at); a container's
+    `model.transformer.key` is also `model.key`, where the rest of graphdoctor reads it."""
     at = {str(name): f"{where}:{line}" for name, line in lines.get(id(data), {}).items()}
     nested = [(str(name), body) for name, body in data.items() if isinstance(body, Mapping)]
     dataset = data.get("dataset")
     if isinstance(dataset, Mapping):
         nested += [(f"dataset.{key}", dataset[key]) for key in ("offline_packing_specs", "dataset_kwargs")
                    if isinstance(dataset.get(key), Mapping)]
+    model = data.get("model")
+    if nested_model and isinstance(model, Mapping):
+        nested.append(("model.transformer", model["transformer"]))
     for name, body in nested:
         for key, line in lines.get(id(body), {}).items():
             at[f"{name}.{key}"] = f"{where}:{line}"
+            if name == "model.transformer":
+                at.setdefault(f"model.{key}", f"{where}:{line}")
     return at
 
 
@@ -465,5 +522,5 @@ def _has(sections: Mapping[str, Any], key: str) -> bool:
     return True
 
 
-__all__ = ["BRIDGE_PROVIDER_DEFAULTS", "BRIDGE_SOURCE", "LAYER_SPECS", "MAX_BRIDGE_BYTES", "BridgeConfig",
+__all__ = ["BRIDGE_OWNER", "BRIDGE_PROVIDER_DEFAULTS", "BRIDGE_SOURCE", "MEGATRON_OWNER", "LAYER_SPECS", "MAX_BRIDGE_BYTES", "BridgeConfig",
            "BridgeGuards", "is_bridge_config", "precision_values", "read_bridge"]

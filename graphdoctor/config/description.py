@@ -169,6 +169,9 @@ def model_facts(model: ModelDescription) -> dict[str, Any]:
             "ffn_hidden_size": value("moe_ffn_hidden_size"),
             "shared_expert_size": value("moe_shared_expert_intermediate_size"),
         },
+        "mla": None if not model.transformer_class.endswith("MLATransformerConfig") else {
+            name: value(name) for name in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                                           "v_head_dim")},
         "mtp_num_layers": value("mtp_num_layers"),
         "hybrid_layer_pattern": value("hybrid_layer_pattern") if model.kind == "hybrid" else None,
         "unavailable": model.unavailable,

@@ -176,15 +176,16 @@ NO_DEFAULT = object()
 
 
 @cache
-def transformer_fields() -> dict[str, tuple[Any, Any]]:
-    """TransformerConfig field name -> (annotation, default); imports megatron-core (CPU only)."""
+def transformer_fields(mla: bool = False) -> dict[str, tuple[Any, Any]]:
+    """TransformerConfig field name -> (annotation, default), MLATransformerConfig's with `mla`; imports
+    megatron-core (CPU only)."""
     with warnings.catch_warnings():
         # megatron-core warns at import about optional packages (TE, apex); not the user's problem
         warnings.simplefilter("ignore")
-        from megatron.core.transformer.transformer_config import TransformerConfig
+        from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     out: dict[str, tuple[Any, Any]] = {}
-    for f in dataclasses.fields(TransformerConfig):
+    for f in dataclasses.fields(MLATransformerConfig if mla else TransformerConfig):
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -233,12 +234,17 @@ def validate_transformer(values: dict[str, Any], where: str) -> None:
     Raises:
         UsageError: an unknown key or a value of the wrong type (names the key and `where`).
     """
-    known = transformer_fields()
+    known = base = transformer_fields()
+    mla = transformer_fields(mla=True)
+    if values.get("multi_latent_attention") or any(key in mla and key not in base for key in values):
+        known = mla  # MLATransformerConfig's own fields (q_lora_rank, ...): a description leaves out its defaults
     for key, value in values.items():
         if key not in known:
             raise UsageError(f"{where}: transformer.{key} is not a TransformerConfig field{did_you_mean(key, known)}")
         annotation, default = known[key]
-        if not (value is None and default is None) and not _matches(value, annotation):
+        # MLA's q_lora_rank is annotated int and is None for a model without query compression (Moonlight)
+        optional = default is None or (key not in base and known is mla)
+        if not (value is None and optional) and not _matches(value, annotation):
             raise UsageError(
                 f"{where}: transformer.{key}: got {describe(value)} ({type(value).__name__}), "
                 f"expected {_expected(annotation)}"
