@@ -154,6 +154,10 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("nproc-per-node", "nproc_per_node", int,
            "GPUs (processes) of every child run; > 1 starts its ranks with torch.distributed.run "
            "(docs/multi-gpu.md).", "N"),
+    Option("fit", "fit", bool,
+           "Shrink the launch line's or config's placement (tensor, pipeline and its layout, expert, "
+           "expert-tensor, context) and its micro-batches per step to the GPUs at hand (--nproc-per-node, else "
+           "the visible GPUs), keeping every kind of layer; prints what changed and why.", ""),
     Option("tensor-model-parallel-size", "tensor_model_parallel_size", int,
            "Megatron tensor-parallel size; must divide the heads and, with the pipeline size, nproc-per-node.",
            "T"),

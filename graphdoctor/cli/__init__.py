@@ -28,7 +28,7 @@ EXIT_TOOL_ERROR = 2
 EXIT_INTERNAL_ERROR = 3
 EXIT_INTERRUPTED = 130
 
-_DEBUG: dict[str, bool] = {"on": False}
+_DEBUG: dict[str, bool] = {"on": False, "verbose": False}
 
 
 def _one_line(text: str) -> str:
@@ -48,6 +48,10 @@ def _usage_message(exc: click.ClickException) -> str:
     return f"error: {exc.format_message()}{where}"
 
 
+LIBRARY_WARNINGS = r"(megatron|transformer_engine|apex|absl|torch|modelopt|nvidia_resiliency_ext)(\..*)?$"
+"""Modules whose warnings the CLI keeps off the terminal unless -v/--verbose is given."""
+
+
 class _Group(click.Group):
     """Click group that owns the exit-code contract: one line on stderr for every error."""
 
@@ -58,11 +62,17 @@ class _Group(click.Group):
         # megatron-core warns at import that Apex is missing (its norm falls back to torch's): the rules that
         # depend on Apex (GD308) and the refusals of what cannot build without it say so where it matters.
         warnings.filterwarnings("ignore", message="Apex is not installed", category=UserWarning)
+        if not _DEBUG["verbose"]:
+            # The libraries' import-time warnings (Transformer Engine or Apex missing, absl, deprecations): nothing
+            # a reader of graphdoctor's output acts on; what matters is said as a finding, a note or a refusal.
+            warnings.filterwarnings("ignore", module=LIBRARY_WARNINGS)
         return super().invoke(ctx)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         _DEBUG["on"] = False
+        given = list(args) if args is not None else sys.argv[1:]
+        _DEBUG["verbose"] = any(arg in ("-v", "--verbose") for arg in given)
         from graphdoctor.parent.stopping import Stopped, stop_children_on_signals
 
         try:

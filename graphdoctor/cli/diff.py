@@ -16,35 +16,18 @@ if TYPE_CHECKING:
     from graphdoctor.report.plan import PlanOf
 
 
-def _transformer_fields() -> set[str]:
-    import dataclasses
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from megatron.core.transformer.transformer_config import TransformerConfig
-    return {f.name for f in dataclasses.fields(TransformerConfig)}
-
-
 def build_config(config_path: str | None, values: dict[str, Any]) -> Any:
-    """DiffConfig from the run file (if any) and flag values; validates transformer: keys.
+    """DiffConfig from the run file (if any) and flag values (a run file's `transformer:` keys are checked against
+    TransformerConfig when it loads; a Megatron source's come from Megatron's own config class, MLA's included).
 
     Raises:
         UsageError: an unknown transformer field or a bad value.
         InputFileError: an unreadable or malformed run file.
     """
     from graphdoctor.config import diff_config_from, load_run_file
-    from graphdoctor.errors import UsageError
 
     run_file = load_run_file(config_path) if config_path else None
-    config = diff_config_from(run_file, **values)
-    if config.transformer:
-        known = _transformer_fields()
-        for key in config.transformer:
-            if key not in known:
-                raise UsageError(f"{config_path}: transformer.{key} is not a TransformerConfig field "
-                                 f"of the installed megatron-core")
-    return config
+    return diff_config_from(run_file, **values)
 
 
 @contextlib.contextmanager
@@ -84,6 +67,10 @@ def run_then_write[ReportT](run: Callable[[Any], ReportT], write: Callable[[Repo
               help="Run file (transformer:, env:, run:), a Megatron-LM functional test's model_config.yaml or a "
                    "Megatron-Bridge ConfigContainer YAML: the model as Megatron builds it. Default: none.")
 @click_options(DIFF_OPTIONS)
+@click.option("--set", "settings", multiple=True, metavar="model.FIELD=VALUE",
+              help="A TransformerConfig field over the source's own (repeatable; VALUE read as a YAML scalar), as "
+                   "Megatron-Bridge's overrides spell it: --set model.gradient_accumulation_fusion=false. "
+                   "Default: none.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Write the full JSON report (schema in docs/diff.md). Default: none.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
@@ -100,7 +87,7 @@ def run_then_write[ReportT](run: Callable[[Any], ReportT], write: Callable[[Repo
 @click.option("-q", "--quiet", is_flag=True, default=False,
               help="No progress on stderr (a live line per running child on a terminal, log lines "
                    "otherwise). Default: off.")
-def diff_command(config_path: str | None, json_path: str | None, html_path: str | None,
+def diff_command(config_path: str | None, settings: tuple[str, ...], json_path: str | None, html_path: str | None,
                  workdir: str | None, plan_only: bool, verbose: bool, quiet: bool, **values: Any) -> None:
     """Train a real Megatron-Core GPT model eager and graphed side by side on the GPU and give a
     verdict per implementation (match, rng-divergence, numeric-divergence, capture-failed,
@@ -114,9 +101,12 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     1 otherwise, 2 for usage, config or environment errors (no GPU).
     """
     values = _under_torchrun(values)
+    if settings:
+        values["transformer"] = parse_settings(settings)
     config = build_config(config_path, values)
+    said_by = "launch line" if config.megatron_args or not config_path else "config"
     for note in config.launch_notes:  # on stderr where stdout carries the JSON (`--json -`)
-        click.echo(f"launch line: {note}", err=json_path == "-")
+        click.echo(f"{said_by}: {note}", err=json_path == "-")
     # Refused before any GPU work: a report never overwrites the run file or launch script it came from.
     line = config.megatron_args or ""
     inputs = [config_path, line[1:] if line.startswith("@") else None]
@@ -140,6 +130,32 @@ def diff_command(config_path: str | None, json_path: str | None, html_path: str 
     sys.exit(report.exit_code())
 
 
+def parse_settings(settings: tuple[str, ...]) -> dict[str, Any]:
+    """`--set model.FIELD=VALUE` (or `transformer.FIELD=VALUE`) -> {FIELD: VALUE}, VALUE a YAML scalar.
+
+    Raises:
+        UsageError: not KEY=VALUE, another prefix, or a value that is not a plain scalar.
+    """
+    import yaml
+
+    from graphdoctor.errors import UsageError
+
+    out: dict[str, Any] = {}
+    for item in settings:
+        key, sep, text = item.partition("=")
+        section, _, name = key.strip().partition(".")
+        if not sep or section not in ("model", "transformer") or not name.isidentifier():
+            raise UsageError(f"--set {item}: expected model.FIELD=VALUE (a TransformerConfig field)")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise UsageError(f"--set {item}: VALUE is not a YAML scalar") from None
+        if isinstance(value, dict | list):
+            raise UsageError(f"--set {item}: VALUE must be a scalar (a number, true/false, a string or null)")
+        out[name] = value
+    return out
+
+
 def write_plan(of: PlanOf, config: Any, json_path: str | None, html_path: str | None,
                inputs: list[str | None]) -> None:
     """`diff --plan` and `advise --plan`: the table (not with `--json -`), the `plan` JSON document where asked,
@@ -153,7 +169,7 @@ def write_plan(of: PlanOf, config: Any, json_path: str | None, html_path: str | 
 
     from graphdoctor.errors import UsageError
     from graphdoctor.inputs import check_output_path, write_output
-    from graphdoctor.report.plan import plan_document, plan_exit_code, render_diff_plan
+    from graphdoctor.report.plan import plan_document, plan_exit_code, refusal_lines, render_diff_plan
 
     if html_path:
         raise UsageError(f"--html {html_path}: a page is written for a run; expected it without --plan "
@@ -163,35 +179,41 @@ def write_plan(of: PlanOf, config: Any, json_path: str | None, html_path: str | 
     from graphdoctor.availability import why_unavailable
     from graphdoctor.config.child_model import run_model
     from graphdoctor.config.description import model_facts
-    from graphdoctor.parent.skeleton import Skeleton, build_skeleton, refuse_what_fails_to_build
+    from graphdoctor.parent.skeleton import Skeleton, build_skeleton
+    from graphdoctor.parent.static import cannot_build
     from graphdoctor.report.diff import model_line
 
     model = run_model(config)
     cannot = why_unavailable("local", config)  # what this machine cannot build at all (TE layers without TE, ...)
     skeleton = build_skeleton(config) if cannot is None else Skeleton(not_built=cannot)
-    refuse_what_fails_to_build(skeleton)
     facts = model_facts(model)
+    # Every refusal at once, each with its fix: what this installation cannot build, then the model's own build.
+    refusals = cannot_build(config)
+    if skeleton.error is not None:
+        if "zero_centered_gamma" in skeleton.error:  # Megatron's own words for what missing_apex_norm predicts
+            refusals = [why for why in refusals if not why.startswith("layernorm_zero_centered_gamma")]
+        refusals.append(f"every child's set-up would fail building the model: {skeleton.error}"
+                        + (f" ({skeleton.where})" if skeleton.where else ""))
     if of == "diff":
         from graphdoctor.advise import diff_plan
-        from graphdoctor.parent.static import refuse_before_gpu_work
 
-        refuse_before_gpu_work(config, "graphdoctor diff --plan", gpu=False)
         screenings = diff_plan(config)
         text = render_diff_plan(config, screenings, model_lines=(model_line(facts, skeleton.num_parameters),
-                                                                 f"  {skeleton.line}"))
+                                                                 f"  {skeleton.line}"), refusals=refusals)
     else:
         from graphdoctor.advise import plan
         from graphdoctor.report.advise import render_plan
 
         screenings = plan(config)
-        text = "\n".join((model_line(facts, skeleton.num_parameters), f"  {skeleton.line}", render_plan(screenings)))
+        text = "\n".join((model_line(facts, skeleton.num_parameters), f"  {skeleton.line}", render_plan(screenings),
+                          *refusal_lines(refusals)))
     if json_path != "-":
         click.echo(text)
     if json_path:
-        document = json.dumps(plan_document(of, config, screenings, model=facts, skeleton=skeleton_dict(skeleton)),
-                              indent=2, allow_nan=False)
+        document = json.dumps(plan_document(of, config, screenings, model=facts, skeleton=skeleton_dict(skeleton),
+                                            refusals=refusals), indent=2, allow_nan=False)
         write_output(json_path, document + "\n", flag="--json", inputs=inputs)
-    sys.exit(plan_exit_code(screenings, of))
+    sys.exit(1 if refusals else plan_exit_code(screenings, of))
 
 
 def skeleton_dict(skeleton: Any) -> dict[str, Any]:
@@ -239,4 +261,4 @@ def _under_torchrun(values: dict[str, Any]) -> dict[str, Any]:
 
 COMMANDS = [diff_command]
 
-__all__ = ["COMMANDS", "build_config", "diff_command", "progress_board", "run_then_write", "write_plan"]
+__all__ = ["COMMANDS", "build_config", "diff_command", "parse_settings", "progress_board", "run_then_write", "write_plan"]

@@ -211,6 +211,15 @@ class DiffConfig:
     """Processes (GPUs) of every child run; > 1 starts each child's ranks with torch.distributed.run
     (docs/multi-gpu.md)."""
 
+    placement_refusal: str | None = None
+    """Why the source's own placement does not fit the processes diff starts (without --fit): the plan describes
+    the model as --fit would place it and lists this among its refusals; a run refuses it."""
+
+    fit: bool = False
+    """Shrink the model's placement (tensor, pipeline with its layout, expert, expert-tensor, context) and its
+    micro-batches per step to the GPUs at hand in one step (graphdoctor.config.fit), as Megatron settings before
+    Megatron validates them; only with a launch line, functional test or config file."""
+
     tensor_model_parallel_size: int = 1
     """Megatron tensor-parallel size T (initialize_model_parallel)."""
 

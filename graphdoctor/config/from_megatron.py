@@ -17,7 +17,8 @@ from typing import Any
 
 from graphdoctor.config.bridge import UNSET_EVAL_INTERVAL, BridgeConfig
 from graphdoctor.config.codec import decode, encode
-from graphdoctor.config.description import ModelDescription, describe_model
+from graphdoctor.config.description import ModelDescription, describe_model, plain, unvalidated_class
+from graphdoctor.config.fit import EVAL_ITERS_FIT, PLACEMENT, fit_placement, fitted_microbatches, gpus_at_hand
 from graphdoctor.config.fp8 import initialisation
 from graphdoctor.config.graph_settings import graph_choice
 from graphdoctor.config.launch_scan import parse_moe_layer_freq
@@ -25,6 +26,7 @@ from graphdoctor.config.megatron_line import (
     MEGATRON_ERRORS,
     NOT_APPLIED_WHY,
     MegatronLine,
+    MegatronRefusal,
     describe_args,
     dest_values,
     megatron_args,
@@ -35,8 +37,14 @@ from graphdoctor.config.megatron_line import (
     with_values,
 )
 from graphdoctor.config.megatron_lm import megatron_flags
-from graphdoctor.config.shrink import format_freq, hybrid_layer_count, shrink_hybrid_pattern, shrink_moe_layer_freq
-from graphdoctor.errors import MissingDependencyError, UsageError
+from graphdoctor.config.shrink import (
+    format_freq,
+    hybrid_layer_count,
+    layer_kinds,
+    shrink_hybrid_pattern,
+    shrink_moe_layer_freq,
+)
+from graphdoctor.errors import UsageError
 
 LINE_FIELDS: tuple[str, ...] = (
     "num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size", "vocab_size", "seed",
@@ -50,6 +58,9 @@ model's settings before Megatron validates them."""
 
 EAGER_GRAPHS: dict[str, Any] = {"cuda_graph_impl": "none", "cuda_graph_modules": [], "enable_cuda_graph": False,
                                 "external_cuda_graph": False}
+GRAPH_SETTINGS: frozenset[str] = frozenset({"cuda_graph_impl", "cuda_graph_modules", "cuda_graph_scope",
+                                            "enable_cuda_graph", "external_cuda_graph"})
+"""Graph settings each child sets itself (EAGER_GRAPHS for the reference): not taken from explicit fields."""
 PER_CHILD: frozenset[str] = frozenset({"cuda_graph_scope", "inference_cuda_graph_scope"})
 """Graph settings Megatron-LM derives from each child's cuda_graph_impl (validate_args normalises the inference
 scope per implementation): not the run's, so not in the rules' view of it."""
@@ -98,10 +109,24 @@ def megatron_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _shrink(current: Mapping[str, Any], settings: dict[str, Any], notes: list[str]) -> None:
-    """Per-layer patterns made to fit a smaller --num-layers, and a pipeline layout dropped with its pipeline."""
+def _moe_kinds(freq: Any) -> int:
+    """Kinds of layer a moe_layer_freq makes: dense and MoE, or one (every layer MoE, or no pattern)."""
+    pattern = parse_moe_layer_freq(freq) if isinstance(freq, str) else freq
+    if isinstance(pattern, list):
+        return len(set(pattern)) or 1
+    return 2 if isinstance(pattern, int) and pattern > 1 else 1
+
+
+def _shrink(current: Mapping[str, Any], settings: dict[str, Any], notes: list[str], fit: bool = False) -> None:
+    """Per-layer patterns made to fit a smaller --num-layers, and a pipeline layout dropped with its pipeline; with
+    --fit, a --num-layers below the pattern's kinds of layer is raised to keep each kind."""
     layers = settings.get("num_layers")
     freq = current.get("moe_layer_freq")
+    if fit and layers is not None:
+        kinds = max(layer_kinds(current.get("hybrid_layer_pattern")), _moe_kinds(freq))
+        if kinds > layers:
+            notes.append(f"--fit: --num-layers {layers} raised to {kinds}, one layer of each kind the model has")
+            layers = settings["num_layers"] = kinds
     if layers is not None and freq is not None:
         pattern = parse_moe_layer_freq(freq) if isinstance(freq, str) else freq
         shrunk = shrink_moe_layer_freq(pattern, layers)
@@ -145,6 +170,37 @@ def _world(values: Mapping[str, Any], line: MegatronLine, notes: list[str]) -> i
     return per_node
 
 
+def _fit_line(values: Mapping[str, Any], given: Mapping[str, tuple[str, ...]], line: MegatronLine,
+              settings: dict[str, Any], notes: list[str]) -> tuple[int, dict[str, Any]]:
+    """--fit on a line: its parallel sizes (the line's, under explicit ones) shrunk into `settings` for the GPUs at
+    hand; (the processes, the values with the fitted micro-batches per step)."""
+    counts = torchrun_counts(line)
+    world = gpus_at_hand(values.get("nproc_per_node"), counts[0] * counts[1] if counts else None)
+    current: dict[str, Any] = {}
+    for dest in (*PLACEMENT, "pipeline_model_parallel_layout", "sequence_parallel"):
+        if dest in given:
+            first = given[dest][0] if given[dest] else "true"
+            current[dest] = int(first) if first.isdigit() else first
+    current.update({k: settings[k] for k in PLACEMENT if k in settings})
+    changes, fitted = fit_placement(current, world)
+    settings.update(changes)
+    notes.extend(fitted)
+    out = {**values, "nproc_per_node": world}
+    if values.get("num_microbatches") is None:
+        pipeline = settings.get("pipeline_model_parallel_size", current.get("pipeline_model_parallel_size") or 1)
+        out["num_microbatches"] = fitted_microbatches(int(pipeline))
+        notes.append(f"--fit: {out['num_microbatches']} micro-batch{'es' if out['num_microbatches'] > 1 else ''} "
+                     "per step (the line's global batch is its cluster's; --num-microbatches N to choose)")
+    return world, out
+
+
+def _fit_evaluation(out: dict[str, Any], notes: list[str]) -> None:
+    """--fit keeps evaluation on where the model evaluates, with EVAL_ITERS_FIT iterations at most."""
+    if out.get("fit") and out.get("eval_interval") and (out.get("eval_iters") or 0) > EVAL_ITERS_FIT:
+        notes.append(f"--fit: evaluation kept, {EVAL_ITERS_FIT} iterations instead of {out['eval_iters']}")
+        out["eval_iters"] = EVAL_ITERS_FIT
+
+
 def _overridden(line: MegatronLine, settings: Mapping[str, Any]) -> list[str]:
     """`num_layers 2 (line: --num-layers 32)` for each setting given over a different one of the line's."""
     table = megatron_flags()
@@ -172,13 +228,34 @@ def resolve_line(values: dict[str, Any], line: MegatronLine, source: str) -> dic
             of layer.
         MissingDependencyError: megatron.training does not import, or the model needs Transformer Engine.
     """
+    try:
+        return _resolve_line(values, line, source)
+    except MegatronRefusal as refusal:
+        if refusal.stage != "placement" or values.get("fit"):
+            raise
+        return _as_fitted(resolve_line({**values, "fit": True}, line, source), str(refusal))
+
+
+def _as_fitted(out: dict[str, Any], refusal: str) -> dict[str, Any]:
+    """A resolution made with --fit because the source's placement does not fit: described as --fit would place
+    it, the refusal kept for the plan's list and for a run to refuse."""
+    notes = [n for n in out.get("launch_notes", ()) if not n.startswith("--fit:")]
+    notes.append("the placement does not fit the processes diff starts: the plan shows the model as --fit would "
+                 "place it, and a run refuses it as written")
+    return {**out, "fit": False, "placement_refusal": refusal, "launch_notes": tuple(notes)}
+
+
+def _resolve_line(values: dict[str, Any], line: MegatronLine, source: str) -> dict[str, Any]:
+    """resolve_line on the line's own placement (MegatronRefusal `placement` where it does not fit)."""
     notes = list(line.notes)
     graph_choice(lambda name: _given(line, name), lambda name: "--" + name.replace("_", "-"))
     settings = megatron_settings(values)
-    _shrink(_line_settings(line), settings, notes)
+    _shrink(_line_settings(line), settings, notes, fit=bool(values.get("fit")))
     overridden = _overridden(line, settings)
     world = _world(values, line, notes)
     given = dest_values(line)
+    if values.get("fit"):
+        world, values = _fit_line(values, given, line, settings, notes)
     if "vocab_size" not in settings and "vocab_size" not in given and "padded_vocab_size" not in given:
         settings["vocab_size"] = DEFAULT_VOCAB
         notes.append(f"the line sets no --vocab-size (its tokenizer decides it in Megatron-LM); diff trains "
@@ -213,6 +290,7 @@ def resolve_line(values: dict[str, Any], line: MegatronLine, source: str) -> dic
         out["cuda_graph_modules"] = graphs.modules
     if "eval_interval" not in values and ("eval_interval" in given or "eval_iters" in given):
         out.update(_evaluation(args, notes))
+    _fit_evaluation(out, notes)
     out["model"] = dataclasses.replace(model, overrides={k: encode(v) for k, v in run_transformer.items()})
     out["transformer"] = model_view(out["model"])
     changed = "explicit values override the launch line: " + ", ".join(overridden) if overridden else None
@@ -289,9 +367,10 @@ def resolve_bridge(values: dict[str, Any], bridge: BridgeConfig) -> dict[str, An
     TransformerConfig fields, the TransformerConfig built (Megatron validates it), the model described, the
     DiffConfig fields read back from it.
 
+    A model that needs Transformer Engine where it is not installed is described and marked unavailable.
+
     Raises:
         UsageError: Megatron's TransformerConfig refuses the settings; a placement that does not fit.
-        MissingDependencyError: the settings need Transformer Engine, which is not installed here.
     """
     notes: list[str] = []
     run = {k: v for k, v in bridge.run.items() if k not in ("global_batch_size",)}
@@ -304,24 +383,37 @@ def resolve_bridge(values: dict[str, Any], bridge: BridgeConfig) -> dict[str, An
     for name in ("micro_batch_size", "seed", "overlap_grad_reduce", "use_distributed_optimizer", "ddp_bucket_size",
                  "loss_scale"):
         settings.pop(name, None)
+    world = int(merged.get("nproc_per_node") or 1)
+    if merged.get("fit"):
+        world = gpus_at_hand(values.get("nproc_per_node"))
+        current = {k: plain(bridge.transformer.get(k)) for k in (*PLACEMENT, "pipeline_model_parallel_layout",
+                                                                  "sequence_parallel")}
+        changes, fitted = fit_placement({**current, **{k: settings[k] for k in PLACEMENT if k in settings}}, world)
+        settings.update(changes)
+        notes.extend(fitted)
+        merged["nproc_per_node"] = world
     _shrink({k: bridge.transformer.get(k) for k in ("moe_layer_freq", "pipeline_model_parallel_layout")}
-            | {"hybrid_layer_pattern": model_fields.get("hybrid_layer_pattern")}, settings, notes)
+            | {"hybrid_layer_pattern": model_fields.get("hybrid_layer_pattern")}, settings, notes,
+            fit=bool(merged.get("fit")))
     if "hybrid_layer_pattern" in settings:
         model_fields["hybrid_layer_pattern"] = settings.pop("hybrid_layer_pattern")
-    fields = {**decode(dict(bridge.transformer), f"{bridge.path}: model"), **settings}
+    overrides = {k: v for k, v in (values.get("transformer") or {}).items() if k not in GRAPH_SETTINGS}
+    fields = {**decode(dict(bridge.transformer), f"{bridge.path}: model"), **settings, **overrides}
     fields.update(**initialisation(bool(fields.get("fp8_param"))), **EAGER_GRAPHS)
-    tconfig, model_config = _bridge_objects(bridge, fields, decode(model_fields, f"{bridge.path}: model"))
-    model = describe_model(tconfig, model_config, source=f"Megatron-Bridge {bridge.path}",
-                           layer_spec=bridge.layer_spec, te_rng_tracker=bridge.te_rng_tracker)
-    world = int(merged.get("nproc_per_node") or 1)
+    tconfig, model_config, unavailable = _bridge_objects(bridge, fields, decode(model_fields,
+                                                                                f"{bridge.path}: model"))
+    model = describe_model(tconfig, model_config, source=f"{bridge.owner} {bridge.path}",
+                           layer_spec=bridge.layer_spec, te_rng_tracker=bridge.te_rng_tracker,
+                           unavailable=unavailable)
     model_parallel = tconfig.tensor_model_parallel_size * tconfig.pipeline_model_parallel_size * \
         tconfig.context_parallel_size
-    if world % model_parallel:
-        raise UsageError(f"placement: {bridge.path}'s model parallelism (tensor {tconfig.tensor_model_parallel_size} "
-                         f"x pipeline {tconfig.pipeline_model_parallel_size} x context "
-                         f"{tconfig.context_parallel_size}) needs a multiple of {model_parallel} processes, diff "
-                         f"starts {world}; give --nproc-per-node {model_parallel}, or shrink it with "
-                         "--tensor-model-parallel-size and --pipeline-model-parallel-size")
+    if world % model_parallel and not merged.get("fit"):
+        refusal = (f"placement: {bridge.path}'s model parallelism (tensor {tconfig.tensor_model_parallel_size} "
+                   f"x pipeline {tconfig.pipeline_model_parallel_size} x context "
+                   f"{tconfig.context_parallel_size}) needs a multiple of {model_parallel} processes, diff "
+                   f"starts {world}; give --fit to shrink every placement to the GPUs at hand, or "
+                   f"--nproc-per-node {model_parallel}")
+        return _as_fitted(resolve_bridge({**values, "fit": True}, bridge), refusal)
     micro = int(merged.get("micro_batch_size") or 1)
     out = dict(merged)
     out.update({
@@ -339,9 +431,14 @@ def resolve_bridge(values: dict[str, Any], bridge: BridgeConfig) -> dict[str, An
         "layer_spec": "local" if tconfig.transformer_impl == "local" else "te",
     })
     batch = bridge.run.get("global_batch_size")
-    if values.get("num_microbatches") is None and batch:
+    if values.get("num_microbatches") is None and merged.get("fit"):
+        out["num_microbatches"] = fitted_microbatches(tconfig.pipeline_model_parallel_size)
+        notes.append(f"--fit: {out['num_microbatches']} micro-batch(es) per step (the config's global batch "
+                     f"{batch} is its cluster's; --num-microbatches N to choose)")
+    elif values.get("num_microbatches") is None and batch:
         data_parallel = world // model_parallel
         out["num_microbatches"] = max(1, int(batch) // (micro * data_parallel))
+    _fit_evaluation(out, notes)
     graphs = graph_choice(lambda name: bridge.graph.get(name), lambda name: f"{bridge.path}: model.{name}")
     if "impls" not in values and graphs.impl != "none":
         out["impls"] = (graphs.impl,)
@@ -351,30 +448,38 @@ def resolve_bridge(values: dict[str, Any], bridge: BridgeConfig) -> dict[str, An
     out["transformer"] = model_view(model)
     skipped = f"settings that do not apply ({NOT_APPLIED_WHY}): {', '.join(bridge.not_applied)}" \
         if bridge.not_applied else None
-    out["launch_notes"] = tuple(n for n in (*notes, skipped) if n)
+    out["launch_notes"] = tuple(n for n in (*bridge.notes, *notes, skipped) if n)
     return out
 
 
-def _bridge_objects(bridge: BridgeConfig, fields: dict[str, Any], model_fields: dict[str, Any]) -> tuple[Any, Any]:
-    """Megatron's TransformerConfig and model config of a Bridge `model:` (Megatron validates them)."""
+def _bridge_objects(bridge: BridgeConfig, fields: dict[str, Any], model_fields: dict[str, Any],
+                    ) -> tuple[Any, Any, str | None]:
+    """Megatron's TransformerConfig and model config of a Bridge `model:` (Megatron validates them), and why they
+    are unavailable here: where the TransformerConfig refuses the settings because Transformer Engine is not
+    installed, they are made without its checks (description.unvalidated_class) and marked, as a launch line's
+    are (megatron_line.describe_args): a plan describes the model with its rows `unavailable`."""
     import warnings
 
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
     from megatron.training.models import GPTModelConfig, HybridModelConfig
 
     cls = MLATransformerConfig if fields.get("multi_latent_attention") else TransformerConfig
+    model_cls = GPTModelConfig if bridge.kind == "gpt" else HybridModelConfig
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tconfig = cls(**fields)
-            model_cls = GPTModelConfig if bridge.kind == "gpt" else HybridModelConfig
-            return tconfig, model_cls(transformer=tconfig, **model_fields)
+            return tconfig, model_cls(transformer=tconfig, **model_fields), None
     except MEGATRON_ERRORS as exc:
-        if needs_te(exc):
-            raise MissingDependencyError(f"{bridge.path}: the model needs Transformer Engine, which is not installed "
-                                         f"here (Megatron: {megatron_message(exc)})") from None
-        raise UsageError(f"{bridge.path}: Megatron's TransformerConfig refuses model: {megatron_message(exc)}") \
-            from None
+        if not needs_te(exc):
+            raise UsageError(f"{bridge.path}: Megatron's TransformerConfig refuses model: {megatron_message(exc)}") \
+                from None
+        unavailable = f"the model needs Transformer Engine, which is not installed here (Megatron: " \
+                      f"{megatron_message(exc)})"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tconfig = unvalidated_class(cls)(**fields)
+        return tconfig, model_cls(transformer=tconfig, **model_fields), unavailable
 
 
 def model_view(model: ModelDescription) -> dict[str, Any]:

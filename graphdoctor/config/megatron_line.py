@@ -376,8 +376,8 @@ def _check_fits(args: Any, world_size: int) -> None:
     if args.expert_model_parallel_size > 1:
         parts += f", expert {args.expert_model_parallel_size}"
     raise MegatronRefusal.of("placement", f"placement: the line's model parallelism ({parts}) needs a multiple of {need} processes, "
-                     f"diff starts {world_size}; give --nproc-per-node {need}, or shrink it with "
-                     "--tensor-model-parallel-size, --pipeline-model-parallel-size and --expert-model-parallel-size")
+                     f"diff starts {world_size}; give --fit to shrink every placement to the GPUs at hand, or "
+                     f"--nproc-per-node {need}")
 
 
 def describe_args(args: Any, line: MegatronLine, *, source: str,

@@ -54,7 +54,10 @@ def diff_config_from(run_file: RunFile | None, **overrides: Any) -> DiffConfig:
         values.update(run_file.run)
         values["transformer"] = dict(run_file.transformer)
         values["env"] = dict(run_file.env)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if isinstance(given.get("transformer"), dict) and run_file is not None:
+        given["transformer"] = {**run_file.transformer, **given["transformer"]}  # fields over the run file's
+    values.update(given)
     for key in LIST_FIELDS:
         if key in values:
             values[key] = _as_tuple(key, values[key])

@@ -17,6 +17,13 @@ HYBRID_LAYER_SYMBOLS: frozenset[str] = frozenset("MG*D+-E")
 PIPE, MTP_SEPARATOR = "|", "/"
 
 
+def layer_kinds(pattern: Any) -> int:
+    """The kinds of layer a hybrid layer pattern holds (its decoder's, before any MTP part); 1 without one."""
+    if not isinstance(pattern, str) or not pattern:
+        return 1
+    return max(1, len({c for c in pattern.split(MTP_SEPARATOR)[0] if c in HYBRID_LAYER_SYMBOLS}))
+
+
 def keep_kinds(kinds: Sequence[Any], num_layers: int, what: str) -> list[Any]:
     """`num_layers` of the layers, in order: the first layer of each kind, then the earliest others.
 
@@ -79,5 +86,5 @@ def format_freq(pattern: int | list[int]) -> str:
     return str(pattern) if isinstance(pattern, int) else "[" + ",".join(map(str, pattern)) + "]"
 
 
-__all__ = ["HYBRID_LAYER_SYMBOLS", "format_freq", "hybrid_layer_count", "keep_kinds", "shrink_hybrid_pattern",
+__all__ = ["layer_kinds", "HYBRID_LAYER_SYMBOLS", "format_freq", "hybrid_layer_count", "keep_kinds", "shrink_hybrid_pattern",
            "shrink_moe_layer_freq"]

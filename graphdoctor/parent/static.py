@@ -170,19 +170,71 @@ def installation_refusals(config: DiffConfig, facts: EnvironmentFacts | None = N
     return [f for f in found if f.severity == "error"]
 
 
+def cannot_build(config: DiffConfig) -> list[str]:
+    """Every reason diff refuses the run here before any GPU work, each with its fix: a placement that does not
+    fit (DiffConfig.placement_refusal), what this machine's installation cannot build (installation_refusals with
+    rule and fix), then Megatron's kernels and norms that are not installed here
+    (missing_fused_softmax, missing_fused_wgrad, missing_apex_norm, missing_flex_backend). A plan lists them all
+    at once."""
+    reasons = [config.placement_refusal] if config.placement_refusal else []
+    reasons += [f"{found.message} ({found.code}); fix: {found.fix}" for found in installation_refusals(config)]
+    for missing in (missing_fused_softmax, missing_fused_wgrad, missing_apex_norm, missing_flex_backend):
+        why = missing(config)
+        if why:
+            reasons.append(why)
+    return reasons
+
+
 def refuse_what_cannot_build(config: DiffConfig) -> None:
     """Refuse, before any GPU work, a run whose model this machine's installation cannot build (diff, advise).
 
     Raises:
-        MissingDependencyError: the first of installation_refusals(config), with its rule and fix.
+        UsageError: a placement that does not fit (the first of cannot_build(config)), with how many more there are.
+        MissingDependencyError: the first of cannot_build(config), with how many more there are.
     """
-    refusals = installation_refusals(config)
-    if refusals:
-        first = refusals[0]
-        raise MissingDependencyError(f"{first.message} ({first.code}); fix: {first.fix}")
-    missing = missing_fused_softmax(config) or missing_fused_wgrad(config)
-    if missing:
-        raise MissingDependencyError(missing)
+    reasons = cannot_build(config)
+    if reasons:
+        more = f" (and {len(reasons) - 1} more: `--plan` lists them)" if len(reasons) > 1 else ""
+        if config.placement_refusal:
+            raise UsageError(reasons[0] + more)
+        raise MissingDependencyError(reasons[0] + more)
+
+
+FLEX_BACKENDS: dict[str, tuple[str, str]] = {"deepep": ("deep_ep", "DeepEP"), "hybridep": ("deep_ep", "HybridEP"),
+                                             "ncclep": ("transformer_engine", "Transformer Engine's ep")}
+"""The flex token dispatcher's backends (moe_flex_dispatcher_backend), the package each imports
+(megatron/core/transformer/moe/fused_a2a.py) and its name."""
+
+
+def missing_flex_backend(config: DiffConfig) -> str | None:
+    """Why every child's MoE layers would fail for want of the flex dispatcher's backend, or None."""
+    import importlib.util
+
+    if config.transformer.get("moe_token_dispatcher_type") != "flex" or not config.transformer.get("num_moe_experts"):
+        return None
+    backend = str(config.transformer.get("moe_flex_dispatcher_backend") or "deepep")
+    package, name = FLEX_BACKENDS.get(backend, ("deep_ep", backend))
+    if importlib.util.find_spec(package) is not None:
+        return None
+    return (f"moe_token_dispatcher_type flex with the {backend} backend needs {name} ({package}), which is not "
+            "installed here: every child's MoE layer would fail to dispatch (megatron/core/transformer/moe/"
+            "fused_a2a.py); fix: --set model.moe_token_dispatcher_type=alltoall (the same experts, dispatched "
+            "by all-to-all), or install it")
+
+
+def missing_apex_norm(config: DiffConfig) -> str | None:
+    """Why every child's set-up would fail building the local spec's norms, or None: without Apex the local spec's
+    LayerNorm/RMSNorm is WrappedTorchNorm (megatron/core/models/gpt/gpt_layer_specs.py, `LNImpl`), which refuses
+    zero-centered gamma (`--apply-layernorm-1p`: megatron/core/transformer/torch_norm.py:44)."""
+    from graphdoctor.installed import apex_importable
+
+    local = config.layer_spec in (None, "local") and config.model_provider is None
+    if not (local and config.transformer.get("layernorm_zero_centered_gamma")) or apex_importable():
+        return None
+    return ("layernorm_zero_centered_gamma (--apply-layernorm-1p) on the local spec needs Apex's FusedLayerNorm, "
+            "which is not installed here: the local spec's torch norm refuses it "
+            "(megatron/core/transformer/torch_norm.py:44, \"zero_centered_gamma not supported by torch LayerNorm\"); "
+            "fix: the Transformer Engine spec (--layer-spec te), Apex, or no --apply-layernorm-1p")
 
 
 def missing_fused_wgrad(config: DiffConfig) -> str | None:
@@ -197,9 +249,11 @@ def missing_fused_wgrad(config: DiffConfig) -> str | None:
         return None
     if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None:
         return None
+    fix = "--no-gradient-accumulation-fusion on the line" if config.megatron_args else \
+        "--set model.gradient_accumulation_fusion=false"
     return ("gradient_accumulation_fusion (Megatron-LM's default) needs Apex's fused_weight_gradient_mlp_cuda, which "
             "is not installed here: every child's set-up would fail building the output layer "
-            "(megatron/core/tensor_parallel/layers.py:1070); fix: --no-gradient-accumulation-fusion on the line")
+            f"(megatron/core/tensor_parallel/layers.py:1070); fix: {fix}")
 
 
 FUSED_SOFTMAX_MODULES: tuple[str, ...] = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
@@ -374,5 +428,5 @@ __all__ = ["ENV_RULES", "FUSED_SOFTMAX_MODULES", "INSTALLATION_REFUSALS", "SETUP
            "missing_fused_wgrad", "LOCAL_SCOPE_RULE", "TE_WEAK_REFS_RULE", "env_static_findings",
            "installation_refusals", "installation_static_findings", "local_scope_static_findings", "moe_static_findings",
            "refuse_at_once", "refuse_before_gpu_work", "refuse_beside_children", "refuse_te_spec_without_te",
-           "refuse_unbuildable_model", "refuse_what_cannot_build", "schedule_static_findings", "static_findings", "this_machine",
+           "refuse_unbuildable_model", "refuse_what_cannot_build", "cannot_build", "missing_apex_norm", "missing_flex_backend", "FLEX_BACKENDS", "schedule_static_findings", "static_findings", "this_machine",
            "with_static_findings"]

@@ -153,7 +153,7 @@ def model_line(facts: dict[str, Any], num_parameters: int | None = None) -> str:
              f"{facts.get('num_attention_heads')} heads"
              + (f" / {facts['num_query_groups']} query groups" if facts.get("attention") == "GQA" else "")
              + f" ({facts.get('attention')})",
-             f"ffn {facts.get('ffn_hidden_size')} {facts.get('activation')}"]
+             _ffn(facts)]
     position = facts.get("position_embedding")
     parts.append(f"{position} (base {facts['rotary_base']})" if facts.get("rotary_base") else str(position))
     parts += [str(facts.get("normalization")), "tied embeddings" if facts.get("tied_embeddings") else "untied embeddings",
@@ -167,6 +167,10 @@ def model_line(facts: dict[str, Any], num_parameters: int | None = None) -> str:
     moe = facts.get("moe")
     if moe:
         parts.append(f"MoE {moe.get('num_experts')} experts top-{moe.get('topk')} {moe.get('dispatcher')}")
+    mla = facts.get("mla")
+    if mla:
+        parts.append("MLA " + " ".join(f"{k.removesuffix('_rank').removesuffix('_head_dim')} {v}"
+                                       for k, v in mla.items() if v is not None))
     if facts.get("mtp_num_layers"):
         parts.append(f"MTP {facts['mtp_num_layers']}")
     if facts.get("hybrid_layer_pattern"):
@@ -174,6 +178,18 @@ def model_line(facts: dict[str, Any], num_parameters: int | None = None) -> str:
     if num_parameters:
         parts.append(f"{num_parameters / 1e9:.3g} B parameters")
     return escape_control(f"  model: {', '.join(parts)}; from {facts.get('source')}")
+
+
+def _ffn(facts: dict[str, Any]) -> str:
+    """`ffn N act`; for a MoE, the experts' ffn, with the dense one beside it where some layers are dense."""
+    moe, activation = facts.get("moe") or {}, facts.get("activation")
+    expert = moe.get("ffn_hidden_size")
+    if not expert:
+        return f"ffn {facts.get('ffn_hidden_size')} {activation}"
+    freq = moe.get("layer_freq")
+    dense = isinstance(freq, list) and 0 in freq or isinstance(freq, int) and freq > 1 or \
+        isinstance(freq, str) and "0" in freq
+    return f"expert ffn {expert} {activation}" + (f" (dense layers {facts.get('ffn_hidden_size')})" if dense else "")
 
 
 def placement_line(cfg: DiffConfig) -> str:

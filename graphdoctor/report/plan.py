@@ -69,7 +69,8 @@ def plan_exit_code(screenings: list[Screening], of: PlanOf) -> int:
     return 0 if any(item.runnable for item in screenings) else 1
 
 
-def render_diff_plan(config: DiffConfig, screenings: list[Screening], *, model_lines: tuple[str, ...] = ()) -> str:
+def render_diff_plan(config: DiffConfig, screenings: list[Screening], *, model_lines: tuple[str, ...] = (),
+                     refusals: list[str] | None = None) -> str:
     """`diff --plan`: the run as diff would read it (the header of its summary), one row per implementation, and
     which children it would start. A row with an error-level finding still runs in diff (`check` says why it is
     expected to fail or to differ), except one Megatron cannot build (SETUP_RULES: setup-failed without a child); an
@@ -97,15 +98,18 @@ def render_diff_plan(config: DiffConfig, screenings: list[Screening], *, model_l
         children += "; each with the run schedule (evaluation, checkpoint and resume)"
     errors = sum(1 for item in screenings if diff_errors(item))
     lines.append(f"would start {children}; {errors} with error-level findings; nothing ran (no GPU needed)")
+    lines += refusal_lines(list(refusals or []))
     return "\n".join(lines)
 
 
 def plan_document(of: PlanOf, config: DiffConfig, screenings: list[Screening], *, model: dict[str, Any] | None = None,
-                  skeleton: dict[str, Any] | None = None) -> dict[str, Any]:
+                  skeleton: dict[str, Any] | None = None, refusals: list[str] | None = None) -> dict[str, Any]:
     """The `plan` JSON document: `of` (`diff` or `advise`), the config as read, the model as it would be built
     (`model`: its facts; `skeleton`: what building it on the meta device said), one row per screened
     configuration (`candidate`, `plan`, `rejections`, `unavailable`, `warnings`), which GPU the FP8 or FP4 recipe
-    needs (`recipe_needs`, null without one) and the exit code."""
+    needs (`recipe_needs`, null without one), every reason the run would be refused here (`refusals`, each with its
+    fix) and the exit code (1 with a refusal)."""
+    refusals = list(refusals or [])
     rows = []
     for item in screenings:
         plan, errors, warnings = row_plan(item, of)
@@ -113,7 +117,16 @@ def plan_document(of: PlanOf, config: DiffConfig, screenings: list[Screening], *
                      "rejections": [r.to_dict() for r in errors], "unavailable": item.unavailable,
                      "warnings": list(warnings)})
     return envelope("plan", {"of": of, "config": config.to_dict(), "model": model, "skeleton": skeleton, "rows": rows,
-                             "recipe_needs": _recipe_needs(config), "exit_code": plan_exit_code(screenings, of)})
+                             "recipe_needs": _recipe_needs(config), "refusals": refusals,
+                             "exit_code": 1 if refusals else plan_exit_code(screenings, of)})
+
+
+def refusal_lines(refusals: list[str]) -> list[str]:
+    """The plan's block of what diff would refuse here before any GPU work, each with its fix (none: no lines)."""
+    if not refusals:
+        return []
+    return ["", f"refused here ({len(refusals)}; diff would stop before any GPU work):",
+            *(f"  - {why}" for why in refusals)]
 
 
 def _recipe_needs(config: DiffConfig) -> str | None:
@@ -124,4 +137,5 @@ def _recipe_needs(config: DiffConfig) -> str | None:
     return recipe_needs(run_model(config).value)
 
 
-__all__ = ["PlanOf", "diff_errors", "plan_document", "plan_exit_code", "plan_table", "render_diff_plan", "row_plan"]
+__all__ = ["PlanOf", "diff_errors", "plan_document", "plan_exit_code", "plan_table", "refusal_lines",
+           "render_diff_plan", "row_plan"]

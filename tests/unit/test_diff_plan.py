@@ -72,11 +72,11 @@ def test_a_placement_prints_its_line() -> None:
 
 
 @pytest.mark.skipif(te_findable(), reason="Transformer Engine is installed here")
-def test_what_diff_refuses_here_the_plan_refuses_in_one_line() -> None:
-    code, lines, err = _plan("--recompute-granularity", "selective", "--recompute-modules", "layernorm")
-    assert code == 2 and lines == []
-    line, = err.strip().splitlines()
-    assert "(GD309)" in line
+def test_what_diff_refuses_here_the_plan_lists_with_the_model() -> None:
+    code, lines, _ = _plan("--recompute-granularity", "selective", "--recompute-modules", "layernorm")
+    assert code == 1 and lines[0].startswith("graphdoctor diff --plan: GPTModel")
+    block = lines[lines.index(next(x for x in lines if x.startswith("refused here (1;"))) + 1:]
+    assert len(block) == 1 and "(GD309)" in block[0] and "fix:" in block[0]
 
 
 @pytest.mark.skipif(te_findable(), reason="Transformer Engine is installed here")

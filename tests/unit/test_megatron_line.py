@@ -17,6 +17,7 @@ from graphdoctor.config.child_model import child_model
 from graphdoctor.config.from_megatron import UNSET_EVAL_INTERVAL
 from graphdoctor.config.launch_scan import scan_launch_line
 from graphdoctor.errors import InputFileError, UsageError
+from graphdoctor.parent.static import refuse_what_cannot_build
 from graphdoctor.rules import parse_megatron_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,9 +202,13 @@ def test_launch_line_placement_refused_in_one_line() -> None:
     with pytest.raises(UsageError, match="Number of layers should be divisible by the pipeline-model-parallel size"):
         diff_config_from(None, megatron_args="torchrun --nproc_per_node 2 x.py @ --pipeline-model-parallel-size 2 "
                                              "--num-layers 3".replace("@ ", GPT_FLAGS + " "))
-    with pytest.raises(UsageError, match=r"placement: the line's model parallelism \(tensor 2\) needs a multiple of "
-                                         r"2 processes, diff starts 1; give --nproc-per-node 2"):
-        diff_config_from(None, megatron_args=f"{GPT_FLAGS} --tensor-model-parallel-size 2")
+    refused = diff_config_from(None, megatron_args=f"{GPT_FLAGS} --tensor-model-parallel-size 2")
+    assert refused.placement_refusal == ("placement: the line's model parallelism (tensor 2) needs a multiple of 2 "
+                                         "processes, diff starts 1; give --fit to shrink every placement to the GPUs "
+                                         "at hand, or --nproc-per-node 2")
+    assert refused.tensor_model_parallel_size == 1  # described as --fit would place it
+    with pytest.raises(UsageError, match=r"placement: .* \(and 0 more|placement: .*--nproc-per-node 2"):
+        refuse_what_cannot_build(refused)
     # explicit values override the line: one GPU, no tensor parallelism
     shrunk = diff_config_from(None, megatron_args=f"torchrun --nproc_per_node 8 x.py {GPT_FLAGS} "
                                                   "--tensor-model-parallel-size 2", nproc_per_node=1,

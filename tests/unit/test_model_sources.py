@@ -57,11 +57,20 @@ def test_a_functional_test_shrinks_to_one_gpu_keeping_its_kinds_of_layer() -> No
 
 
 def test_a_functional_test_that_needs_more_gpus_is_refused_naming_the_placement() -> None:
-    with pytest.raises(UsageError, match=r"placement: the line's model parallelism \(tensor 2 x pipeline 2, expert 2\) "
-                                         r"needs a multiple of 4 processes, diff starts 1"):
-        diff_config_from(load_run_file(TEST))
+    refused = diff_config_from(load_run_file(TEST))
+    assert (refused.placement_refusal or "").startswith("placement: the line's model parallelism (tensor 2 x pipeline "
+                                                        "2, expert 2) needs a multiple of 4 processes, diff starts 1")
+    fitted = diff_config_from(load_run_file(TEST), fit=True)
+    assert fitted.placement_refusal is None and (fitted.tensor_model_parallel_size,
+                                                 fitted.pipeline_model_parallel_size,
+                                                 fitted.expert_model_parallel_size) == (1, 1, 1)
+    assert any(n.startswith("--fit: pipeline 2 -> 1") and "the pipeline layout dropped" in n
+               for n in fitted.launch_notes)
     with pytest.raises(UsageError, match="--num-layers 1: --moe-layer-freq has 2 kinds of layer"):
         diff_config_from(load_run_file(TEST), **{**SHRUNK, "num_layers": 1})
+    raised = diff_config_from(load_run_file(TEST), **{**SHRUNK, "num_layers": 1}, fit=True)
+    assert raised.num_layers == 2  # --fit keeps a dense and an MoE layer
+    assert "--fit: --num-layers 1 raised to 2, one layer of each kind the model has" in raised.launch_notes
 
 
 def test_a_bridge_config_is_read_with_safe_yaml_into_the_same_description() -> None:
@@ -108,7 +117,7 @@ def test_check_reads_both_with_their_lines(path: Path) -> None:
 def test_diff_plan_reads_both(path: Path, flags: list[str], source: str) -> None:
     code, out, _ = invoke("diff", "--plan", "--config", str(path), *flags)
     assert code == 0, out
-    lines = [line for line in out.splitlines() if not line.startswith("launch line:")]
+    lines = [line for line in out.splitlines() if not line.startswith(("launch line:", "config:"))]
     assert lines[0].startswith("graphdoctor diff --plan: GPTModel 2x")
     assert lines[1].startswith("  model: 2 layers") and f"; from {source} {path}" in lines[1]
     assert "transformer_engine" in out  # the row the source graphs
@@ -116,15 +125,17 @@ def test_diff_plan_reads_both(path: Path, flags: list[str], source: str) -> None
 
 def test_plan_refuses_a_set_up_failure_before_any_gpu(tmp_path: Path) -> None:
     """Megatron-LM's Llama-3 8B line on the local spec: --apply-layernorm-1p asks torch's LayerNorm for what it
-    cannot do. On the H200 the eager reference failed in set-up after 84 s; the plan says so in one line.
-    (--no-rope-fusion: this CPU machine has no Transformer Engine for rotary fusion.)"""
+    cannot do. On the H200 the eager reference failed in set-up after 84 s; the plan shows the model and lists it
+    among the refusals, once, in Megatron's words. (--no-rope-fusion: this CPU machine has no Transformer Engine for rotary fusion.)"""
     line = tmp_path / "llama.txt"
     line.write_text(LLAMA.read_text(encoding="utf-8").replace("pretrain_gpt.py \\", "pretrain_gpt.py --no-rope-fusion \\"),
                     encoding="utf-8")
-    code, _, err = invoke("diff", "--plan", "--megatron-args", f"@{line}", "--num-layers", "2", "--nproc-per-node",
+    code, out, _ = invoke("diff", "--plan", "--megatron-args", f"@{line}", "--num-layers", "2", "--nproc-per-node",
                           "1", "--num-microbatches", "2", "--layer-spec", "local")
-    assert code == 2
-    (said,) = [x for x in err.strip().splitlines() if not x.startswith("launch line:")]
+    assert code == 1
+    assert "graphdoctor diff --plan: GPTModel 2x4096" in out and "  model: 2 layers x 4096" in out
+    block = out[out.index("refused here ("):].splitlines()[1:]
+    (said,) = [x for x in block if "zero_centered_gamma" in x]
     assert "every child's set-up would fail building the model" in said
     assert "zero_centered_gamma not supported by torch LayerNorm" in said
     assert "megatron/core/transformer/torch_norm.py:" in said
@@ -141,8 +152,8 @@ def test_the_lines_own_te_checks_make_its_rows_unavailable_here_not_refused() ->
     with Megatron's reason; diff itself refuses it in one line. As written, its default gradient_accumulation_fusion
     is refused first (no Apex kernel here): the fix goes over the file."""
     shrink = ["--num-layers", "2", "--nproc-per-node", "1", "--num-microbatches", "2"]
-    code, _, err = invoke("diff", "--plan", "--megatron-args", f"@{LLAMA}", *shrink)
-    assert code == 2 and "fix: --no-gradient-accumulation-fusion on the line" in err.strip().splitlines()[-1]
+    code, out, _ = invoke("diff", "--plan", "--megatron-args", f"@{LLAMA}", *shrink)
+    assert code == 1 and "fix: --no-gradient-accumulation-fusion on the line" in out.split("refused here (")[1]
     args = ["--megatron-args", f"@{LLAMA} --no-gradient-accumulation-fusion", *shrink]
     code, out, _ = invoke("diff", "--plan", *args)
     assert code == 0, out
