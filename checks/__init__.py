@@ -19,10 +19,12 @@ def t(*names: str) -> tuple[str, ...]:
 
 def rewritten(ctx: CheckContext) -> Severity | None:
     """The severity of a deprecated spelling: info on a Megatron-LM line, whose validate_args rewrites it by itself
-    (with its own deprecation warning); the rule's own elsewhere."""
+    (with its own deprecation warning), and on a Megatron-Bridge or Megatron container config, whose
+    TransformerConfig migrates it when the run builds it; the rule's own on graphdoctor's run file, which the user
+    writes for graphdoctor."""
     from graphdoctor.rules.finding import Severity
 
-    return Severity.INFO if ctx.megatron_lm else None
+    return Severity.INFO if ctx.megatron_lm or ctx.bridge is not None else None
 
 
 def given(ctx: CheckContext, *names: str) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from graphdoctor.config.bridge import BridgeConfig
+from graphdoctor.config.bridge import BRIDGE_OWNER, BridgeConfig
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -40,9 +40,16 @@ def local_refusal(graph_modules: list[str]) -> str:
             'Use model.cuda_graph_impl="transformer_engine" for scoped CUDA graph capture such as "attn" or "mlp".')
 
 
+def bridge_of(ctx: CheckContext) -> BridgeConfig | None:
+    """The input's config when Megatron-Bridge runs it (a Megatron PretrainConfigContainer is Megatron's own:
+    Bridge's refusals do not apply to it)."""
+    return ctx.bridge if ctx.bridge is not None and ctx.bridge.owner == BRIDGE_OWNER else None
+
+
 def bridge_refuses_local(ctx: CheckContext) -> bool:
     """The input is a Bridge config whose `local` graphs Bridge refuses (GD141; GD219 then stands down)."""
-    return ctx.bridge is not None and ctx.bridge.guards.local_refused
+    bridge = bridge_of(ctx)
+    return bridge is not None and bridge.guards.local_refused
 
 
 def _given(bridge: BridgeConfig, *keys: str) -> tuple[str, ...]:
@@ -119,10 +126,11 @@ class BridgeLocalImplWithoutFullIteration(Rule):
                     "empty cuda_graph_modules")
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.bridge is None or not ctx.bridge.guards.local_refused:
+        bridge = bridge_of(ctx)
+        if bridge is None or not bridge.guards.local_refused:
             return
-        modules = ctx.bridge.guards.graph_modules
-        yield Hit(_graph_fields(ctx.bridge, True), {"modules": f" with {modules}" if modules else " (whole layers)",
+        modules = bridge.guards.graph_modules
+        yield Hit(_graph_fields(bridge, True), {"modules": f" with {modules}" if modules else " (whole layers)",
                                               "site": CUDA_GRAPH_PY, "bridge": local_refusal(modules)})
 
 
@@ -168,7 +176,7 @@ class BridgeNanCheckWithFullIteration(Rule):
     fix_template = "Set rerun_state_machine.check_for_nan_in_loss: false"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        bridge = ctx.bridge
+        bridge = bridge_of(ctx)
         if bridge is None or not bridge.guards.full_iteration or not bridge.guards.check_for_nan_in_loss:
             return
         key = "rerun_state_machine.check_for_nan_in_loss"
@@ -220,7 +228,7 @@ class BridgeGraphsWithoutTeRngTracker(Rule):
     fix_template = "Set model.use_te_rng_tracker: true (validate() then sets rng.te_rng_tracker too)"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        bridge = ctx.bridge
+        bridge = bridge_of(ctx)
         if bridge is None or bridge.kind != "gpt":
             return
         guards = bridge.guards
@@ -277,7 +285,7 @@ class BridgePackedGraphsWithoutPadToMaxLength(Rule):
     fix_template = "Set dataset.dataset_kwargs.pad_to_max_length: true"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        bridge = ctx.bridge
+        bridge = bridge_of(ctx)
         if bridge is None or not bridge.guards.offline_packing or bridge.guards.pad_to_max_length:
             return
         guards = bridge.guards
@@ -334,7 +342,7 @@ class BridgePackedAttentionGraphsWithoutPadCuSeqlens(Rule):
     fix_template = "Set dataset.offline_packing_specs.pad_cu_seqlens: true"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        bridge = ctx.bridge
+        bridge = bridge_of(ctx)
         if bridge is None or not bridge.guards.offline_packing or bridge.guards.pad_cu_seqlens:
             return
         guards, modules = bridge.guards, bridge.guards.graph_modules

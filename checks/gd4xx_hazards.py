@@ -60,7 +60,8 @@ class DropoutWithLocalGraphRngShift(Rule):
 class EvalReplaysTrainingGraph(Rule):
     """## What it does
     Flags the local impl when evaluation runs (a Megatron-LM launch without `--eval-iters 0` /
-    `--skip-train`, or any run file using the local impl).
+    `--skip-train`, a Megatron-Bridge or Megatron container config whose `validation:` evaluates, or any run file
+    using the local impl).
 
     ## Why is this bad?
     After capture an eval forward under `no_grad` picks any forward-ready runner; `is_valid` only
@@ -99,6 +100,10 @@ class EvalReplaysTrainingGraph(Rule):
             iters = ctx.arg("eval_iters")
             if iters and not ctx.arg("skip_train"):
                 yield Hit(("args.eval_iters", *t("cuda_graph_impl")), {"how": f"eval_iters={iters}"})
+        elif ctx.bridge is not None and "eval_interval" in ctx.run:  # the config's validation: (or train:)
+            if ctx.run["eval_interval"] and ctx.run.get("eval_iters"):
+                yield Hit(("validation.eval_iters", *t("cuda_graph_impl")),
+                          {"how": f"eval_iters={ctx.run['eval_iters']}"})
         else:
             yield Hit(t("cuda_graph_impl"), {"how": "assumed"})
 

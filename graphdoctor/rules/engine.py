@@ -251,7 +251,7 @@ def _bridge_run_file(bridge: BridgeConfig) -> RunFile:
     context's `bridge`, for Bridge's own refusals)."""
     transformer = {k: plain(v) for k, v in bridge.transformer.items()}
     transformer.update({k: v for k, v in bridge.graph.items() if v is not None})
-    run = {k: v for k, v in bridge.run.items() if k in ("micro_batch_size",)}
+    run = {k: v for k, v in bridge.run.items() if k in ("micro_batch_size", "eval_interval", "eval_iters")}
     if bridge.model.get("seq_length") is not None:
         run["seq_length"] = bridge.model["seq_length"]
     return RunFile(path=bridge.path, transformer=transformer, env=dict(bridge.env), run=run, source=bridge)
