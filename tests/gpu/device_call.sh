@@ -3,13 +3,13 @@
 # (the device tool returns at most 8 files): every part writes under /tmp/gd-call/<part>, and at the end, or
 # when the call's own deadline passes, everything is packed into $OUT/call.tgz and each part's summary printed.
 #   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/device_call.sh SECONDS PART[@GPU] ...
-# PART: core | i15 | i20 | i33 | i34 | i35 | i42 | te | moe-te | i30 (tests/gpu/run_acceptance.sh parts), mg-a | mg-b | mg-c | mg-te | mg-a+b (the parts of
+# PART: core | i15 | i20 | i33 | i34 | i35 | i42 | i43 | te | moe-te | i30 (tests/gpu/run_acceptance.sh parts), mg-a | mg-b | mg-c | mg-te | mg-a+b (the parts of
 # tests/gpu/run_multi_gpu_acceptance.sh; they take every visible GPU), advise-core | advise-moe | advise-te
 # (tests/gpu/run_advise_acceptance.sh), scale (tests/benchmarks/diff_scale.py at default,0.5b,1.3b),
 # schedule-cost (diff_scale.py --sizes schedule: issue 20's schedule with and without comparison), holders-cost
 # (tests/benchmarks/holders_cost.py at 24x1024 and 32x2048, or GD_HOLDERS_SIZES="24 1024 2,..." (layers width
 # repeats): issue 42's watch, alone on the GPU).
-# te, moe-te, i30, i35, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
+# te, moe-te, i30, i35, i43, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
 # the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
 set -u
@@ -33,10 +33,10 @@ start_part() {  # part, gpu
     local pin=()
     [ -n "$gpu" ] && pin=(env CUDA_VISIBLE_DEVICES="$gpu")
     case "$part" in  # Transformer Engine only where a part needs it (tests/gpu/te_env.sh installs it in /tmp/te-site)
-        te|moe-te|i30|i35|advise-te|advise-moe|mg-te|mg-*+te*|mg-te+*) export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} ;;
+        te|moe-te|i30|i35|i43|advise-te|advise-moe|mg-te|mg-*+te*|mg-te+*) export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} ;;
     esac
     case "$part" in
-        core|i15|i20|i33|i34|i35|i42|te|moe-te|i30) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
+        core|i15|i20|i33|i34|i35|i42|i43|te|moe-te|i30) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
         mg-*) OUT="$dir" GD_BUDGET_S="$inner" bash tests/gpu/run_multi_gpu_acceptance.sh "${part#mg-}" ;;
         advise-core|advise-moe|advise-te) OUT="$dir" "${pin[@]}" bash tests/gpu/run_advise_acceptance.sh "${part#advise-}" ;;
         scale) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_scale.py --sizes default,0.5b,1.3b \
