@@ -153,7 +153,8 @@ class ChildRun:
         self.events.emit(_end_event(setup, train_s=max(0.0, train_s), compare_s=compare_s + state.fingerprint_s,
                                     setup_s=observers_at - started - attach_s, waited_s=waited_s,
                                     startup_s=startup_s, observers=seconds,
-                                    hooks={o.name: o.hooks_s for o in observers}))
+                                    hooks={o.name: o.hooks_s for o in observers},
+                                    watched={o.name: o.watched for o in observers if o.watched}))
 
     def _install_taps(self, setup: Any) -> Any:
         if not self.spec.taps:
@@ -241,7 +242,8 @@ def _close_taps(taps: Any) -> Any:
 
 
 def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float, startup_s: float,
-               observers: dict[str, float], waited_s: float, hooks: dict[str, float]) -> Any:
+               observers: dict[str, float], waited_s: float, hooks: dict[str, float],
+               watched: dict[str, dict[str, int]]) -> Any:
     """Peak and reserved while the graphs (and their pools) are alive; allocated once they are not."""
     import torch
 
@@ -252,7 +254,7 @@ def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float, 
     reserved = int(torch.cuda.memory_reserved())
     delete_te_graphs(setup.te_helper)
     return End(train_s=train_s, compare_s=compare_s, setup_s=setup_s, startup_s=startup_s, observers=observers,
-               hooks=hooks,
+               hooks=hooks, watched=watched,
                waited_s=waited_s,
                peak_allocated_bytes=peak,
                end_reserved_bytes=reserved, end_allocated_bytes=int(torch.cuda.memory_allocated()))

@@ -30,8 +30,6 @@ no host synchronisation.
 from __future__ import annotations
 
 import functools
-import json
-import os
 import sys
 import time
 import types
@@ -68,9 +66,6 @@ from graphdoctor.protocol.events import Event, Hazard
 
 MAX_WATCHES = 8192
 """Holder paths watched at most (a 7B model's parameters, gradients and the rest stay well below)."""
-
-STATS_ENV = "GRAPHDOCTOR_HOLDER_STATS"
-"""A file the watch appends its check's sizes to when it finishes (set by tests/benchmarks/holders_cost.py)."""
 
 MAX_SCALARS = 4096
 """Distinct host numbers kept from the captured operations."""
@@ -257,7 +252,6 @@ class HolderWatcher:
     def finish(self) -> list[Event]:
         """Remove the patches; one Hazard per holder that changed after its capture."""
         self.close()
-        self._write_stats()
         events: list[Event] = []
         for watch in self.watches:
             if watch.changed_step is None or (watch.user_holder and watch.kind == "tensor"):
@@ -267,24 +261,16 @@ class HolderWatcher:
                 events.append(hazard)
         return events
 
-    def _write_stats(self) -> None:
-        """The check's sizes, appended as one JSON line to the file STATS_ENV names (tests/benchmarks/holders_cost.py
-        reads them)."""
-        path = os.environ.get(STATS_ENV)
-        if not path:
-            return
-        kinds = {kind: sum(1 for w in self.watches if w.kind == kind) for kind in ("tensor", "number", "generator")}
-        line = {"watches": kinds, "checks": self.checks, "check_ms_per_step": round(self.per_step_ms, 4)}
-        try:
-            with open(path, "a", encoding="utf-8") as out:
-                out.write(json.dumps(line) + "\n")
-        except OSError:
-            pass
-
     def close(self) -> None:
         """Undo every patch (idempotent)."""
         while self._undo:
             self._undo.pop()()
+
+    @property
+    def watched(self) -> dict[str, int]:
+        """The holder paths checked after every step, by kind (the child's seconds report them beside the
+        watch's hook seconds)."""
+        return {kind: sum(1 for w in self.watches if w.kind == kind) for kind in ("tensor", "number", "generator")}
 
     @property
     def per_step_ms(self) -> float:

@@ -290,6 +290,11 @@ class Timed(Observer):
         return self._hooks_s
 
     @property
+    def watched(self) -> dict[str, int]:
+        """What the observer watches every step, counted by kind, where it says (an empty dict elsewhere)."""
+        return dict(getattr(self.inner, "watched", None) or {})
+
+    @property
     def step_s(self) -> float:
         """Its seconds inside the training loop."""
         return self._hooks_s + self._inline_s

@@ -69,7 +69,8 @@ def child_seconds(end: End | None, teardown: tuple[RankExit, ...], ended: Proces
     if end is None:
         return ChildSeconds(started_at=ended.started_at, ended_at=ended.ended_at)
     return ChildSeconds(startup_s=end.startup_s, setup_s=end.setup_s, waited_s=end.waited_s, train_s=end.train_s,
-                        observers=dict(end.observers), hooks=dict(end.hooks), compare_s=end.compare_s,
+                        observers=dict(end.observers), hooks=dict(end.hooks), watched=dict(end.watched),
+                        compare_s=end.compare_s,
                         teardown_s=max((t.teardown_s for t in teardown), default=0.0),
                         started_at=ended.started_at, ended_at=ended.ended_at)
 

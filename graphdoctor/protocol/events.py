@@ -223,6 +223,9 @@ class End:
     """Seconds each observer took, by name (graphdoctor.protocol.seconds.OBSERVER_NAMES)."""
     hooks: dict[str, float] = field(default_factory=dict)
     """Of those, the seconds of each observer's step hooks (what recurs every step)."""
+    watched: dict[str, dict[str, int]] = field(default_factory=dict)
+    """What each observer that reports it watched every step, counted by kind (the holder watch's paths), by
+    observer name: what its step hooks' seconds were spent on."""
     waited_s: float = 0.0
     """Seconds waited at the parent's gate after set-up (graphdoctor.protocol.gate)."""
     peak_allocated_bytes: int | None = None

@@ -29,6 +29,9 @@ class ChildSeconds:
     hooks: dict[str, float] = field(default_factory=dict)
     """Of each observer's seconds, those of its step hooks (the part that recurs every step; the rest is
     attaching, capture-time work and its finish)."""
+    watched: dict[str, dict[str, int]] = field(default_factory=dict)
+    """What each observer watched every step, counted by kind, where it reports it (the holder watch: its tensor,
+    number and generator paths): the size behind its hooks' seconds."""
     compare_s: float = 0.0
     """Fingerprints of every step, and saving or comparing reference tensors (targeted re-runs)."""
     teardown_s: float = 0.0
@@ -48,7 +51,7 @@ class ChildSeconds:
         return {"startup_s": self.startup_s, "setup_s": self.setup_s, "waited_s": self.waited_s,
                 "train_s": self.train_s,
                 "observers": dict(self.observers), "observers_s": self.observers_s, "hooks": dict(self.hooks),
-                "compare_s": self.compare_s,
+                "watched": {k: dict(v) for k, v in self.watched.items()}, "compare_s": self.compare_s,
                 "teardown_s": self.teardown_s, "started_at": self.started_at, "ended_at": self.ended_at}
 
     @classmethod
@@ -60,6 +63,8 @@ class ChildSeconds:
                    train_s=float(data.get("train_s", 0.0)),
                    observers={str(k): float(v) for k, v in observers.items()},
                    hooks={str(k): float(v) for k, v in (data.get("hooks") or {}).items()},
+                   watched={str(k): {str(n): int(c) for n, c in (v or {}).items()}
+                            for k, v in (data.get("watched") or {}).items()},
                    compare_s=float(data.get("compare_s", 0.0)), teardown_s=float(data.get("teardown_s", 0.0)),
                    started_at=float(data.get("started_at", 0.0)), ended_at=float(data.get("ended_at", 0.0)))
 
@@ -73,6 +78,7 @@ class ChildSeconds:
             train_s=self.train_s + other.train_s,
             observers={n: self.observers.get(n, 0.0) + other.observers.get(n, 0.0) for n in sorted(names)},
             hooks={n: self.hooks.get(n, 0.0) + other.hooks.get(n, 0.0) for n in sorted({*self.hooks, *other.hooks})},
+            watched={**self.watched, **other.watched},
             compare_s=self.compare_s + other.compare_s, teardown_s=self.teardown_s + other.teardown_s,
             started_at=self.started_at or other.started_at, ended_at=other.ended_at or self.ended_at)
 

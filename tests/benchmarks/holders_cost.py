@@ -9,8 +9,7 @@ the watch and with it, alternating (`--repeats` pairs; the fastest of each kind 
 step varies by a tenth from one child to the next). The watch's seconds per step are its step hooks' seconds (the
 check of every holder, ChildSeconds.hooks) over the steps; its one-off seconds (reading the captured operations,
 searching the holders, its finish) are the rest of its seconds. Each watched child also reports how many paths it
-watched, by kind (graphdoctor.child.holders.STATS_ENV). The step is the
-median CUDA-event replay step time: the ratio of the two kinds says whether the watch slows the GPU's work.
+watched, by kind (ChildSeconds.watched). The step is the median CUDA-event replay step time: the ratio of the two kinds says whether the watch slows the GPU's work.
 Target: the per-step part at or below about 1 % of a step. The layer count matters more than the width: the
 check's cost grows with the number of watched paths, and a 7B model has 32 layers.
 """
@@ -19,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from graphdoctor.child.holders import STATS_ENV
 from graphdoctor.config import DiffConfig
 from graphdoctor.parent.children import run_child
 from graphdoctor.protocol.spec import ChildSpec, Role, placement_for_child, run_name
@@ -34,8 +31,6 @@ from graphdoctor.protocol.spec import ChildSpec, Role, placement_for_child, run_
 
 def _run(impl: str, cfg: DiffConfig, work: Path, steps: int, holders: bool, index: int) -> dict[str, Any]:
     name = run_name(impl, cfg.dropout, Role.GRAPHED) + f"-{'on' if holders else 'off'}-{index}"
-    stats = work / f"stats-{name}.jsonl"
-    os.environ[STATS_ENV] = str(stats)
     spec = ChildSpec(impl=impl, dropout=cfg.dropout, config=cfg.replace(steps=steps), role=Role.GRAPHED, name=name,
                      events_path=str(work / f"events-{name}.jsonl"), reference_dir=str(work),
                      placement=placement_for_child(index), fingerprints=False, holders=holders)
@@ -46,7 +41,7 @@ def _run(impl: str, cfg: DiffConfig, work: Path, steps: int, holders: bool, inde
     seconds = record.seconds.observers.get("holders", 0.0) if record.seconds is not None else 0.0
     hooks = record.seconds.hooks.get("holders", 0.0) if record.seconds is not None else 0.0
     trained = sum(1 for s in record.steps if not s.profiled)
-    sizes = json.loads(stats.read_text(encoding="utf-8").splitlines()[-1]) if stats.exists() else {}
+    sizes = record.seconds.watched.get("holders", {}) if record.seconds is not None else {}
     return {"median_replay_ms": statistics.median(replay), "holders_s": seconds, "sizes": sizes,
             "hooks_ms_per_step": 1000.0 * hooks / max(1, trained),
             "hazards": float(sum(1 for h in record.hazards if h.rule in ("GD518", "GD522")))}
@@ -89,7 +84,7 @@ def main(argv: list[str]) -> int:
                      "hazards": watched["hazards"], "sizes": watched["sizes"]})
         print(f"{impl}: step {step_ms:.2f} -> {step_on_ms:.2f} ms ({rows[-1]['step_ratio']:.3f}x); "
               f"watch {per_step_ms:.3f} ms/step ({rows[-1]['watch_pct_of_step']:.2f} % of a step), one-off "
-              f"{one_off_s:.2f} s; {sum(watched['sizes'].get('watches', {}).values())} paths", file=sys.stderr)
+              f"{one_off_s:.2f} s; {sum(watched['sizes'].values())} paths", file=sys.stderr)
     print(json.dumps({"config": {"dtype": cfg.dtype, "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
                                  "seq_length": cfg.seq_length, "steps": args.steps,
                                  "repeats": args.repeats}, "rows": rows}, indent=1))

@@ -48,13 +48,15 @@ def test_the_h200_benchmark_met_its_targets_and_its_splits_add_up() -> None:
 
 
 def test_child_seconds_round_trip_and_add_up_across_a_resume() -> None:
-    first = ChildSeconds(startup_s=5.0, setup_s=2.0, train_s=1.0, observers={"memory": 0.1}, compare_s=0.2,
+    first = ChildSeconds(startup_s=5.0, setup_s=2.0, train_s=1.0, observers={"memory": 0.1, "holders": 0.4},
+                         hooks={"holders": 0.3}, watched={"holders": {"tensor": 12, "number": 1}}, compare_s=0.2,
                          started_at=100.0, ended_at=110.0)
     second = ChildSeconds(startup_s=4.0, setup_s=2.5, train_s=1.5, observers={"memory": 0.2, "launches": 0.3},
                           started_at=111.0, ended_at=120.0)
     assert ChildSeconds.from_dict(first.to_dict()) == first
     both = first.plus(second)
-    assert both.startup_s == 9.0 and both.observers == {"launches": 0.3, "memory": pytest.approx(0.3)}
+    assert both.startup_s == 9.0 and both.observers == {"holders": 0.4, "launches": 0.3, "memory": pytest.approx(0.3)}
+    assert both.watched == {"holders": {"tensor": 12, "number": 1}}
     assert (both.started_at, both.ended_at) == (100.0, 120.0)
 
 

@@ -50,6 +50,7 @@ def test_every_external_input_is_named_by_its_holder() -> None:
         "optimizer.param_groups[0]['aux']": "tensor", "forward_step.<closure>.loss_weight": "tensor",
         "tests.unit.holder_toy.WEIGHT": "tensor", "tests.unit.holder_toy.ALPHA": "number",
         "Linear.beta": "number"}, paths
+    assert watcher.watched == {"tensor": 6, "number": 2, "generator": 0}  # what the child's seconds report
     for watch in watcher.watches:
         held = resolve(watch.root, watch.links)
         if watch.path != "optimizer.grad_scaler._scale":  # rebound by that step
