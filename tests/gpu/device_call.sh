@@ -33,7 +33,8 @@ start_part() {  # part, gpu
     local pin=()
     [ -n "$gpu" ] && pin=(env CUDA_VISIBLE_DEVICES="$gpu")
     case "$part" in  # Transformer Engine only where a part needs it (tests/gpu/te_env.sh installs it in /tmp/te-site)
-        te|moe-te|i30|i35|i43|advise-te|advise-moe|mg-te|mg-*+te*|mg-te+*) export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} ;;
+        te|moe-te|i30|i35|i43|advise-te|advise-moe|mg-te|mg-*+te*|mg-te+*)
+            export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} GRAPHDOCTOR_EXPECT_TE=1 ;;
     esac
     case "$part" in
         core|i15|i20|i33|i34|i35|i42|i43|te|moe-te|i30) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
@@ -53,6 +54,7 @@ start_part() {  # part, gpu
     esac > "$dir/driver.log" 2>&1
 }
 pids=()
+specs=("$@")
 for spec in "$@"; do
     part=${spec%@*}
     gpu=""
@@ -67,7 +69,8 @@ kill_tree() {  # every descendant first, then the process: a timeout or pytest u
 }
 ( sleep "$inner"; for pid in "${pids[@]}"; do for child in $(pgrep -P "$pid"); do kill_tree "$child"; done; done ) &
 watchdog=$!
-wait "${pids[@]}" 2>/dev/null
+codes=()
+for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; codes+=($?); done
 kill "$watchdog" 2>/dev/null
 ps -eo pid,ppid,etimes,args | grep -E "graphdoctor|torch.distributed|pytest" | grep -v grep > "$work/ps_after.txt"
 tar czf "$out/call.tgz" -C "$work" .
@@ -78,3 +81,17 @@ for spec in "$@"; do
     tail -12 "$work/$part/summary.txt" 2>/dev/null
 done
 echo "left running: $(wc -l < "$work/ps_after.txt")"
+# Exit 1 when a part failed (its driver's exit status, or a summary line `NAME: exit N` with N > 0, or `left out`)
+# or wrote no summary (it never finished); the failing parts are named.
+bad=()
+for i in "${!pids[@]}"; do
+    spec=${specs[$i]}; part=${spec%@*}
+    if [ "${codes[$i]}" != 0 ] || [ ! -s "$work/$part/summary.txt" ] || grep -Eq ": exit [1-9]|: left out" "$work/$part/summary.txt"; then
+        bad+=("$spec")
+    fi
+done
+if [ ${#bad[@]} -gt 0 ]; then
+    echo "device_call: failed or unfinished: ${bad[*]}"
+    exit 1
+fi
+exit 0

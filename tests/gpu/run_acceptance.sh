@@ -15,7 +15,8 @@
 # with TE: every FP8 recipe under every implementation, the Llama-3 FP8 line with a resume, the planted scale reset;
 # one diff at a time so the step times are its own, about 6 minutes), `i43` (issue 43, with TE: a Llama-3 8B and a Qwen3
 # MoE Megatron-Bridge recipe dump and a Megatron container YAML, `diff --fit --num-layers 2`, one after another). Run `core` and `i15` where TE does not import: tests marked
-# `without_te` skip where it does. `all` runs every part in one call.
+# `without_te` skip where it does. `all` runs every part in one call. Exit status: 0 when every group passed, 1 when
+# any failed, timed out or was left out (named on the last line).
 set -u
 limit=${1:-540}
 part=${2:-all}
@@ -78,7 +79,12 @@ fi
 if [ "$part" = moe-te ]; then  # issue 15's Transformer Engine rows: MoE router/preprocess scopes, the TE clean spec
     run moe_te tests/gpu/test_moe_gpu.py tests/gpu/test_probes_clean_gpu.py -k "transformer_engine or [te-" &
 fi
-if { [ "$part" = all ] || [ "$part" = te ]; } && python -c "import transformer_engine.pytorch" > /dev/null 2>&1; then
+te_import=$(python -c "import transformer_engine.pytorch" 2>&1 | tail -1)
+if { [ "$part" = all ] || [ "$part" = te ]; } && [ -n "$te_import" ]; then
+    # Left out, never silently: a part that asked for TE where it does not import fails the script.
+    echo "te: left out: Transformer Engine does not import here ($te_import); stage it (tests/gpu/te_env.sh)" >> "$out/summary.txt"
+fi
+if { [ "$part" = all ] || [ "$part" = te ]; } && [ -z "$te_import" ]; then
     # TE alone last: its diffs are the slowest and share the GPU's timing turns with everything else.
     wait
     # Five processes at once: in two (2026-12-01, beside moe-te) the second had not finished 4 of its 5 tests
@@ -91,3 +97,10 @@ if { [ "$part" = all ] || [ "$part" = te ]; } && python -c "import transformer_e
 fi
 wait
 cat "$out/summary.txt"
+# Exit 1 when any group failed, timed out or was left out; 0 only when every group that ran passed.
+failed=$(grep -E ": exit [1-9]|: left out" "$out/summary.txt" | cut -d: -f1 | tr '\n' ' ')
+if [ -n "$failed" ]; then
+    echo "run_acceptance: failed or left out: $failed"
+    exit 1
+fi
+exit 0

@@ -8,7 +8,6 @@ Set GD_REPORT_DIR to keep each diff's JSON report.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,10 +20,8 @@ REAL = Path(__file__).resolve().parents[2] / "fixtures" / "bridge" / "real"
 JUDGED = ("match", "rng-divergence", "numeric-divergence")
 """Verdicts that compared every step (a capture failure, crash or timeout did not)."""
 
-# Where Transformer Engine is installed it must work: a broken import fails these tests instead of skipping them.
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,
-                                 reason="Transformer Engine is not installed here (stage it: tests/gpu/te_env.sh)")]
+# Where Transformer Engine is installed or expected it must work: a broken import fails these tests (conftest.py).
+pytestmark = [pytest.mark.gpu, pytest.mark.needs_te]
 
 NO_APEX = ["--set", "model.gradient_accumulation_fusion=false"]
 """What the recipes need on this machine, which has no Apex (the plan lists it among its refusals)."""
