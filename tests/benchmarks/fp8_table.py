@@ -69,6 +69,7 @@ def row_lines(case: str, report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run every case; 0 when each wrote its report (whatever its verdict), 1 when any did not."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", default="default,llama,planted")
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     lines = ["| case | impl | verdict | first difference | FP8 state | causes | eager ms | graphed ms | why |",
              "|---|---|---|---|---|---|---|---|---|"]
+    missing: list[str] = []
     for case, flags in cases(set(args.only.split(",")), args.recipes.split(",")):
         path = out / f"{case}.json"
         began = time.time()
@@ -93,11 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         if path.exists():
             lines += row_lines(case, json.loads(path.read_text()))
         else:
+            missing.append(case)
             lines.append(f"| {case} | - | exit {code} | {tail[0][:120]} | | | | | |")
         print(f"{case}: exit {code} in {time.time() - began:.0f} s", flush=True)
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0
+    if missing:
+        print(f"fp8_table: no report from {', '.join(missing)} (a diff that crashed, timed out or refused)",
+              file=sys.stderr)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

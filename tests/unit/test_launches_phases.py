@@ -19,10 +19,12 @@ def test_bad_phase_is_usage_error(impl: str, name: str) -> None:
 
 
 def test_phase_without_profiler_is_a_plain_context_manager() -> None:
+    """Outside a profiler a phase opens no record_function and lets the block's exception through."""
     with phase("toy", "warmup", 1) as entered:
-        assert entered is not None
-    with phase("toy", "warmup", 2):
-        pass
+        assert entered._record is None  # no profiler: nothing recorded
+    with pytest.raises(KeyError, match="inside"):
+        with phase("toy", "warmup", 2):
+            raise KeyError("inside")
 
 
 def test_phase_mirrors_into_torch_profiler() -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import megatron.core.transformer.cuda_graphs as megatron_graphs
+import pytest
 
 from graphdoctor.child.entry import _message
 from graphdoctor.compare.verdict import ImplResult
@@ -95,10 +96,9 @@ def test_a_bare_assert_gets_its_source_line_as_message(tmp_path: Path) -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    try:
+    with pytest.raises(AssertionError) as raised:
         module.create(1)
-    except AssertionError as exc:
-        assert _message(exc) == "assert count == 0 (the source line: raised without a message)"
+    assert _message(raised.value) == "assert count == 0 (the source line: raised without a message)"
     assert _message(ValueError("kept")) == "kept"
 
 
