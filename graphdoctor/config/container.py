@@ -179,6 +179,11 @@ def load_megatron_container(data: Mapping[str, Any], where: str) -> Any:
         MissingDependencyError: megatron.training or omegaconf is not installed.
     """
     screen_targets(data, where)
+    import importlib.util
+
+    if importlib.util.find_spec("omegaconf") is None:  # Megatron imports it only inside its instantiation
+        raise MissingDependencyError(f"{where}: reading Megatron's config container needs omegaconf, which is not "
+                                     "installed here (pip install omegaconf; graphdoctor depends on it)")
     try:
         from megatron.training.config.container import PretrainConfigContainer
         from megatron.training.config.instantiate_utils import InstantiationMode

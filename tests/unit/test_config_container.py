@@ -93,3 +93,17 @@ def test_a_container_is_read_by_megatrons_loader_and_its_model_is_never_dropped(
     path.write_text(yaml.safe_dump(empty))
     with pytest.raises(InputFileError, match="model: graphdoctor read no TransformerConfig field"):
         read_bridge(path)
+
+
+def test_without_omegaconf_the_container_is_a_missing_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Megatron imports omegaconf only inside its instantiation, where a missing one reads as the file's fault;
+    graphdoctor says what is missing instead (exit 2, MissingDependencyError)."""
+    import importlib.util
+
+    from graphdoctor.config.container import load_megatron_container
+    from graphdoctor.errors import MissingDependencyError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "omegaconf" else real(name, *a))
+    with pytest.raises(MissingDependencyError, match="needs omegaconf, which is not installed here"):
+        load_megatron_container(_container(), "c.yaml")
