@@ -1,6 +1,7 @@
 """What a diff costs (issue 32), on the CPU: each child's seconds split and the parent's timeline, the gates
-between the parent and its children, cancellation and the memory grant, and the schedule's pruning; checked
-against the benchmark the H200 recorded (fixtures/data/benchmarks/h200_diff_cost.json)."""
+between the parent and its children, cancellation and the memory grant, and the schedule's pruning; the observer
+costs derived again from the children's seconds in the benchmark the H200 recorded
+(fixtures/data/benchmarks/h200_diff_cost.json)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,23 +30,36 @@ from tests.unit.sessions import DeferredSession
 COST = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "benchmarks" / "h200_diff_cost.json"
 
 
-def test_the_h200_benchmark_met_its_targets_and_its_splits_add_up() -> None:
+def _benchmark_children(run: dict[str, Any]) -> list[RunRecord]:
+    """The children of one recorded diff as the report's runs: their names, wall seconds and split."""
+    return [RunRecord(impl=EAGER, dropout=0.0, status="ok", name=child["name"], wall_s=child["wall_s"],
+                      seconds=ChildSeconds.from_dict(child)) for child in run["children"]]
+
+
+def test_the_h200_benchmark_observer_costs_are_derived_again_from_its_children() -> None:
+    """Each recorded diff's `observers` table (what every observer cost a child, and its share of the children's
+    wall time) is what observer_costs gives on the children's recorded seconds; each child's observers_s is the
+    sum of its observers."""
     rows = json.loads(COST.read_text())
     assert {r["size"] for r in rows} == {"default", "0.54b", "1.08b"}
     for row in rows:
         assert {d["flags"] for d in row["diffs"]} == {"defaults", "dropout0"}
         for run in row["diffs"]:
-            target = 1.3 if run["flags"] == "defaults" else 1.1
-            assert run["ratio"] <= target, (row["size"], run["flags"], run["ratio"])
-            assert run["before_first_child_s"] <= 2.0 and run["after_last_child_s"] <= 2.0, run
-            assert run["verdicts"]["full_iteration"] == "match"
-            assert run["verdicts"]["local"] == ("rng-divergence" if run["flags"] == "defaults" else "match")
-            for child in run["children"]:
-                parts = sum(child[k] for k in ("startup_s", "setup_s", "waited_s", "train_s", "observers_s",
-                                               "compare_s", "teardown_s"))
-                # the parts are the child's own; its wall adds the exec, the event writes and the exit
-                assert 0.75 * child["wall_s"] <= parts <= child["wall_s"] + 0.05, child
-                assert child["observers_s"] <= 0.1 * child["wall_s"], child
+            runs = _benchmark_children(run)
+            for record, child in zip(runs, run["children"], strict=True):
+                assert record.seconds is not None and round(record.seconds.observers_s, 2) == child["observers_s"]
+            costs = observer_costs(runs)
+            where = (row["size"], run["flags"])
+            assert [(c.name, c.children) for c in costs] == [(o["name"], o["children"]) for o in run["observers"]]
+            for cost, recorded in zip(costs, run["observers"], strict=True):
+                assert cost.mean_s == pytest.approx(recorded["mean_s"], rel=1e-12), where
+                # the benchmark keeps each child's wall time to 10 ms, the report had it whole
+                assert cost.share == pytest.approx(recorded["share"], rel=1e-3), where
+            text = cost_line(None, runs, run["jobs"])
+            launches = costs[0]
+            assert launches.name == "launches"
+            assert f"launches {launches.mean_s:.1f} s ({100 * launches.share:.0f} %)" in text, text
+            assert "phases" not in text  # under 0.05 s a child
 
 
 def test_child_seconds_round_trip_and_add_up_across_a_resume() -> None:

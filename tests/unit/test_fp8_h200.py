@@ -1,8 +1,8 @@
 """FP8 under graphs, read on the CPU from diff reports recorded on the H200 with Transformer Engine 2.20.2
-(fixtures/data/fp8/, written by tests/benchmarks/fp8_table.py): the FP8 state each row compared (the report keeps
-the comparison and the state's layout, not the per-step lanes), the planted GD521 named again from the graphed
-run's evidence at its module and marked line, the clean recipes equal, and the recipe the H200 cannot run
-reported unavailable."""
+(fixtures/data/fp8/, written by tests/benchmarks/fp8_table.py): each clean row judged again from its recorded
+steps, with the FP8 state's size derived again from its layout (the report keeps the comparison and the state's
+layout, not the per-step lanes), the planted GD521 named again from the graphed run's evidence at its module and
+marked line, and the recipe the H200 cannot run reported unavailable."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 
 from fixtures.planted.markers import marked_location
 from graphdoctor.compare.causes import apply_causes
+from graphdoctor.compare.fp8_state import compare_fp8_state
+from graphdoctor.compare.verdict import judge
 from graphdoctor.diff import DiffReport
 from graphdoctor.report.diff import render_text
 from graphdoctor.types import Verdict
@@ -30,22 +32,40 @@ def report(name: str) -> DiffReport:
 
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_recipes_match_with_fp8_state_compared(name: str) -> None:
+    """Each row judged again from its recorded steps (losses, reported values, the main_grads and parameter
+    comparisons) with diff's judge, and its causes derived again from the graphed run's evidence; the FP8 state's
+    size derived again from the runs' layouts. The report keeps no per-step lanes, so how many steps compared
+    equal is the recorded comparison's, as the rendered report states it."""
     rep = report(name)
+    cfg = rep.config
     delayed = "delayed" in name or name.startswith("llama-line")  # the Llama-3 line: hybrid delayed, FP8 weights
-    weights = rep.config.fp8_param_gather
+    weights = cfg.fp8_param_gather
+    text = render_text(rep)
+    eager_loss = {s.step: s.loss for s in rep.reference.steps}
     for row in rep.results:
         graphed = row.runs[0]
-        assert row.verdict == Verdict.MATCH, (row.impl, row.diagnosis)
-        state = row.fp8_state
+        # independent of the product: every graphed step's loss is eager's, bit for bit
+        assert [s.step for s in graphed.steps] == sorted(eager_loss)
+        assert all(s.loss == eager_loss[s.step] for s in graphed.steps), row.impl
+        again = judge(rep.reference, graphed, warmup_steps=cfg.cuda_graph_warmup_steps, rtol=cfg.rtol, atol=cfg.atol)
+        assert again.verdict == row.verdict == Verdict.MATCH, (row.impl, again.divergence)
+        state = compare_fp8_state(rep.reference, graphed)
         if delayed:  # scale and amax history of every TE module, fwd and bwd, at every unprofiled step
-            assert state is not None and state.equal and state.steps == len(graphed.steps) - 1
+            assert state is not None and row.fp8_state is not None
+            assert (state.tensors, state.modules) == (row.fp8_state.tensors, row.fp8_state.modules)
             assert all(len(layout) == state.tensors for layout in graphed.fp8_layouts)
             assert weights or state.tensors == 4 * state.modules
             assert not weights or any(n.endswith("weight._scale_inv") for n in graphed.fp8_layouts[0])
             assert graphed.fp8_layouts == rep.reference.fp8_layouts
+            unprofiled = sum(not s.profiled for s in graphed.steps)
+            assert unprofiled == len(graphed.steps) - 1
+            line = f"{row.impl}: FP8 state: {state.tensors} tensors in {state.modules} modules, equal at {unprofiled} steps"
+            assert line in text
         else:  # current scaling keeps no state between steps
-            assert state is None and not graphed.fp8_layouts
-        assert not [c for c in row.causes if c.severity in ("error", "warning")]
+            assert state is None and row.fp8_state is None and not graphed.fp8_layouts
+        causes = apply_causes(again, graphed).causes
+        assert causes == row.causes
+        assert not [c for c in causes if c.severity in ("error", "warning")]
 
 
 def test_the_llama_line_resumed_into_fp8_weights_matches_after_the_load() -> None:

@@ -1,4 +1,6 @@
-"""Offline analysis of the real H200 fixtures equals the live numbers recorded next to them.
+"""Launch accounting of the real H200 fixtures: held against an event-by-event count of the same trace
+(tests/unit/raw_trace.py) and against live figures that do not come from the accounting (the profiler's
+key_averages(), the graph census), plus a snapshot of the accounting document the GPU machine wrote.
 
 Fixtures come from `python fixtures/record_launches.py fixtures/data/launches/h200` on a GPU.
 """
@@ -11,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from graphdoctor.launches import account_trace, parse_dot_file
+from graphdoctor.launches import TraceAccounting, account_trace, parse_dot_file
+from tests.unit.raw_trace import count_launches, load_events, phase_ranges
 
 H200 = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "launches" / "h200"
 FILES = ("trace_toy.json.gz", "live.json", "graph_0.dot", "graph_1.dot")
@@ -29,13 +32,43 @@ def live() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def offline() -> dict[str, Any]:
-    document = account_trace(H200 / "trace_toy.json.gz").to_dict()
+def accounting() -> TraceAccounting:
+    return account_trace(H200 / "trace_toy.json.gz")
+
+
+@pytest.fixture(scope="module")
+def offline(accounting: TraceAccounting) -> dict[str, Any]:
+    document = accounting.to_dict()
     document["source"] = "trace_toy.json.gz"
     return document
 
 
-def test_offline_accounting_equals_live(live: dict[str, Any], offline: dict[str, Any]) -> None:
+def test_accounting_of_each_phase_equals_an_event_by_event_count(accounting: TraceAccounting) -> None:
+    """Every figure of each phase range, and of the whole trace, counted again from the raw events: launch
+    calls by name, kernel/graph/memcpy launches, GPU kernels by the call that launched them, kernels per graph
+    launch, RNG prologue fills, memory operations and the kernel time in graphs."""
+    events = load_events(H200 / "trace_toy.json.gz")
+    ranges = phase_ranges(events)
+    assert [name for name, _, _ in ranges] == ["graphdoctor/toy/eager/0", "graphdoctor/toy/replay/0"]
+    assert [p.label for p in accounting.phases] == [name for name, _, _ in ranges]
+    for (name, start, end), phase in zip(ranges, accounting.phases, strict=True):
+        raw = count_launches(events, start, end)
+        expected = raw.launch_fields()
+        assert {k: phase.to_dict()[k] for k in expected} == expected, name
+        assert phase.graph_coverage == pytest.approx(raw.graph_coverage, abs=1e-9), name
+    whole = count_launches(events)
+    expected = whole.launch_fields()
+    assert {k: accounting.total.to_dict()[k] for k in expected} == expected
+    assert accounting.total.num_gpu_kernels_unattributed == whole.unattributed_kernels
+    # the count is not vacuous: the graphed step launched both graphs after their RNG prologue
+    replay = count_launches(events, *ranges[1][1:])
+    assert replay.kernels_per_graph_launch == [10, 14] and replay.prologue_fills == 2
+
+
+def test_offline_accounting_snapshot_equals_the_document_recorded_on_the_gpu(
+        live: dict[str, Any], offline: dict[str, Any]) -> None:
+    """Snapshot (regression): the document the same account_trace wrote on the GPU machine; the independent
+    checks are the event-by-event count above and the key_averages()/census tests below."""
     assert offline == live["profiled"]["accounting"]
 
 

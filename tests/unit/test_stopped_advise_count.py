@@ -14,6 +14,7 @@ import pytest
 from graphdoctor.advise import AdviseReport, AdviseRun, plan
 from graphdoctor.advise.rank import NOT_RUN, RAN, REJECTED
 from graphdoctor.advise.session import AdviseSession
+from graphdoctor.config import DiffConfig
 from graphdoctor.count import CountReport
 from graphdoctor.errors import Stopped, stopped_exit_code
 from graphdoctor.parent.children import never_started, work_directory
@@ -22,7 +23,10 @@ from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER
 from graphdoctor.report.advise import render_text
 from graphdoctor.report.count import render_count_text, write_count_json
+from graphdoctor.report.envelope import open_envelope
 from graphdoctor.rules.facts import EnvironmentFacts
+from graphdoctor.types import Diagnosis, StepRecord
+from tests.unit.recorded import as_recorded
 from tests.unit.test_count_live import recorded
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "advise"
@@ -136,10 +140,35 @@ def test_recorded_stopped_pages_say_stopped_not_fail() -> None:
     assert "not run (stopped by SIGTERM): full_iteration whole step, local whole layer" in render_text(advise)
 
 
-def test_recorded_stopped_count_document() -> None:
-    data = json.loads((RECORDED / "count" / "h200_count_stopped_sigterm.json").read_text())
-    assert data["command"] == "count" and data["stopped"] == "SIGTERM" and data["exit_code"] == 143
-    assert data["eager"]["status"] == "stopped" and data["eager"]["steps_done"] >= 5
-    assert [(e["impl"], e["status"], e["steps_done"]) for e in data["impls"]] == [
+def test_recorded_stopped_count_document_is_written_again_by_the_stop_path() -> None:
+    """The partial count the H200 wrote when SIGTERM stopped a live count in its eager run (fixtures/data/count),
+    read back with the envelope reader and built again from what it records (the signal, the configuration, the
+    eager run as the stop left it) with count's own stop path: each graphed run that never started is a
+    never_started record, and CountReport writes the recorded runs, diagnoses and exit code again."""
+    doc = open_envelope(json.loads((RECORDED / "count" / "h200_count_stopped_sigterm.json").read_text()),
+                        legacy_command="count")
+    assert doc.command == "count" and doc.schema_version == 2
+    payload = doc.payload
+    config = DiffConfig.from_dict(payload["config"])
+    recorded_eager = payload["eager"]
+    assert recorded_eager["status"] == "stopped" and recorded_eager["steps_done"] >= 5
+    eager = RunRecord(impl=EAGER, dropout=config.dropout, status="stopped",
+                      steps=tuple(StepRecord(step=i, phase="eager", loss=0.0, step_time_ms=0.0)
+                                  for i in range(recorded_eager["steps_done"])),
+                      diagnosis=Diagnosis.from_dict(recorded_eager["diagnosis"]))
+    signal_name = payload["stopped"]
+    report = CountReport(config=config, eager=eager, unavailable={}, stopped=signal_name,
+                         runs=tuple(never_started(impl, config.dropout, signal_name) for impl in config.impls))
+    again = report.to_dict()
+    assert again["exit_code"] == payload["exit_code"] == 143 and report.exit_code() == stopped_exit_code("SIGTERM")
+    assert (again["eager"]["status"], again["eager"]["steps_done"]) == ("stopped", recorded_eager["steps_done"])
+    assert [(e["impl"], e["status"], e["steps_done"]) for e in again["impls"]] == [
         ("local", "stopped", 0), ("full_iteration", "stopped", 0)]
-    assert all("before it started" in e["diagnosis"]["message"] for e in data["impls"])
+    for entry, recorded_entry in zip(again["impls"], payload["impls"], strict=True):
+        # the recording predates the diagnosis fields added since; the ones it has are written again
+        written = {**entry, "diagnosis": as_recorded(entry["diagnosis"], recorded_entry["diagnosis"])}
+        assert written == recorded_entry
+        assert "before it started" in entry["diagnosis"]["message"]
+    text = render_count_text(report)
+    assert "local: stopped: stopped by SIGTERM with graphdoctor before it started" in text
+    assert text.rstrip().endswith("exit code 143")
