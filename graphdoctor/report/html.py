@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.errors import InputFileError
+from graphdoctor.report.html_causes import breakable, causes_table, location_html, name_html
 from graphdoctor.report.html_model import ImplView, ReportView, load_report, parse_report
-from graphdoctor.report.html_model_parts import CauseView, DiagnosisView, RunView, TensorDiffView
+from graphdoctor.report.html_model_parts import DiagnosisView, RunView, TensorDiffView
 from graphdoctor.report.html_page import badge, figure, page, stopped_badge, table, verdict_class
 from graphdoctor.report.html_sections import forensics_section, launches_section, memory_section
 from graphdoctor.report.schedule import eval_section
@@ -76,7 +77,7 @@ def _verdict_card(impl: ImplView) -> str:
              f"{escape(impl.impl)}</span>{badge(impl.verdict, extra=extra)}</h3>"]
     line = _first_line(impl)
     if line:
-        parts.append(f'<p class="small">{escape(line)}</p>')
+        parts.append(f'<p class="small">{breakable(line)}</p>')
     if impl.timing and impl.timing.speedup:
         t = impl.timing
         parts.append(f'<p class="small">step time {_g(t.eager_ms, ".2f")} ms eager, {_g(t.graphed_ms, ".2f")} ms '
@@ -85,32 +86,25 @@ def _verdict_card(impl: ImplView) -> str:
         parts.append(f'<p class="small">dropout-free control pair: {badge(impl.control.verdict)}</p>')
     if impl.diagnosis is not None:
         parts.append(_diagnosis(impl.diagnosis))
-    if impl.causes:
-        parts.append(_causes(impl.causes))
+    parts.append(causes_table(impl.causes))
     if impl.notes:
-        parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in impl.notes) + "</ul>")
+        parts.append('<ul class="notes">' + "".join(f"<li>{breakable(n)}</li>" for n in impl.notes) + "</ul>")
     return "".join(parts) + "</div>"
 
 
 def _diagnosis(d: DiagnosisView) -> str:
-    rows = [("rule", d.rule), ("module", d.module), ("at", d.location), ("CUDA error", d.cuda_error),
-            ("meaning", d.meaning), ("reported as", d.reported_as), ("also at", ", ".join(d.also_at)),
-            ("where", f"step {d.step} ({d.phase})" if d.step is not None else d.phase)]
-    body = "".join(f"<div><b>{escape(k)}:</b> <span class=\"mono\">{escape(v)}</span></div>" for k, v in rows if v)
-    head = escape(f"{d.error_type}: {d.message}" if d.error_type and d.message else (d.message or d.error_type or ""))
-    fix = f'<div class="fix"><b>fix:</b> {escape(d.fix)}</div>' if d.fix else ""
+    """The diagnosis block: names (module, file:line) wrap only between their parts, prose between words."""
+    names = [("module", name_html(d.module) if d.module else ""),
+             ("at", location_html(d.location) if d.location else ""),
+             ("also at", ", ".join(location_html(a) for a in d.also_at))]
+    prose = [("rule", d.rule), ("CUDA error", d.cuda_error), ("meaning", d.meaning), ("reported as", d.reported_as),
+             ("where", f"step {d.step} ({d.phase})" if d.step is not None else d.phase)]
+    cells = dict(names) | {k: f'<span class="mono">{breakable(v)}</span>' for k, v in prose if v}
+    order = ("rule", "module", "at", "CUDA error", "meaning", "reported as", "also at", "where")
+    body = "".join(f"<div><b>{escape(k)}:</b> {cells[k]}</div>" for k in order if cells.get(k))
+    head = breakable(f"{d.error_type}: {d.message}" if d.error_type and d.message else (d.message or d.error_type or ""))
+    fix = f'<div class="fix"><b>fix:</b> {breakable(d.fix)}</div>' if d.fix else ""
     return f'<div class="diag"><div>{head}</div>{body}{fix}</div>'
-
-
-def _causes(causes: tuple[CauseView, ...]) -> str:
-    """Every cause the run's evidence names: rule, module, the user's file:line and the fix; the one that
-    explains the difference first and marked."""
-    ordered = sorted(causes, key=lambda c: not c.explains)
-    rows = [[("explains: " if c.explains else "") + f"{c.rule} {c.name}", c.module or "-", c.location or "-",
-             c.message, c.fix] for c in ordered]
-    highlight = [0] if ordered[0].explains else []
-    return ('<div class="causes"><b>causes</b>'
-            + table(["rule", "module", "at", "evidence", "fix"], rows, wrap=(1, 2), highlight=highlight) + "</div>")
 
 
 def _eager_series(run: RunView, name: str) -> Series:
@@ -178,7 +172,10 @@ def _numeric_section(view: ReportView) -> str:
                 "compared tensor by tensor.</p></section>")
     steps = sorted({s.step for _, r in runs for s in r.compared_steps})
     figures = []
-    for family, label in (("grads", "main_grad"), ("params", "parameters")):
+    for family, label in _FAMILIES:
+        if any(d is not None and d.max_abs is None for _, r in runs for d in _family(r, family).values()):
+            figures.append(_count_figure(runs, steps, family, label))
+            continue
         for stat in ("max_abs", "max_rel"):
             series = []
             for i, (name, run) in enumerate(runs):
@@ -186,15 +183,56 @@ def _numeric_section(view: ReportView) -> str:
                 fam = _family(run, family)
                 series.append(Series(name, tuple(_stat(fam.get(x), stat) for x in steps), colour, dash, marker))
             caption = f"{label}: {stat.replace('_', ' ')} difference over all tensors (log scale)"
-            figures.append(figure(caption, line_chart(series, steps, title=caption, log_y=True)))
+            figures.append(figure(caption, line_chart(series, steps, title=caption, log_y=True),
+                                  data={"family": family, "plot": stat}))
     heat = heat_strip(_heat_rows(runs, steps), [str(s) for s in steps],
                       title="tensors that differ per step")
     return ('<section id="numeric"><h2>Grads and params per step</h2><p class="muted small">Per step, over every '
-            "parameter: the largest absolute and relative difference against eager. Hollow markers on the dashed "
-            "band are steps where every tensor is bitwise equal.</p>"
+            "parameter: the largest absolute and relative difference against eager where it was measured, else "
+            "the number of tensors that differ. Hollow markers on the dashed band are steps where every tensor is "
+            "bitwise equal.</p>"
             f'<div class="grid2">{"".join(figures)}</div>'
             f"{figure('tensors that differ from eager, per step (cell: number of unequal tensors)', heat)}"
             "</section>")
+
+
+_FAMILIES = (("grads", "main_grad"), ("params", "parameters"))
+
+MAX_MEASURED_NAMED = 3
+"""Measured steps named in a count chart's caption; the rest are counted."""
+
+
+def _count_figure(runs: list[tuple[str, RunView]], steps: list[int], family: str, label: str) -> str:
+    """Tensors that differ per step, for a family where some differing step has no magnitudes.
+
+    A bit fingerprint (computed on the GPU, docs/fingerprints.md) says whether a tensor differs, not by
+    how much; max abs and max rel exist only for steps a measuring re-run pair compared element by
+    element. The count is what every compared step recorded, so it is what the chart plots.
+    """
+    series = []
+    measured: list[str] = []
+    num_tensors = 0
+    for i, (name, run) in enumerate(runs):
+        colour, dash, marker = series_style(i)
+        fam = _family(run, family)
+        values: list[float | None] = []
+        for x in steps:
+            d = fam.get(x)
+            values.append(None if d is None else float(d.num_unequal))
+            if d is None:
+                continue
+            num_tensors = max(num_tensors, d.num_tensors)
+            if d.num_unequal and d.max_abs is not None:
+                measured.append(f"{name} step {x}: max abs {_g(d.max_abs)}, max rel {_g(d.max_rel)}")
+        series.append(Series(name, tuple(values), colour, dash, marker))
+    caption = f"{label}: tensors that differ from eager per step (of {num_tensors})"
+    note = ("No magnitudes: the differing steps were compared by bit fingerprint on the GPU, which tells whether "
+            "a tensor differs, not by how much; max abs and max rel come only from a measuring re-run pair.")
+    if measured:
+        more = len(measured) - MAX_MEASURED_NAMED
+        note += " Measured: " + "; ".join(measured[:MAX_MEASURED_NAMED]) + (f"; {more} more" if more > 0 else "") + "."
+    chart = line_chart(series, steps, title=caption, counts=True, y_format=lambda v: f"{v:.0f}")
+    return figure(caption, chart, note=note, data={"family": family, "plot": "count"})
 
 
 def _stat(diff: TensorDiffView | None, stat: str) -> float | None:
@@ -216,8 +254,9 @@ def _heat_rows(runs: list[tuple[str, RunView]], steps: list[int]) -> list[tuple[
                     cells.append(HeatCell("\u00b7", None, f"step {x}: not compared"))
                     continue
                 level = 0.0 if d.num_unequal == 0 else 0.25 + 0.75 * d.num_unequal / max(d.num_tensors, 1)
+                size = f"max abs {_g(d.max_abs)}" if d.max_abs is not None else "fingerprints only, not measured"
                 title = (f"{name} {family} step {x} ({phase.get(x, '')}): {d.num_unequal}/{d.num_tensors} unequal, "
-                         f"max abs {_g(d.max_abs)}, first {d.first_tensor or '-'}")
+                         f"{size}, first {d.first_tensor or '-'}")
                 cells.append(HeatCell("=" if d.num_unequal == 0 else str(d.num_unequal), level, title))
             rows.append((f"{name} {'main_grad' if family == 'grads' else 'params'}", cells))
     return rows

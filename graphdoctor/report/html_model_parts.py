@@ -57,18 +57,28 @@ class TensorDiffView:
     num_unequal: int
     max_abs: float | None
     max_rel: float | None
+    """Largest differences over the family; None where unequal tensors were not measured."""
+
     first_tensor: str | None
+    measured: bool = True
+    """False where only bit fingerprints were compared (schema 2 `measured: false`)."""
 
     @classmethod
     def parse(cls, raw: Any) -> TensorDiffView | None:
-        """None when the step was not compared."""
+        """None when the step was not compared.
+
+        Fingerprints only (measured false): equal fingerprints are bitwise equal tensors, so every
+        magnitude is 0 when no tensor differs; where some differ, their magnitudes are unknown (None).
+        """
         if not isinstance(raw, Mapping):
             return None
-        # measured false (schema 2): only fingerprints were compared, so the magnitudes are unknown.
         measured = raw.get("measured", True) is not False
-        return cls(as_int(raw.get("num_tensors")) or 0, as_int(raw.get("num_unequal")) or 0,
-                   num(raw.get("max_abs")) if measured else None, num(raw.get("max_rel")) if measured else None,
-                   as_str(raw.get("first_tensor")))
+        num_unequal = as_int(raw.get("num_unequal")) or 0
+        max_abs, max_rel = num(raw.get("max_abs")), num(raw.get("max_rel"))
+        if not measured:
+            max_abs = max_rel = 0.0 if num_unequal == 0 else None
+        return cls(as_int(raw.get("num_tensors")) or 0, num_unequal, max_abs, max_rel,
+                   as_str(raw.get("first_tensor")), measured)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +197,8 @@ class CauseView:
     message: str
     fix: str
     explains: bool
+    also_at: tuple[str, ...] = ()
+    """Other lines of the same evidence (the sites that rebind, replay or set the value)."""
 
     @classmethod
     def parse(cls, raw: Any) -> CauseView | None:
@@ -196,7 +208,8 @@ class CauseView:
         get = raw.get
         return cls(as_str(get("rule")) or "?", as_str(get("name")) or "", as_str(get("severity")) or "",
                    as_str(get("module")) or "", as_str(get("location")), as_str(get("message")) or "",
-                   as_str(get("fix")) or "", get("explains") is True)
+                   as_str(get("fix")) or "", get("explains") is True,
+                   tuple(str(a) for a in as_list(get("also_at"))))
 
 
 @dataclass(frozen=True, slots=True)

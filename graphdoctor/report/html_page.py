@@ -5,7 +5,7 @@ tables, verdict badges and key-figure tiles. Diff reports (report.html) and memo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 
 CSS = """
@@ -33,7 +33,7 @@ dl.facts div{display:flex;gap:8px;border-bottom:1px dashed var(--line);padding:3
 dl.facts dt{color:var(--muted);min-width:98px}dl.facts dd{margin:0;font-weight:550}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(330px,1fr));gap:12px}
 .card{border:1px solid var(--line);border-left:5px solid var(--na);border-radius:6px;padding:10px 12px;
-background:#fff}
+background:#fff;min-width:0;container-type:inline-size;overflow-wrap:break-word}
 .card.ok{border-left-color:var(--ok)}.card.warn{border-left-color:#d97706}.card.bad{border-left-color:var(--bad)}
 .card h3{margin:0 0 6px;display:flex;align-items:center;gap:8px;font-size:15px}
 .badge{display:inline-block;border-radius:999px;padding:1px 9px;font-size:12px;font-weight:650;white-space:nowrap;
@@ -43,7 +43,26 @@ border:1px solid transparent}
 .badge.bad{background:var(--badbg);color:var(--bad);border-color:#fca5a5}
 .badge.na{background:var(--nabg);color:var(--na);border-color:#d1d5db}
 .diag{background:#f9fafb;border:1px solid var(--line);border-radius:5px;padding:6px 9px;margin-top:6px;font-size:12.8px}
-.diag b{font-weight:600}.diag span{overflow-wrap:anywhere}.fix{color:var(--ok)}
+.diag{overflow-wrap:break-word}.diag b{font-weight:600}.fix{color:var(--ok)}
+.nm{font-family:ui-monospace,"SFMono-Regular",Menlo,Consolas,"DejaVu Sans Mono",monospace;font-size:12.3px;
+overflow-wrap:normal}
+.causes{margin-top:8px}table.causes{margin:4px 0 0;font-size:12.8px}table.causes td{overflow-wrap:normal}
+.causes .rn{display:block}
+@container (width >= 760px){table.causes td.c-rule{width:15%}table.causes td.c-module{width:20%}
+ table.causes td.c-at{width:25%}table.causes td.c-evidence{min-width:14em}}
+table.causes .ev,table.causes .fix{overflow-wrap:break-word}
+.tag{display:inline-block;font-size:11px;font-weight:650;color:var(--bad);background:var(--badbg);
+border:1px solid #fca5a5;border-radius:4px;padding:0 4px;line-height:1.4}
+.fold{font-size:11.5px;color:var(--warn);font-weight:600}.fold b{white-space:nowrap;font-weight:650}.fold i{white-space:nowrap;font-style:normal}
+.also{font-size:11.5px;color:var(--muted)}
+@container (width < 760px){
+ table.causes thead{display:none}
+ table.causes,table.causes tbody,table.causes tr,table.causes td{display:block}
+ table.causes tr{border-bottom:1px solid var(--line);padding:5px 8px}table.causes tr.hl{background:#fff7ed}
+ table.causes td{border:0;padding:1px 0}table.causes td.none{display:none}.causes .rn{display:inline}
+ table.causes td.c-module::before,table.causes td.c-at::before{content:attr(data-label);color:var(--muted);
+ font-weight:600;margin-right:6px}
+}
 ul.notes{margin:6px 0 0;padding-left:18px;color:#374151;font-size:12.8px}
 .tiles{display:flex;flex-wrap:wrap;gap:10px;margin:4px 0 10px}
 .tile{border:1px solid var(--line);border-radius:6px;padding:7px 12px;min-width:150px;background:#fafafa}
@@ -51,12 +70,13 @@ ul.notes{margin:6px 0 0;padding-left:18px;color:#374151;font-size:12.8px}
 .tile.bad{border-color:#fca5a5;background:var(--badbg)}.tile.ok .v{color:var(--ok)}
 .grid2{display:grid;grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:8px 20px}
 figure{margin:6px 0 8px}figcaption{font-size:12.5px;color:var(--muted);margin:2px 0 4px;font-weight:550}
+figcaption .why{display:block;font-weight:400;font-size:12px;color:#4b5563}
 table{border-collapse:collapse;margin:6px 0;width:100%;font-size:13px}
 th{text-align:left;color:var(--muted);font-weight:600;border-bottom:2px solid var(--line);padding:4px 8px}
 td{border-bottom:1px solid var(--line);padding:4px 8px;vertical-align:top}
 td.w{overflow-wrap:anywhere}
 table.compact{width:auto;min-width:420px}
-td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}td.n{white-space:nowrap}
 tr.hl td{background:#fff7ed}
 .chart-empty{border:1px dashed #d1d5db;border-radius:6px;padding:28px 12px;text-align:center;color:var(--muted);
 margin:4px 0}.chart-empty.equal{border-color:#6ee7b7;background:#f0fdf4;color:var(--ok);font-weight:600}
@@ -135,9 +155,21 @@ def tile(key: str, value: str, *, state: str = "") -> str:
     return f'<div class="tile {state}"><div class="k">{escape(key)}</div><div class="v">{escape(value)}</div></div>'
 
 
-def figure(caption: str, svg: str) -> str:
-    """A captioned chart."""
-    return f"<figure><figcaption>{escape(caption)}</figcaption>{svg}</figure>"
+def figure(caption: str, svg: str, *, note: str = "", data: Mapping[str, str] | None = None) -> str:
+    """A captioned chart.
+
+    Args:
+        caption: what the chart shows.
+        svg: the chart (already HTML).
+        note: a second caption line saying how the values were obtained (optional).
+        data: data-* attributes of the figure, for the browser tests and for styling.
+
+    Returns:
+        The <figure> element.
+    """
+    attrs = "".join(f' data-{escape(k)}="{escape(v)}"' for k, v in (data or {}).items())
+    why = f'<span class="why">{escape(note)}</span>' if note else ""
+    return f"<figure{attrs}><figcaption>{escape(caption)}{why}</figcaption>{svg}</figure>"
 
 
 def page(*, title: str, heading: str, subtitle: str, status_html: str, toc: Sequence[tuple[str, str]],

@@ -54,10 +54,10 @@ def fmt_num(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _nice_ticks(low: float, high: float, num: int = 5) -> list[float]:
+def _nice_ticks(low: float, high: float, num: int = 5, min_step: float = 0.0) -> list[float]:
     if not high > low:
         high = low + 1.0
-    raw = (high - low) / num
+    raw = max((high - low) / num, min_step)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     first = math.floor(low / step) * step
@@ -97,7 +97,7 @@ def _legend(series: Sequence[Series], width: int) -> tuple[str, int]:
 
 def line_chart(series: Sequence[Series], x_values: Sequence[int | float], *, title: str, log_y: bool = False,
                y_format: Formatter = fmt_num, x_label: str = "step", width: int = 560, height: int = 250,
-               point_titles: Sequence[str] | None = None) -> str:
+               point_titles: Sequence[str] | None = None, counts: bool = False) -> str:
     """A line chart with a legend; on a log scale zeros are drawn on a separate "0 (equal)" band.
 
     Args:
@@ -110,10 +110,12 @@ def line_chart(series: Sequence[Series], x_values: Sequence[int | float], *, tit
         width: viewBox width.
         height: viewBox height of the plot area (the legend adds to it).
         point_titles: hover text per x position (optional).
+        counts: the values are counts: a linear axis from 0 with whole-number ticks (log_y is ignored).
 
     Returns:
         The <svg> element, or a muted paragraph when there is nothing to plot.
     """
+    log_y = log_y and not counts
     finite = [v for s in series for v in s.values if v is not None and math.isfinite(v)]
     positive = [v for v in finite if v > 0]
     if not x_values or not finite or (log_y and not positive):
@@ -131,7 +133,9 @@ def line_chart(series: Sequence[Series], x_values: Sequence[int | float], *, tit
     def px(x: float) -> float:
         return left + (x - x_lo) / x_span * (width - left - right)
 
-    ticks, py = _y_scale(finite, log_y, top, plot_h)
+    # A count axis starts at 0 and spans at least one, so a single differing tensor reads as 1 of 0..1.
+    scale_values = [0.0, 1.0, *finite] if counts else finite
+    ticks, py = _y_scale(scale_values, log_y, top, plot_h, min_step=1.0 if counts else 0.0)
     zero_y = top + plot_h + 22
     total_h = top + plot_h + bottom + (26 if zero_band else 0)
     parts = [f'<svg class="chart" viewBox="0 0 {width} {total_h}" role="img" aria-label="{escape(title)}">', legend]
@@ -155,9 +159,10 @@ def line_chart(series: Sequence[Series], x_values: Sequence[int | float], *, tit
     return "".join(parts)
 
 
-def _y_scale(finite: Sequence[float], log_y: bool, top: float,
-             plot_h: float) -> tuple[list[float], Callable[[float], float]]:
-    """Tick values and the value -> y pixel map (log: whole decades over the positive values)."""
+def _y_scale(finite: Sequence[float], log_y: bool, top: float, plot_h: float,
+             min_step: float = 0.0) -> tuple[list[float], Callable[[float], float]]:
+    """Tick values and the value -> y pixel map (log: whole decades over the positive values; linear:
+    ticks at least min_step apart)."""
     if log_y:
         positive = [v for v in finite if v > 0]
         lo_dec, hi_dec = math.floor(math.log10(min(positive))), math.ceil(math.log10(max(positive)))
@@ -170,7 +175,7 @@ def _y_scale(finite: Sequence[float], log_y: bool, top: float,
             return top + plot_h - (math.log10(v) - lo_t) / ((hi_t - lo_t) or 1) * plot_h
 
         return ticks, log_py
-    ticks = _nice_ticks(min(finite), max(finite))
+    ticks = _nice_ticks(min(finite), max(finite), min_step=min_step)
 
     def lin_py(v: float) -> float:
         return top + plot_h - (v - ticks[0]) / ((ticks[-1] - ticks[0]) or 1) * plot_h

@@ -60,10 +60,11 @@ def _check_screenshot(page: Page, out: Path) -> None:
     assert num_other > 0.05 * (len(rows) * image.width // 6)
 
 
-def _compared_tensors(report: Path) -> bool:
+def _compared_families(report: Path) -> set[str]:
+    """The tensor families (grads, params) some run of the report compared at some step."""
     data = json.loads(report.read_text(encoding="utf-8"))
-    return any(step.get("grads") or step.get("params")
-               for impl in data.get("impls", []) for run in impl.get("runs", []) for step in run.get("steps", []))
+    return {family for impl in data.get("impls", []) for run in impl.get("runs", []) for step in run.get("steps", [])
+            for family in ("grads", "params") if step.get(family)}
 
 
 @pytest.mark.parametrize("report", PAGES, ids=lambda p: p.name)
@@ -76,8 +77,9 @@ def test_report_page_in_chromium(page: Page, report: Path, tmp_path: Path) -> No
         overall: !!document.getElementById('overall'),
         loss_charts: [...document.querySelectorAll('#loss figure')].filter(f => f.querySelector(
             'svg.chart polyline, .chart-empty')).length,
-        numeric_charts: [...document.querySelectorAll('#numeric figure')].filter(f => f.querySelector(
-            'svg.chart, .chart-empty')).length,
+        numeric_charts: [...document.querySelectorAll('#numeric figure[data-family]')].filter(f => f.querySelector(
+            'svg.chart, .chart-empty')).map(f => `${f.dataset.family} ${f.dataset.plot}`),
+        heat: !!document.querySelector('#numeric svg.chart.heat'),
         memory: !!document.getElementById('memory'), launches: !!document.getElementById('launches'),
         forensics_rows: document.querySelectorAll('#forensics tbody tr').length,
         width: document.documentElement.scrollWidth})""")
@@ -87,10 +89,14 @@ def test_report_page_in_chromium(page: Page, report: Path, tmp_path: Path) -> No
     assert all(v and v != "?" for v in found["badges"]) and len(found["badges"]) >= len(payload_impls)
     assert found["width"] <= 1280  # nothing overflows the viewport sideways
     if report.suffix == ".json":
-        # A fingerprint-era report whose runs all matched compared no tensor element by element:
-        # its numeric section says so instead of charting.
-        assert found["loss_charts"] >= 2 and (found["numeric_charts"] >= 5 or not _compared_tensors(report))
-        assert found["memory"] and found["launches"]
+        assert found["loss_charts"] >= 2 and found["memory"] and found["launches"]
+        # Per compared family: max abs and max rel where magnitudes were measured (or every tensor is
+        # equal), else one chart of the number of differing tensors; and the heat strip.
+        charts = found["numeric_charts"]
+        for family in _compared_families(report):
+            mine = sorted(c.split()[1] for c in charts if c.split()[0] == family)
+            assert mine in (["max_abs", "max_rel"], ["count"]), (family, charts)
+        assert found["heat"] or not _compared_families(report)
     _check_screenshot(page, tmp_path / "shot.png")
     pdf = page.print_pdf()
     assert pdf.startswith(b"%PDF") and len(pdf) > 10_000
