@@ -7,12 +7,10 @@ the screenshot is not blank and the page prints. Skips (with the reason) where C
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chromium import Browser, Page, find_chromium
+from chromium import Browser, Page
 from png import decode
 
 from graphdoctor.memory.analysis import triage
@@ -30,14 +28,8 @@ MIN_COLOURS = 12
 
 
 @pytest.fixture(scope="module")
-def page() -> Iterator[Page]:
-    binary = find_chromium()
-    if binary is None and os.environ.get("GRAPHDOCTOR_REQUIRE_BROWSER"):
-        pytest.fail("GRAPHDOCTOR_REQUIRE_BROWSER is set (.ci/run) but no headless Chromium was found")
-    if binary is None:
-        pytest.skip("headless Chromium not found (apt-get install chromium-headless-shell; .ci/run does)")
-    with Browser(binary) as browser:
-        yield Page(browser)
+def page(browser: Browser) -> Page:
+    return Page(browser)
 
 
 def _check_loaded(page: Page, html: Path) -> None:

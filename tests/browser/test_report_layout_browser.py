@@ -14,13 +14,11 @@ from __future__ import annotations
 import copy
 import gzip
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from chromium import Browser, Page, find_chromium
+from chromium import Browser, Page
 from layout import FIGURES_KEY, MEASURE
 
 from graphdoctor.report.html import render_payload
@@ -122,17 +120,6 @@ def _families(payload: dict[str, Any]) -> dict[str, bool]:
                 if isinstance(diff, dict) and not step.get("profiled"):
                     out[family] = out.get(family, False) or bool(diff.get("num_unequal"))
     return out
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    binary = find_chromium()
-    if binary is None and os.environ.get("GRAPHDOCTOR_REQUIRE_BROWSER"):
-        pytest.fail("GRAPHDOCTOR_REQUIRE_BROWSER is set (.ci/run) but no headless Chromium was found")
-    if binary is None:
-        pytest.skip("headless Chromium not found (apt-get install chromium-headless-shell; .ci/run does)")
-    with Browser(binary) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
