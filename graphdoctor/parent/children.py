@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import queue
 import shutil
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from graphdoctor.config import DiffConfig
 from graphdoctor.config.entry_points import entry_point_modules
@@ -127,15 +129,55 @@ def user_import_dir(config: DiffConfig) -> str | None:
     return None
 
 
-class MemoryGrant:
-    """One child's share of its GPU's memory (a slot of the session's queue), taken on a thread of its own while
-    the child starts and imports, then given by opening the child's memory gate (graphdoctor.protocol.gate)."""
+def physical_gpus(device: str | None) -> list[str]:
+    """The GPUs a child placed on `device` uses, as nvidia-smi names them: the session's device entry ("0", a
+    UUID, "0,1" for a multi-GPU child), else the first GPU this process sees (CUDA_VISIBLE_DEVICES' first entry,
+    or 0)."""
+    if device:
+        return [d.strip() for d in device.split(",") if d.strip()]
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[:1] or ["0"]
 
-    def __init__(self, slots: queue.Queue[str | None], gate: Path) -> None:
+
+class HostTurn:
+    """A child's slots in the machine-wide budget (graphdoctor.parent.slots) on every GPU it uses: taken before
+    the child touches the GPU, held until it ends; a wait is told on the progress board."""
+
+    def __init__(self, devices: list[str], need_bytes: int, what: str, note: Callable[[str], None]) -> None:
+        from graphdoctor.parent.gpus import gpu_memory
+        from graphdoctor.parent.slots import HostSlots
+
+        self._hosts = [HostSlots(d, memory=functools.partial(gpu_memory, d)) for d in sorted(devices)]
+        self._need, self._what, self._note = need_bytes, what, note
+        self._taken: list[Any] = []
+
+    def take(self, cancelled: Callable[[], bool]) -> bool:
+        """Wait for a slot on each GPU; False (nothing held) when `cancelled()` turns true first."""
+        for host in self._hosts:
+            slot = host.take(self._need, self._what, cancelled=cancelled, waiting=self._note)
+            if slot is None:
+                self.release()
+                return False
+            self._taken.append(slot)
+        return True
+
+    def release(self) -> None:
+        """Give every slot back (idempotent)."""
+        while self._taken:
+            self._taken.pop().release()
+
+
+class MemoryGrant:
+    """One child's share of its GPU's memory (a slot of the session's queue, then one of the machine-wide budget,
+    graphdoctor.parent.slots), taken on a thread of its own while the child starts and imports, then given by
+    opening the child's memory gate (graphdoctor.protocol.gate)."""
+
+    def __init__(self, slots: queue.Queue[str | None], gate: Path, host: HostTurn | None = None) -> None:
         self.gate = gate
         self.granted = threading.Event()
         """Set once the slot is held and the gate open (the child's time limit counts from here)."""
         self._slots = slots
+        self._host = host
         self._lock = threading.Lock()
         self._held = False
         self._device: str | None = None
@@ -149,16 +191,24 @@ class MemoryGrant:
                 self._slots.put(device)
                 return
             self._held, self._device = True, device
+        if self._host is not None:
+            taken = self._host.take(lambda: self._released)
+            with self._lock:
+                if not taken or self._released:  # the child ended while it waited for the machine's budget
+                    self._host.release()
+                    return
         open_gate(self.gate)
         self.granted.set()
 
     def release(self) -> None:
-        """The child ended: its slot goes back (or, not granted yet, is never taken)."""
+        """The child ended: its slots go back (or, not granted yet, are never taken)."""
         with self._lock:
             self._released = True
             if self._held:
                 self._held = False
                 self._slots.put(self._device)
+        if self._host is not None:
+            self._host.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,13 +344,23 @@ class ChildSession:
         if self.memory_gated:
             return self._run_gated(request, cancel)
         device = self._slots.get()
-        if cancel is not None and cancel.is_set():
-            self._slots.put(device)
-            return never_started(request.impl, request.dropout, CANCELLED)
+        host = self.host_turn(request, device)
         try:
+            if (cancel is not None and cancel.is_set()) or not host.take(lambda: cancel is not None and cancel.is_set()):
+                return never_started(request.impl, request.dropout, CANCELLED)
             return self._run_on(request, device, cancel)
         finally:
+            host.release()
             self._slots.put(device)
+
+    def host_turn(self, request: ChildRequest, device: str | None) -> HostTurn:
+        """The child's claim on the machine-wide budget of its GPUs (graphdoctor.parent.slots): its memory
+        estimate (its share of it per GPU for a multi-GPU child), told as the child it is."""
+        from graphdoctor.parent.gpus import child_bytes
+
+        nproc = max(1, self.config.nproc_per_node)
+        return HostTurn(physical_gpus(device), child_bytes(self.config) // nproc,
+                        f"{request.impl} {request.describe()}", self.note)
 
     def _run_gated(self, request: ChildRequest, cancel: threading.Event | None) -> RunRecord:
         """run_request with a memory gate: the child starts once a process slot is free; its memory slot is
@@ -311,9 +371,9 @@ class ChildSession:
             with self._lock:
                 self.num_gates += 1
                 index = self.num_gates
-            grant = MemoryGrant(self._slots, self.workdir / f"memory-{index}")
+            device = self.plan.gpus[0] if self.plan.gpus else None
+            grant = MemoryGrant(self._slots, self.workdir / f"memory-{index}", self.host_turn(request, device))
             try:
-                device = self.plan.gpus[0] if self.plan.gpus else None
                 return self._run_on(request, device, cancel, grant)
             finally:
                 grant.release()
@@ -394,5 +454,5 @@ class ChildSession:
         return [future.result() for future in [self.submit(r) for r in requests]]
 
 
-__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "fold_stopped", "never_started", "port_taken", "run_child",
+__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "HostTurn", "MemoryGrant", "physical_gpus", "fold_stopped", "never_started", "port_taken", "run_child",
            "user_import_dir", "work_directory"]

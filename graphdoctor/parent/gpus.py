@@ -84,6 +84,38 @@ def visible_gpus() -> list[Gpu]:
             for entry in allowed.split(",") if entry.strip()]
 
 
+def gpu_memory(device: str) -> tuple[int, int] | None:
+    """(total bytes, used bytes) of one GPU now, by nvidia-smi's index or UUID (every process's memory on it,
+    other users' too); None where nvidia-smi is missing, fails or does not know the GPU."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    argv = ["nvidia-smi", f"--id={device}", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"]
+    ended = run_isolated(argv, timeout_s=NVIDIA_SMI_TIMEOUT_S, capture_stdout=True)
+    if ended.returncode != 0:
+        return None
+    try:
+        total, used = (int(part.strip()) for part in ended.stdout.strip().splitlines()[0].split(","))
+    except (ValueError, IndexError):
+        return None
+    return total << 20, used << 20
+
+
+def gpu_processes(device: str) -> list[tuple[int, int]]:
+    """(pid, used bytes) of every compute process on one GPU ([] where nvidia-smi cannot say)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    argv = ["nvidia-smi", f"--id={device}", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    ended = run_isolated(argv, timeout_s=NVIDIA_SMI_TIMEOUT_S, capture_stdout=True)
+    found: list[tuple[int, int]] = []
+    for line in ended.stdout.strip().splitlines() if ended.returncode == 0 else []:
+        try:
+            pid, used = (int(part.strip()) for part in line.split(","))
+        except ValueError:
+            continue
+        found.append((pid, used << 20))
+    return found
+
+
 def num_parameters(config: DiffConfig) -> int:
     """Parameters of the built-in GPT model as Megatron-Core 0.19.2 builds it from the run's
     TransformerConfig fields: attention with grouped query heads, the dense MLP (gated or not) or, with
@@ -178,4 +210,4 @@ def plan_multi_gpu(config: DiffConfig, gpus: list[Gpu]) -> JobPlan:
     return JobPlan(jobs, groups[:jobs], False, f"{jobs} children at a time, {nproc} processes each on {where}")
 
 
-__all__ = ["Gpu", "JobPlan", "child_bytes", "cpu_slots", "num_parameters", "plan_jobs", "plan_multi_gpu", "visible_gpus"]
+__all__ = ["Gpu", "JobPlan", "child_bytes", "cpu_slots", "gpu_memory", "gpu_processes", "num_parameters", "plan_jobs", "plan_multi_gpu", "visible_gpus"]
