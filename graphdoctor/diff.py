@@ -91,8 +91,9 @@ class DiffReport:
 
     def exit_code(self) -> int:
         """0: all passed (rng-divergence unless strict_rng or a cause explains it) and every process exited within
-        its bound; 2: the reference hit a usage error; else 1 (a teardown-hang is a finding even when the results
-        match); 128 + the signal's number when a signal stopped the diff (as the process exits)."""
+        its bound; 2: the reference hit a usage error, or the machine failed a run (environment-failed) and no
+        other row failed; else 1 (a teardown-hang is a finding even when the results match); 128 + the signal's
+        number when a signal stopped the diff (as the process exits)."""
         if self.stopped is not None:
             return stopped_exit_code(self.stopped)
         if self.reference.status == "error" and getattr(self.reference.diagnosis, "error_type", "") == "UsageError":
@@ -100,14 +101,18 @@ class DiffReport:
         if any(e.hung for run in (self.reference, *(r for res in self.results for r in res.runs))
                for e in run.teardown):
             return 1
+        environment = False
         for result in self.results:
             if result.verdict == Verdict.UNAVAILABLE:
+                continue
+            if result.verdict == Verdict.ENVIRONMENT_FAILED:
+                environment = True
                 continue
             if not result.passed:
                 return 1
             if result.verdict == Verdict.RNG_DIVERGENCE and self.config.strict_rng:
                 return 1
-        return 0
+        return 2 if environment else 0
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON report (schema in docs/diff.md)."""
@@ -383,7 +388,7 @@ class DiffRun:
         if why_not is not None or graphed is None:
             return _unavailable(impl, why_not or "not run")
         if reference.status != "ok":
-            return reference_failed(impl)
+            return reference_failed(impl, reference)
         if cfg.dropout > 0 and cfg.bitwise:
             result, graphed = self._dropout_row(impl, reference, graphed)
         else:

@@ -36,11 +36,26 @@ class Verdicts:
     report_path: Path | None = None
 
     def line(self) -> str:
-        """`nodeid: local match, full_iteration match [ok] -> report.json` (the summary line)."""
+        """`nodeid: local match, full_iteration match [ok] -> report.json` (the summary line); the status is `ok`,
+        `FAILED`, or `ENVIRONMENT` when only the machine failed runs (environment-failed, exit code 2)."""
         verdicts = ", ".join(f"{impl} {verdict}" for impl, verdict in self.verdicts)
-        status = "ok" if self.exit_code == 0 else "FAILED"
+        environment = self.exit_code == 2 and any(v == "environment-failed" for _, v in self.verdicts)
+        status = "ok" if self.exit_code == 0 else "ENVIRONMENT" if environment else "FAILED"
         where = f" -> {self.report_path}" if self.report_path is not None else ""
         return f"{self.nodeid}: {verdicts} [{status}]{where}"
+
+
+_STATUS = re.compile(r" \[(ok|FAILED|ENVIRONMENT)\](?: -> |$)")
+
+
+def count_line(lines: list[str]) -> str:
+    """`4 diffs: 2 ok, 1 failed, 1 environment failure (the machine, not the model)` over summary lines."""
+    found = [m.group(1) for m in (_STATUS.search(line) for line in lines) if m is not None]
+    ok, failed, environment = (found.count(s) for s in ("ok", "FAILED", "ENVIRONMENT"))
+    text = f"{len(found)} diff{'s' if len(found) != 1 else ''}: {ok} ok, {failed} failed"
+    if environment:
+        text += f", {environment} environment failure{'s' if environment != 1 else ''} (the machine, not the model)"
+    return text
 
 
 class GraphMismatchError(GraphDoctorError, AssertionError):
@@ -199,5 +214,6 @@ def set_up_worker_gpu() -> int | None:
     return pin_worker_gpu(os.environ, num_visible_gpus())
 
 
-__all__ = ["USER_PROPERTY", "GraphMismatchError", "PluginSession", "Verdicts", "assert_graphs_match", "failure_message",
+__all__ = ["USER_PROPERTY", "GraphMismatchError", "PluginSession", "Verdicts", "assert_graphs_match", "count_line",
+           "failure_message",
            "gpu_for_worker", "num_visible_gpus", "pin_worker_gpu", "set_up_worker_gpu", "skip_reason"]

@@ -105,12 +105,15 @@ def pytest_runtest_makereport(item: pytest.Item,
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    from graphdoctor.plugin_session import count_line
+
     session = config.stash.get(SESSION_KEY, None)
     if session is None or not session.summary:
         return
     terminalreporter.section("graphdoctor")
     for line in session.summary:
         terminalreporter.write_line(line)
+    terminalreporter.write_line(count_line(session.summary))
 
 
 def _marker_fields(request: pytest.FixtureRequest) -> dict[str, Any]:

@@ -53,6 +53,11 @@ class Verdict(enum.StrEnum):
     REFERENCE_FAILED = "reference-failed"
     """The eager reference itself failed, so nothing could be compared."""
 
+    ENVIRONMENT_FAILED = "environment-failed"
+    """The machine failed the run, not the model: before its first step, NCCL's or CUDA's set-up failed, memory
+    ran out, the GPU was busy or lost, or a port was taken, and again when the run was retried alone
+    (graphdoctor.parent.environment). The eager reference's such failure makes every row environment-failed."""
+
     STOPPED = "stopped"
     """graphdoctor was stopped (SIGTERM, SIGHUP, SIGINT) before this implementation's comparison finished; the
     report says how far eager and graphed got, the first difference seen by then, and each stopped run's

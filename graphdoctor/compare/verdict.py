@@ -25,7 +25,7 @@ from graphdoctor.compare.phases import (
 from graphdoctor.compare.scaler import scaler_notes
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
 from graphdoctor.memory.sections import MemorySection
-from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.record import ENVIRONMENT_FAILED, RunRecord
 from graphdoctor.protocol.spec import impl_name
 from graphdoctor.types import Diagnosis, Verdict
 
@@ -261,6 +261,8 @@ def verdict_for_failure(record: RunRecord) -> Verdict:
         return Verdict.HANG
     if record.status == "stopped":
         return Verdict.STOPPED
+    if record.status == ENVIRONMENT_FAILED:
+        return Verdict.ENVIRONMENT_FAILED
     if record.status == "error":
         phase = record.diagnosis.phase if record.diagnosis else None
         if phase == "setup":
@@ -296,7 +298,7 @@ def judge(
     """
     runs = tuple(r for r in (graphed, control_graphed) if r is not None)
     if reference.status != "ok":
-        return reference_failed(graphed.impl)
+        return reference_failed(graphed.impl, reference)
     launches = None
     if graphed.launches is not None:
         eager_step = reference.launches.step if reference.launches is not None else None
@@ -390,9 +392,16 @@ REFERENCE_FAILED_NOTE = "not run: the eager reference failed"
 """The note of every implementation's row when the eager reference failed."""
 
 
-def reference_failed(impl: str) -> ImplResult:
+REFERENCE_ENVIRONMENT_NOTE = "not run: the machine failed the eager reference (environment-failed)"
+"""The note of every implementation's row when the machine, not the model, failed the eager reference."""
+
+
+def reference_failed(impl: str, reference: RunRecord | None = None) -> ImplResult:
     """The row of `impl` when the eager reference failed: named as the implementation, with nothing
-    judged; the failure itself is the reference's (DiffReport.reference), told once."""
+    judged; the failure itself is the reference's (DiffReport.reference), told once. A reference the machine
+    failed (status environment-failed) makes the row environment-failed, never reference-failed."""
+    if reference is not None and reference.status == ENVIRONMENT_FAILED:
+        return ImplResult(impl=impl, verdict=Verdict.ENVIRONMENT_FAILED, notes=(REFERENCE_ENVIRONMENT_NOTE,))
     return ImplResult(impl=impl, verdict=Verdict.REFERENCE_FAILED, notes=(REFERENCE_FAILED_NOTE,))
 
 

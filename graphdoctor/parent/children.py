@@ -13,6 +13,7 @@ import queue
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 
 from graphdoctor.config import DiffConfig
 from graphdoctor.config.entry_points import entry_point_modules
+from graphdoctor.parent.environment import environment_cause, environment_failed
 from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.gpus import JobPlan, cpu_slots
 from graphdoctor.parent.launch import fold_launch, launch_env, multi_gpu_placement, run_launched, under_user_torchrun
@@ -43,6 +45,10 @@ from graphdoctor.protocol.gate import open_gate
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, rank_path, run_name
 from graphdoctor.types import Diagnosis
+
+ENVIRONMENT_ATTEMPT = 10
+"""The attempt number (file names: `-attempt10`) of a child's run after an environment failure; its port retries
+count on from there."""
 
 CHILD_MODULE = "graphdoctor.child"
 """What the parent runs: `python -P -m graphdoctor.child SPEC.json`."""
@@ -274,6 +280,9 @@ class ChildSession:
         """Children alive at once: with memory gates, more than hold GPU memory (the others import meanwhile)."""
         self._starts = threading.Semaphore(self.starts)
         self.num_gates = 0
+        self._idle = threading.Condition()
+        self._running = 0
+        """Children of this session running now (an environment retry waits until it is alone)."""
 
     @property
     def memory_gated(self) -> bool:
@@ -340,15 +349,38 @@ class ChildSession:
 
     def run_request(self, request: ChildRequest, cancel: threading.Event | None = None) -> RunRecord:
         """Run one request on the next free GPU slot (again, on a new port, when its port was taken) and
-        account its time; `cancel` set ends it (graphdoctor.parent.runner.run_isolated)."""
+        account its time; `cancel` set ends it (graphdoctor.parent.runner.run_isolated). A child the machine
+        failed before its first step (graphdoctor.parent.environment) runs once more after the session's other
+        children have finished; failed so again, its record is `environment-failed`."""
+        first = self._run_once(request, cancel, 0)
+        cause = environment_cause(first)
+        if cause is None or (cancel is not None and cancel.is_set()):
+            return first
+        self.note(f"{request.impl} {request.describe()}: {cause}; it runs again once this run's other children "
+                  "have finished")
+        self._wait_alone(cancel)
+        retry = self._run_once(request, cancel, ENVIRONMENT_ATTEMPT)
+        again = environment_cause(retry)
+        if again is None or (cancel is not None and cancel.is_set()):
+            return retry
+        return environment_failed(retry, again, physical_gpus(",".join(self.plan.gpus) or None), first)
+
+    def _wait_alone(self, cancel: threading.Event | None) -> None:
+        """Until no other child of this session runs (each is bounded by its own time limit), or `cancel`."""
+        deadline = time.monotonic() + 2 * self.config.timeout_s + 60.0
+        with self._idle:
+            while self._running and time.monotonic() < deadline and not (cancel is not None and cancel.is_set()):
+                self._idle.wait(timeout=1.0)
+
+    def _run_once(self, request: ChildRequest, cancel: threading.Event | None, attempt: int) -> RunRecord:
         if self.memory_gated:
-            return self._run_gated(request, cancel)
+            return self._run_gated(request, cancel, attempt)
         device = self._slots.get()
         host = self.host_turn(request, device)
         try:
             if (cancel is not None and cancel.is_set()) or not host.take(lambda: cancel is not None and cancel.is_set()):
                 return never_started(request.impl, request.dropout, CANCELLED)
-            return self._run_on(request, device, cancel)
+            return self._run_on(request, device, cancel, attempt=attempt)
         finally:
             host.release()
             self._slots.put(device)
@@ -362,7 +394,7 @@ class ChildSession:
         return HostTurn(physical_gpus(device), child_bytes(self.config) // nproc,
                         f"{request.impl} {request.describe()}", self.note)
 
-    def _run_gated(self, request: ChildRequest, cancel: threading.Event | None) -> RunRecord:
+    def _run_gated(self, request: ChildRequest, cancel: threading.Event | None, attempt: int = 0) -> RunRecord:
         """run_request with a memory gate: the child starts once a process slot is free; its memory slot is
         taken beside it (MemoryGrant) and its time limit counts from the grant."""
         with self._starts:
@@ -374,13 +406,15 @@ class ChildSession:
             device = self.plan.gpus[0] if self.plan.gpus else None
             grant = MemoryGrant(self._slots, self.workdir / f"memory-{index}", self.host_turn(request, device))
             try:
-                return self._run_on(request, device, cancel, grant)
+                return self._run_on(request, device, cancel, grant, attempt=attempt)
             finally:
                 grant.release()
 
     def _run_on(self, request: ChildRequest, device: str | None, cancel: threading.Event | None,
-                grant: MemoryGrant | None = None) -> RunRecord:
-        """Run one request on `device` (with its memory grant, when gated) and account its time."""
+                grant: MemoryGrant | None = None, *, attempt: int = 0) -> RunRecord:
+        """Run one request on `device` (with its memory grant, when gated) and account its time; its files are
+        named from attempt number `attempt` on (port retries count up from it)."""
+        first_attempt = attempt
         turn = gpu_turn_path(device if device is not None else "0") if self.plan.shared else None
         env = child_env(self.config.env)
         if self.config.nproc_per_node > 1:
@@ -396,15 +430,23 @@ class ChildSession:
                                          total_steps(spec))
             with self._lock:
                 self.started.append((request, spec))
-            record = run_child(spec, self.workdir, env=env, cancel=cancel,
-                               clock=grant.granted if grant is not None else None)
+            with self._idle:
+                self._running += 1
+            try:
+                record = run_child(spec, self.workdir, env=env, cancel=cancel,
+                                   clock=grant.granted if grant is not None else None)
+            finally:
+                with self._idle:
+                    self._running -= 1
+                    self._idle.notify_all()
             with self._lock:
                 self.finished[spec.name] = record
             if self.board is not None:
                 self.board.child_finished(spec.name, record.status, record.wall_s)
             return record
 
-        def attempt(number: int) -> RunRecord:
+        def run_attempt(port_retry: int) -> RunRecord:
+            number = first_attempt + port_retry
             spec = self.spec(request, attempt=number, gpu_turn=turn)
             if not saves(spec.config, request.role, request.stop_after):
                 return process(spec)
@@ -412,7 +454,7 @@ class ChildSession:
                                                                           gpu_turn=turn, resumed=True))
 
         # Under torchrun every rank derives the same port; a retry on one rank alone would split them.
-        record, failed = with_port_retries(attempt, port_taken, 0 if under_user_torchrun() is not None else 2)
+        record, failed = with_port_retries(run_attempt, port_taken, 0 if under_user_torchrun() is not None else 2)
         with self._lock:
             self.child_wall_s += record.wall_s + sum(r.wall_s for r in failed)
         return record

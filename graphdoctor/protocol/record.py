@@ -20,6 +20,11 @@ from graphdoctor.types import Diagnosis, EvalRecord, RankExit, StepRecord
 END_MEMORY_FIELDS: tuple[str, ...] = ("peak_allocated_bytes", "end_reserved_bytes", "end_allocated_bytes")
 
 
+ENVIRONMENT_FAILED = "environment-failed"
+"""RunRecord.status of a run the machine failed before its first step, and again when retried alone
+(graphdoctor.parent.environment)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     """Everything a child run reports back to the parent."""
@@ -31,7 +36,8 @@ class RunRecord:
     """Dropout the run used."""
 
     status: str
-    """ok | error | hang | timeout | crashed | unavailable | stopped (graphdoctor was stopped first)."""
+    """ok | error | hang | timeout | crashed | unavailable | stopped (graphdoctor was stopped first) |
+    environment-failed (ENVIRONMENT_FAILED: the machine failed it twice before its first step)."""
 
     steps: tuple[StepRecord, ...] = ()
     """Recorded steps, in order (possibly fewer than asked when the run failed)."""
@@ -167,4 +173,4 @@ class RunRecord:
         )
 
 
-__all__ = ["END_MEMORY_FIELDS", "RunRecord"]
+__all__ = ["END_MEMORY_FIELDS", "ENVIRONMENT_FAILED", "RunRecord"]

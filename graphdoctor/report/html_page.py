@@ -100,7 +100,8 @@ footer{color:var(--muted);font-size:12px;margin:18px 0}
 """
 
 _VERDICT_CLASS = {"match": "ok", "ok": "ok", "rng-divergence": "warn", "unavailable": "na", "skipped": "na",
-                  "stopped": "na"}
+                  "stopped": "na", "environment-failed": "na"}
+"""Badge class by verdict; an environment failure is grey like `unavailable`: it says nothing of the model."""
 _VERDICT_MARK = {"ok": "\u2713", "warn": "\u2248", "bad": "\u2717", "na": "\u2013"}
 
 
