@@ -38,6 +38,7 @@ from graphdoctor.parent.runner import (
     run_isolated,
     with_port_retries,
 )
+from graphdoctor.parent.slots import HostSlots, physical_gpus
 from graphdoctor.protocol.events import (
     read_events,
 )
@@ -135,23 +136,12 @@ def user_import_dir(config: DiffConfig) -> str | None:
     return None
 
 
-def physical_gpus(device: str | None) -> list[str]:
-    """The GPUs a child placed on `device` uses, as nvidia-smi names them: the session's device entry ("0", a
-    UUID, "0,1" for a multi-GPU child), else the first GPU this process sees (CUDA_VISIBLE_DEVICES' first entry,
-    or 0)."""
-    if device:
-        return [d.strip() for d in device.split(",") if d.strip()]
-    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return visible[:1] or ["0"]
-
-
 class HostTurn:
     """A child's slots in the machine-wide budget (graphdoctor.parent.slots) on every GPU it uses: taken before
     the child touches the GPU, held until it ends; a wait is told on the progress board."""
 
     def __init__(self, devices: list[str], need_bytes: int, what: str, note: Callable[[str], None]) -> None:
         from graphdoctor.parent.gpus import gpu_memory
-        from graphdoctor.parent.slots import HostSlots
 
         self._hosts = [HostSlots(d, memory=functools.partial(gpu_memory, d)) for d in sorted(devices)]
         self._need, self._what, self._note = need_bytes, what, note
@@ -496,5 +486,5 @@ class ChildSession:
         return [future.result() for future in [self.submit(r) for r in requests]]
 
 
-__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "HostTurn", "MemoryGrant", "physical_gpus", "fold_stopped", "never_started", "port_taken", "run_child",
+__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "HostTurn", "MemoryGrant", "fold_stopped", "never_started", "port_taken", "run_child",
            "user_import_dir", "work_directory"]

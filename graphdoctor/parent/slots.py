@@ -61,6 +61,15 @@ def runtime_dir() -> Path:
     return root
 
 
+def physical_gpus(device: str | None) -> list[str]:
+    """The GPUs a child placed on `device` uses, as nvidia-smi names them: the device entry ("0", a UUID, "0,1" for
+    a multi-GPU child), else the first GPU this process sees (CUDA_VISIBLE_DEVICES' first entry, or 0)."""
+    if device:
+        return [d.strip() for d in device.split(",") if d.strip()]
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[:1] or ["0"]
+
+
 def slots_per_gpu() -> int:
     """SLOTS_ENV where it is a positive integer, else SLOTS_PER_GPU."""
     text = os.environ.get(SLOTS_ENV, "")
@@ -266,4 +275,4 @@ def held(slots: list[HostSlots], need_bytes: int, what: str, *, cancelled: Calla
 
 
 __all__ = ["RUNTIME_ENV", "SLOTS_ENV", "SLOTS_PER_GPU", "Busy", "Holder", "HostSlots", "Slot",
-           "held", "runtime_dir", "slots_per_gpu"]
+           "held", "physical_gpus", "runtime_dir", "slots_per_gpu"]
