@@ -3,7 +3,7 @@
 # log written under $OUT as it goes (a call that hits its time limit still returns what finished).
 # Transformer Engine groups run only when it imports (stage it first: ../shared/device/README.md).
 #   source .whl/gpu-env.sh && [bash tests/gpu/te_env.sh && PYTHONPATH=/tmp/te-site:$PYTHONPATH] \
-#       bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|i33|te|moe-te|i30|i35|i43]
+#       bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|i33|te|moe-te|i30|i35|i43|i45]
 # (tests/gpu/device_call.sh does the TE path for the TE parts only.) Parts, one device call each (10-minute
 # limit): `core` (diff, forensics, probes, memory, count, launches, report: about 4 minutes), `i15` (MoE,
 # forward_step forms, diagnoses, clean-model probes, memory site, launch line), `i20` (evaluation,
@@ -14,7 +14,9 @@
 # them, with TE: the field comparison, then the shrunk Llama-3 and Mixtral diffs, about 6 minutes), `i35` (issue 35,
 # with TE: every FP8 recipe under every implementation, the Llama-3 FP8 line with a resume, the planted scale reset;
 # one diff at a time so the step times are its own, about 6 minutes), `i43` (issue 43, with TE: a Llama-3 8B and a Qwen3
-# MoE Megatron-Bridge recipe dump and a Megatron container YAML, `diff --fit --num-layers 2`, one after another). Run `core` and `i15` where TE does not import: tests marked
+# MoE Megatron-Bridge recipe dump and a Megatron container YAML, `diff --fit --num-layers 2`, one after another), `i45`
+# (issue 45: six diffs at once and one after another, a GPU whose memory another process holds, the plugin under
+# pytest-xdist; alone on the GPU, about 8 minutes). Run `core` and `i15` where TE does not import: tests marked
 # `without_te` skip where it does. `all` runs every part in one call. Exit status: 0 when every group passed, 1 when
 # any failed, timed out or was left out (named on the last line).
 set -u
@@ -69,6 +71,9 @@ fi
 if [ "$part" = all ] || [ "$part" = i33 ]; then  # issue 33: failing plugin test's message, setup-failed, clean probes
     GD_SAMPLE_OUT="$out/pytest_failure_sample.txt" run pytest_failure tests/gpu/test_pytest_failure_gpu.py &
     GD_SAMPLE_DIR="$out" run setup_failed tests/gpu/test_setup_failed_gpu.py &
+fi
+if [ "$part" = i45 ]; then  # issue 45: six diffs at once against one after another, a forced environment failure, xdist
+    run concurrency tests/gpu/test_concurrency_gpu.py -s &
 fi
 if [ "$part" = i43 ]; then  # issue 43 with Transformer Engine: real Bridge recipe dumps and a Megatron container, --fit
     run bridge tests/gpu/test_bridge_gpu.py -s &

@@ -1,0 +1,136 @@
+"""Several graphdoctor runs on one GPU at once (issue 45), on the real GPU: six diffs started together give the
+verdict, module and line each gives alone (tests/benchmarks/concurrent_diffs.py, both modes in one run, their
+walls side by side), and a diff whose child meets a GPU whose memory another process holds is environment-failed
+after one retry, exit code 2, with no traceback.
+
+Set GD_REPORT_DIR to keep the benchmark's JSON and the forced failure's report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "64",
+         "--vocab-size", "512", "--steps", "6", "--cuda-graph-warmup-steps", "2", "--no-memory", "--no-launches"]
+
+
+def _keep(name: str, text: str) -> None:
+    keep = os.environ.get("GD_REPORT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        Path(keep, name).write_text(text)
+
+
+def test_six_diffs_at_once_give_what_each_gives_alone(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("concurrent_diffs", REPO / "tests/benchmarks/concurrent_diffs.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    modes = {mode: bench.run_mode(mode, tmp_path, 420.0) for mode in ("together", "alone")}
+    _keep("h200_concurrent_diffs.json", json.dumps(modes, indent=1))
+    alone = {c["case"]: c for c in modes["alone"]["cases"]}
+    for case in modes["together"]["cases"]:
+        solo = alone[case["case"]]
+        assert case["rows"] and case["rows"] == solo["rows"], (case, solo)
+        assert case["exit_code"] == solo["exit_code"], (case, solo)
+        assert all(r["verdict"] != "environment-failed" for r in case["rows"]), case
+    verdicts = {c["case"]: {r["verdict"] for r in c["rows"]} for c in modes["alone"]["cases"]}
+    assert verdicts["capture_failed_item"] == {"capture-failed"}
+    assert verdicts["frozen_rng_host_mask"] == {"frozen-rng"}
+    assert verdicts["numeric_reassigned_scale"] == {"numeric-divergence"}
+    print(f"six diffs together {modes['together']['wall_s']} s, one after another {modes['alone']['wall_s']} s")
+
+
+HOG = """
+import sys, time, torch
+free, _ = torch.cuda.mem_get_info()
+held = torch.empty(max(0, free - int(sys.argv[1])), dtype=torch.uint8, device="cuda")
+print("held", held.numel(), flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_gpu_whose_memory_another_process_holds_is_environment_failed_after_one_retry(tmp_path: Path) -> None:
+    """Another user's process holds all but 1.5 GiB of the GPU: the eager reference's set-up runs out of memory
+    (or NCCL's does), is retried once when the diff's other child has finished, fails again, and the diff says
+    environment-failed with exit code 2, never reference-failed, and prints no traceback."""
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(3 << 29), "400"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline().startswith("held")
+        report = tmp_path / "report.json"
+        argv = [sys.executable, "-m", "graphdoctor", "diff", *SMALL, "--impl", "full_iteration", "--dropout", "0",
+                "--hidden-size", "4096", "--num-attention-heads", "32", "--vocab-size", "128256", "--seq-length",
+                "4096", "--timeout", "200", "--json", str(report)]
+        began = time.monotonic()
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False, cwd=REPO)
+    finally:
+        hog.kill()
+        hog.wait()
+    said = proc.stdout + proc.stderr
+    _keep("h200_environment_failed.txt", said)
+    assert proc.returncode == 2, said
+    assert "Traceback" not in said
+    data = json.loads(report.read_text())
+    _keep("h200_environment_failed.json", report.read_text())
+    assert data["reference"]["status"] == "environment-failed", data["reference"]
+    assert [r["verdict"] for r in data["impls"]] == ["environment-failed"]
+    assert "retried" in (data["reference"]["diagnosis"]["meaning"] or "")
+    assert "runs again once this run's other children have finished" in said
+    print(f"environment-failed in {time.monotonic() - began:.0f} s: {data['reference']['diagnosis']['message'][:120]}")
+
+
+PLUGIN_TESTS = """\
+import pytest
+
+SMALL = dict(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64, vocab_size=512, steps=6,
+             cuda_graph_warmup_steps=2, timeout_s=300.0, memory=False, launches=False, dropout=0.0)
+
+
+@pytest.mark.gpu
+def test_clean_local(graphdoctor_diff):
+    assert graphdoctor_diff(impls=("local",), **SMALL).exit_code() == 0
+
+
+@pytest.mark.gpu
+def test_clean_full_iteration(graphdoctor_diff):
+    assert graphdoctor_diff(impls=("full_iteration",), **SMALL).exit_code() == 0
+
+
+@pytest.mark.gpu
+def test_capture_failed(graphdoctor_diff):
+    assert graphdoctor_diff(impls=("local",), layer_spec="fixtures.planted.item_mlp:layer_spec", **SMALL).exit_code() == 0
+
+
+@pytest.mark.gpu
+def test_numeric(graphdoctor_diff):
+    assert graphdoctor_diff(impls=("local",), layer_spec="fixtures.planted.reassigned_scale:layer_spec",
+                            **SMALL).exit_code() == 0
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xdist") is None,
+                    reason="pytest-xdist is not installed here (carry its and execnet's wheels in .whl)")
+def test_the_plugin_under_xdist_gives_the_outcomes_of_one_process(tmp_path: Path) -> None:
+    (tmp_path / "test_four.py").write_text(PLUGIN_TESTS)
+    outcomes = {}
+    for workers in ("0", "4"):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-n", workers,
+                               str(tmp_path / "test_four.py"), f"--rootdir={tmp_path}"],
+                              capture_output=True, text=True, timeout=900, check=False, cwd=REPO)
+        _keep(f"h200_plugin_xdist_n{workers}.txt", proc.stdout + proc.stderr)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith(("PASSED ", "FAILED "))]
+        outcomes[workers] = sorted(x.split(" - ")[0] for x in lines)
+        assert any(x.startswith("4 diffs: ") for x in proc.stdout.splitlines()), proc.stdout[-2000:]
+    assert outcomes["4"] == outcomes["0"] and len(outcomes["0"]) == 4, outcomes
+    assert sum(x.startswith("PASSED") for x in outcomes["0"]) == 2, outcomes
