@@ -61,21 +61,36 @@ class JobPlan:
     """One line: why this many at a time."""
 
 
+def _smi_rows(*args: str) -> list[tuple[str, ...]] | None:
+    """nvidia-smi's CSV rows (no header, no units) for a query, each field stripped; None where nvidia-smi is
+    missing or fails."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    ended = run_isolated(["nvidia-smi", *args, "--format=csv,noheader,nounits"], timeout_s=NVIDIA_SMI_TIMEOUT_S,
+                         capture_stdout=True)
+    if ended.returncode != 0:
+        return None
+    return [tuple(part.strip() for part in line.split(",")) for line in ended.stdout.strip().splitlines()]
+
+
+def _ints(row: tuple[str, ...]) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(part) for part in row)
+    except ValueError:
+        return None
+
+
 def visible_gpus() -> list[Gpu]:
     """The GPUs this process may use, by nvidia-smi ([] when it is missing or fails)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    argv = ["nvidia-smi", "--query-gpu=index,memory.total,memory.used", "--format=csv,noheader,nounits"]
-    ended = run_isolated(argv, timeout_s=NVIDIA_SMI_TIMEOUT_S, capture_stdout=True)
-    if ended.returncode != 0:
-        return []
     by_index: dict[str, Gpu] = {}
-    for line in ended.stdout.strip().splitlines():
-        try:
-            index, total, used = (int(part.strip()) for part in line.split(","))
-        except ValueError:
+    for row in _smi_rows("--query-gpu=index,memory.total,memory.used") or []:
+        numbers = _ints(row)
+        if numbers is None or len(numbers) != 3:
             continue
+        index, total, used = numbers
         by_index[str(index)] = Gpu(device_id=str(index), total_bytes=total << 20, used_bytes=used << 20)
+    if not by_index:
+        return []
     allowed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if allowed is None:
         return list(by_index.values())
@@ -87,32 +102,20 @@ def visible_gpus() -> list[Gpu]:
 def gpu_memory(device: str) -> tuple[int, int] | None:
     """(total bytes, used bytes) of one GPU now, by nvidia-smi's index or UUID (every process's memory on it,
     other users' too); None where nvidia-smi is missing, fails or does not know the GPU."""
-    if shutil.which("nvidia-smi") is None:
+    rows = _smi_rows(f"--id={device}", "--query-gpu=memory.total,memory.used")
+    numbers = _ints(rows[0]) if rows else None
+    if numbers is None or len(numbers) != 2:
         return None
-    argv = ["nvidia-smi", f"--id={device}", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"]
-    ended = run_isolated(argv, timeout_s=NVIDIA_SMI_TIMEOUT_S, capture_stdout=True)
-    if ended.returncode != 0:
-        return None
-    try:
-        total, used = (int(part.strip()) for part in ended.stdout.strip().splitlines()[0].split(","))
-    except (ValueError, IndexError):
-        return None
-    return total << 20, used << 20
+    return numbers[0] << 20, numbers[1] << 20
 
 
 def gpu_processes(device: str) -> list[tuple[int, int]]:
     """(pid, used bytes) of every compute process on one GPU ([] where nvidia-smi cannot say)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    argv = ["nvidia-smi", f"--id={device}", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
-    ended = run_isolated(argv, timeout_s=NVIDIA_SMI_TIMEOUT_S, capture_stdout=True)
     found: list[tuple[int, int]] = []
-    for line in ended.stdout.strip().splitlines() if ended.returncode == 0 else []:
-        try:
-            pid, used = (int(part.strip()) for part in line.split(","))
-        except ValueError:
-            continue
-        found.append((pid, used << 20))
+    for row in _smi_rows(f"--id={device}", "--query-compute-apps=pid,used_memory") or []:
+        numbers = _ints(row)
+        if numbers is not None and len(numbers) == 2:
+            found.append((numbers[0], numbers[1] << 20))
     return found
 
 
