@@ -12,7 +12,6 @@ import contextlib
 import gzip
 import io
 import json
-import math
 import os
 import reprlib
 import stat
@@ -237,37 +236,10 @@ def read_json(path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_R
     return loads_json(read_bytes(path, what, max_bytes=max_bytes, flag=flag), f"{what} {os.fspath(path)}")
 
 
-def dumps_json(document: Any, *, indent: int | None = 2) -> str:
-    """Serialise a report as strict JSON; a NaN or infinity reaching output is a bug, not a token.
-
-    Raises:
-        ValueError: a non-finite float in the document (an internal error: inputs are validated).
-    """
-    return json.dumps(document, indent=indent, allow_nan=False)
-
-
 def describe_error(exc: BaseException) -> str:
     """One short line for a parser's exception (bounded; the CLI escapes control characters)."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:200]
-
-
-def finite_number(value: Any, field: str, *, integer: bool = False, minimum: float | None = None) -> Any:
-    """Check one numeric field of a data file: a real int (or float unless `integer`), finite, >= minimum.
-
-    Raises:
-        InputFileError: the typed error naming the field.
-    """
-    expected = "an integer" if integer else "a number"
-    if minimum is not None:
-        expected += f" >= {minimum:g}"
-    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
-        raise type_error(field, expected, value)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise type_error(field, expected, value)
-    if minimum is not None and value < minimum:
-        raise type_error(field, expected, value)
-    return value
 
 
 def check_tree(root: Any, where: str, *, max_nodes: int, max_depth: int = MAX_DEPTH) -> int:
@@ -422,10 +394,8 @@ __all__ = [
     "check_tree",
     "describe",
     "describe_error",
-    "dumps_json",
     "expansion_budget",
     "file_size",
-    "finite_number",
     "gunzip_capped",
     "gzip_cap",
     "loads_json",

@@ -202,7 +202,7 @@ class DiffConfig:
     megatron_args: str | None = None
     """A Megatron-LM launch line, or `@FILE` holding one (a torchrun line or a whole shell script): the
     model, graph and run settings it sets sit under the run file's and the explicit flags' values
-    (graphdoctor.config.launch_line; docs/diff.md)."""
+    (graphdoctor.config.from_megatron; docs/diff.md)."""
 
     launch_notes: tuple[str, ...] = ()
     """What reading megatron_args left out or decided, listed once (set by diff_config_from)."""

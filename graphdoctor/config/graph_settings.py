@@ -163,7 +163,7 @@ GRAPH_DEFAULTS: dict[str, Any] = {"cuda_graph_impl": "none", "enable_cuda_graph"
 def graph_choice(value: Callable[[str], Any], name: Callable[[str], str]) -> GraphSettings:
     """What diff takes from Megatron's CUDA-graph settings, a launch line's or a run file's `transformer:`: the
     implementation to diff (`impl`, "none" where they build no graphs) and its `modules`, as Megatron normalises
-    them (rules.graphconfig.normalize: the legacy flags, the deprecated scope, the MoE modules added for `local`).
+    them (normalize, above: the legacy flags, the deprecated scope, the MoE modules added for `local`).
 
     Args:
         value: a TransformerConfig field's value, None where unset (GRAPH_DEFAULTS apply).

@@ -155,22 +155,6 @@ def launcher_flags() -> frozenset[str]:
     return frozenset(f for a in get_args_parser()._actions for f in a.option_strings if f.startswith("--"))
 
 
-@cache
-def config_fields(name: str) -> frozenset[str]:
-    """Field names of a megatron-core config dataclass: `transformer`, `model_parallel`, `ddp`, `optimizer`."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if name == "transformer":
-            from megatron.core.transformer.transformer_config import TransformerConfig as cls
-        elif name == "model_parallel":
-            from megatron.core.model_parallel_config import ModelParallelConfig as cls  # type: ignore[assignment]
-        elif name == "ddp":
-            from megatron.core.distributed import DistributedDataParallelConfig as cls  # type: ignore[assignment]
-        else:
-            from megatron.core.optimizer import OptimizerConfig as cls  # type: ignore[assignment]
-    return frozenset(f.name for f in dataclasses.fields(cls))
-
-
 NO_DEFAULT = object()
 """transformer_fields' default of a field that has none."""
 
@@ -194,12 +178,6 @@ def transformer_fields(mla: bool = False) -> dict[str, tuple[Any, Any]]:
             default = NO_DEFAULT
         out[f.name] = (f.type, default)
     return out
-
-
-def enum_default_name(field: str) -> Any:
-    """The name of a TransformerConfig enum field's default (e.g. attention_backend -> 'auto'), else None."""
-    default = transformer_fields().get(field, (None, None))[1]
-    return default.name if isinstance(default, enum.Enum) else None
 
 
 def _matches(value: Any, annotation: Any) -> bool:
@@ -252,5 +230,5 @@ def validate_transformer(values: dict[str, Any], where: str) -> None:
 
 
 
-__all__ = ["NO_DEFAULT", "PATTERN_TYPES", "SCRIPTS", "MegatronFlag", "add_script_flags", "config_fields", "enum_default_name", "launcher_flags",
+__all__ = ["NO_DEFAULT", "PATTERN_TYPES", "SCRIPTS", "MegatronFlag", "add_script_flags", "launcher_flags",
            "megatron_flags", "training_arguments", "transformer_fields", "validate_transformer"]

@@ -264,20 +264,6 @@ def allow_starts() -> None:
     _stopped_by.clear()
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL, to the child's whole process group; returns once it is gone."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def stack_files(prefix: Path) -> list[Path]:
     """The stacks files under `prefix` (`<prefix>.rank<R>.txt`, `<prefix>.launcher.txt`), by name; not
     those of a run whose name extends this one's (`stacks-eager-reference-d0` and `-d0.1`)."""
@@ -336,5 +322,5 @@ def with_port_retries[T](run: Callable[[int], T], port_taken: Callable[[T], bool
     return result, failed
 
 
-__all__ = ["CANCELLED", "DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "allow_starts", "child_env", "kill_group", "python_command", "read_stacks", "request_stacks", "run_isolated",
+__all__ = ["CANCELLED", "DETERMINISTIC_ENV", "PORT_RETRIES", "ProcessResult", "allow_starts", "child_env", "python_command", "read_stacks", "request_stacks", "run_isolated",
            "stack_files", "stop_running", "with_port_retries"]

@@ -161,7 +161,7 @@ def build_context(
     own = run.get("megatron_args")
     if isinstance(own, str) and own.strip():
         # The run file's own launch line sits under its transformer: and run: keys, as `diff` reads it
-        # (graphdoctor.config.launch_line.apply_launch_line); a --megatron-args given to check goes over both.
+        # (graphdoctor.config.from_megatron.resolve_line); a --megatron-args given to check goes over both.
         with where_from(f"{run_file.path}: run.megatron_args"):
             line = parse_megatron_args(own)
         validate_transformer(line.transformer, f"{run_file.path}: run.megatron_args")

@@ -4,7 +4,7 @@ Only the CUDA-graph related flags (and the ones their rules depend on) are under
 flag is ignored and counted in the notes. Accepts a string or `@path` (a flag list, a torchrun line or
 a whole shell script: `\\` continuations, `#` comments, variables and arrays it sets), and remembers
 where each flag was so findings can point at it. `graphdoctor diff` reads the same scan
-(graphdoctor.config.launch_line).
+(graphdoctor.config.from_megatron).
 """
 
 from __future__ import annotations

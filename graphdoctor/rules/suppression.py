@@ -73,9 +73,4 @@ def partition(findings: Iterable[Finding]) -> tuple[list[Finding], list[Finding]
     return kept, dropped
 
 
-def clear_cache() -> None:
-    """Forget the file lines read so far (files edited between two checks in one process)."""
-    _file_lines.cache_clear()
-
-
-__all__ = ["ALL_CODES", "clear_cache", "is_suppressed", "partition", "split_location", "suppressed_codes"]
+__all__ = ["ALL_CODES", "is_suppressed", "partition", "split_location", "suppressed_codes"]
