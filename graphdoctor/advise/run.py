@@ -109,7 +109,7 @@ class AdviseReport:
         return exit_code(list(self.results), self.config.strict_rng)
 
     def to_dict(self) -> dict[str, Any]:
-        """The `advise` JSON payload (docs/advise.md; wrapped by report.envelope)."""
+        """The `advise` JSON payload (docs/advise.md; wrapped by graphdoctor.envelope)."""
         env = self.reference.env if self.reference is not None else None
         return {"config": self.config.to_dict(), "env": env.to_dict() if env else {},
                 "exit_code": self.exit_code(), "wall_s": self.wall_s, "child_wall_s": self.child_wall_s,
@@ -122,7 +122,7 @@ class AdviseReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AdviseReport:
-        """Inverse of to_dict (a payload read back through report.envelope.open_envelope)."""
+        """Inverse of to_dict (a payload read back through graphdoctor.envelope.open_envelope)."""
         ref = data.get("reference")
         return cls(config=DiffConfig.from_dict(data["config"]),
                    results=tuple(CandidateResult.from_dict(r) for r in data.get("candidates", ())),

@@ -37,7 +37,7 @@ def env_command(as_json: bool, gpu_arch: str | None) -> None:
     """Record this machine's torch, CUDA, NCCL, Transformer Engine, GPU architecture and relevant
     environment variables: `graphdoctor env --json > target.json` on the training machine, then
     `graphdoctor check --target target.json run.yaml` anywhere."""
-    from graphdoctor.report.envelope import envelope
+    from graphdoctor.envelope import envelope
 
     payload = env_payload(gpu_arch)
     if as_json:

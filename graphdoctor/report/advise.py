@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from graphdoctor.envelope import envelope
 from graphdoctor.inputs import write_output
 from graphdoctor.report.diff import _first, _speedup
-from graphdoctor.report.envelope import envelope
 from graphdoctor.report.escape import one_line
 from graphdoctor.report.memory import fmt_bytes
 from graphdoctor.strict_json import json_safe

@@ -41,7 +41,7 @@ def render_count_text(report: CountReport) -> str:
 
 def write_count_json(report: CountReport, path: str | os.PathLike[str]) -> Path:
     """Write the JSON in the envelope of docs/json.md (command `count`; '-' is not supported for live runs)."""
-    from graphdoctor.report.envelope import envelope
+    from graphdoctor.envelope import envelope
 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphdoctor.compare.phases import teardown_note
+from graphdoctor.envelope import envelope
 from graphdoctor.inputs import write_output
 from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
 from graphdoctor.parent.timeline import cost_line
-from graphdoctor.report.envelope import envelope
 from graphdoctor.report.escape import escape_control
 from graphdoctor.report.forensics import forensics_table
 from graphdoctor.report.schedule import phase_lines

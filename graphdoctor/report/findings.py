@@ -1,5 +1,5 @@
 """Render check results and rule documentation: full text (a block per finding, report/findings_full.py), a table
-that fits the terminal, JSON (the envelope of report/envelope.py) or Markdown; concise, github and sarif live in
+that fits the terminal, JSON (the envelope of graphdoctor/envelope.py) or Markdown; concise, github and sarif live in
 report/annotations.py and report/sarif.py, dispatched from `render_batch`. Returns strings, never prints.
 """
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from graphdoctor.envelope import envelope
 from graphdoctor.errors import UsageError
-from graphdoctor.report.envelope import envelope
 from graphdoctor.report.escape import escape_control
 from graphdoctor.report.table import fit_table, terminal_width
 

@@ -102,7 +102,7 @@ def render_launch_text(accounting: TraceAccounting) -> str:
 def render_launch_json(accounting: TraceAccounting) -> str:
     """The JSON document: the envelope of docs/json.md (command `count`) around
     TraceAccounting.to_dict() (docs/launches.md), indented, trailing newline."""
-    from graphdoctor.report.envelope import envelope
+    from graphdoctor.envelope import envelope
 
     return json.dumps(envelope("count", accounting.to_dict()), indent=2, allow_nan=False) + "\n"
 

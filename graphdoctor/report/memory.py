@@ -126,7 +126,7 @@ def render_text(report: TriageReport) -> str:
 def render_json(report: TriageReport) -> str:
     """The triage report as JSON: the envelope of docs/json.md (command `triage`) around
     TriageReport.to_dict() (documented in docs/memory.md)."""
-    from graphdoctor.report.envelope import envelope
+    from graphdoctor.envelope import envelope
 
     return json.dumps(envelope("triage", report.to_dict()), indent=2, sort_keys=False, allow_nan=False) + "\n"
 

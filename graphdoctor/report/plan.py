@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tabulate import tabulate
 
-from graphdoctor.report.envelope import envelope
+from graphdoctor.envelope import envelope
 from graphdoctor.report.escape import escape_control, one_line
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from graphdoctor.envelope import tool_info
 from graphdoctor.report.annotations import locate
-from graphdoctor.report.envelope import tool_info
 
 if TYPE_CHECKING:
     from graphdoctor.rules.base import Rule

@@ -17,8 +17,8 @@ from graphdoctor.config.description import plain
 from graphdoctor.config.functional_test import FunctionalTest
 from graphdoctor.config.launch_scan import FlagUse
 from graphdoctor.config.megatron_lm import validate_transformer
+from graphdoctor.envelope import SCHEMA_VERSION as ENVELOPE_SCHEMA_VERSION
 from graphdoctor.errors import UsageError, where_from
-from graphdoctor.report.envelope import SCHEMA_VERSION as ENVELOPE_SCHEMA_VERSION
 from graphdoctor.rules.base import Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.facts import PESSIMISTIC, EnvironmentFacts
@@ -28,7 +28,7 @@ from graphdoctor.rules.megatron_reading import MegatronReading, read_for_check, 
 from graphdoctor.rules.registry import all_rules
 
 SCHEMA_VERSION = ENVELOPE_SCHEMA_VERSION
-"""Version of the check JSON (the envelope's, graphdoctor.report.envelope)."""
+"""Version of the check JSON (the envelope's, graphdoctor.envelope)."""
 _SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
@@ -57,7 +57,7 @@ class CheckReport:
                            not_checked=self.not_checked)
 
     def to_dict(self) -> dict[str, Any]:
-        """The payload of the `check` JSON document (wrapped by report.envelope; docs/json.md)."""
+        """The payload of the `check` JSON document (wrapped by graphdoctor.envelope; docs/json.md)."""
         counts = {s.value: sum(f.severity is s for f in self.findings) for s in Severity}
         return {
             "has_errors": self.has_errors,

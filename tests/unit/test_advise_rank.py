@@ -22,8 +22,8 @@ from graphdoctor.advise.rank import (
 from graphdoctor.compare.verdict import StepTimes, Timing
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport, load_report
+from graphdoctor.envelope import open_envelope
 from graphdoctor.report.advise import document, render_text
-from graphdoctor.report.envelope import open_envelope
 from graphdoctor.rules import check
 from graphdoctor.types import Verdict
 

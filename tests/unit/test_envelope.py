@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from graphdoctor.cli import main
+from graphdoctor.envelope import SCHEMA_VERSION, envelope, open_envelope
 from graphdoctor.errors import InputFileError, UsageError
-from graphdoctor.report.envelope import SCHEMA_VERSION, envelope, open_envelope
 
 REPO = Path(__file__).resolve().parents[2]
 DIFF_REPORTS = sorted((REPO / "fixtures" / "data" / "diff").glob("*.json"))

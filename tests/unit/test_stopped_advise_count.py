@@ -16,6 +16,7 @@ from graphdoctor.advise.rank import NOT_RUN, RAN, REJECTED
 from graphdoctor.advise.session import AdviseSession
 from graphdoctor.config import DiffConfig
 from graphdoctor.count import CountReport
+from graphdoctor.envelope import open_envelope
 from graphdoctor.errors import Stopped, stopped_exit_code
 from graphdoctor.parent.children import never_started, work_directory
 from graphdoctor.parent.stopping import partial_report_on_stop
@@ -23,7 +24,6 @@ from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER
 from graphdoctor.report.advise import render_text
 from graphdoctor.report.count import render_count_text, write_count_json
-from graphdoctor.report.envelope import open_envelope
 from graphdoctor.rules.facts import EnvironmentFacts
 from graphdoctor.types import Diagnosis, StepRecord
 from tests.unit.recorded import as_recorded
