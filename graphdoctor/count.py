@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphdoctor.availability import why_unavailable
 from graphdoctor.config import DiffConfig
 from graphdoctor.errors import stopped_exit_code
 from graphdoctor.launches.compare import LaunchComparison, compare_launches
+from graphdoctor.parent.availability import why_unavailable
 from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.static import refuse_before_gpu_work

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphdoctor.availability import TE_INSTALL_HINT, why_unavailable
 from graphdoctor.compare.causes import apply_causes
 from graphdoctor.compare.forensics import analyze
 from graphdoctor.compare.prints import differing_steps, family_diff
@@ -27,6 +26,7 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.config.child_model import run_model
 from graphdoctor.config.description import model_facts
 from graphdoctor.errors import stopped_exit_code
+from graphdoctor.parent.availability import TE_INSTALL_HINT, why_unavailable
 from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.gpus import plan_jobs, visible_gpus
 from graphdoctor.parent.preflight import Preflight

@@ -138,7 +138,7 @@ def skip_reason(values: Mapping[str, Any], num_gpus: int) -> str | None:
         return "graphdoctor_diff needs megatron-core, which is not installed"
     impls = _impls(values)
     if impls and all(i == TE_IMPL for i in impls):
-        from graphdoctor.availability import te_available
+        from graphdoctor.parent.availability import te_available
 
         ok, why = te_available()
         if not ok:

@@ -7,7 +7,7 @@ children's own model resolution, graphdoctor.config.child_model),
 by the static rule catalogue (graphdoctor.rules.check, the path `graphdoctor check` takes, so rules
 added to the catalogue apply here too; errors reject, and so does GD219: under `local` the GPT layer's
 `attn` / `mlp` scopes are the whole-layer graph and `moe_router` / `moe` graph nothing) and, for `transformer_engine`, by whether Transformer Engine
-imports here (graphdoctor.availability.why_unavailable).
+imports here (graphdoctor.parent.availability.why_unavailable).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def screen(candidate: Candidate, config: DiffConfig, *, facts: EnvironmentFacts,
         facts: the training machine (advise runs there: graphdoctor.rules.facts.detect_facts()).
         env: the children's environment variables the environment rules read.
     """
-    from graphdoctor.availability import why_unavailable
+    from graphdoctor.parent.availability import why_unavailable
     from graphdoctor.rules import check, get_rule
 
     unavailable = why_unavailable(candidate.impl, config)

@@ -176,9 +176,9 @@ def write_plan(of: PlanOf, config: Any, json_path: str | None, html_path: str | 
                          "(--json writes the plan)")
     if json_path and json_path != "-":
         check_output_path(json_path, "--json", inputs)
-    from graphdoctor.availability import why_unavailable
     from graphdoctor.config.child_model import run_model
     from graphdoctor.config.description import model_facts
+    from graphdoctor.parent.availability import why_unavailable
     from graphdoctor.parent.skeleton import Skeleton, build_skeleton
     from graphdoctor.parent.static import cannot_build
     from graphdoctor.report.diff import model_line

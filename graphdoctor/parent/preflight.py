@@ -43,7 +43,7 @@ class Preflight:
         try:
             refuse_beside_children(self.config)
             if "transformer_engine" in self.config.impls:
-                from graphdoctor.availability import te_available
+                from graphdoctor.parent.availability import te_available
 
                 te_available()  # the probe the rows read (why_unavailable), run here rather than after the children
         except BaseException as exc:  # noqa: BLE001 - raised in the main thread by finish()

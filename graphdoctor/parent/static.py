@@ -305,7 +305,7 @@ def refuse_before_gpu_work(config: DiffConfig, command: str, *, gpu: bool = True
         refuse_unbuildable_model(config)
     refuse_what_cannot_build(config)
     if gpu:
-        from graphdoctor.availability import require_gpu
+        from graphdoctor.parent.availability import require_gpu
 
         require_gpu(command)
         refuse_te_spec_without_te(config)
@@ -335,8 +335,8 @@ def refuse_beside_children(config: DiffConfig) -> None:
 def refuse_unbuildable_model(config: DiffConfig) -> None:
     """A model description this installation cannot build (Transformer Engine asked for), or a hybrid model
     without mamba_ssm."""
-    from graphdoctor.availability import MAMBA_MISSING, TE_INSTALL_HINT
     from graphdoctor.installed import mamba_findable
+    from graphdoctor.parent.availability import MAMBA_MISSING, TE_INSTALL_HINT
 
     if config.model is not None and config.model.unavailable is not None:
         raise MissingDependencyError(f"{config.model.unavailable}; {TE_INSTALL_HINT}")
@@ -346,8 +346,8 @@ def refuse_unbuildable_model(config: DiffConfig) -> None:
 
 def refuse_te_spec_without_te(config: DiffConfig) -> None:
     """The Transformer Engine layer spec where Transformer Engine does not import."""
-    from graphdoctor.availability import TE_INSTALL_HINT, te_available
     from graphdoctor.config.entry_points import TE_LAYER_SPECS
+    from graphdoctor.parent.availability import TE_INSTALL_HINT, te_available
 
     if config.layer_spec in TE_LAYER_SPECS:
         ok, why = te_available()

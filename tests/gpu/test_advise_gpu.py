@@ -15,9 +15,9 @@ from kept import diff, keep
 from graphdoctor.advise import advise
 from graphdoctor.advise.candidates import Candidate
 from graphdoctor.advise.rank import RAN, REJECTED
-from graphdoctor.availability import te_available
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport
+from graphdoctor.parent.availability import te_available
 from graphdoctor.types import Verdict
 
 pytestmark = pytest.mark.gpu

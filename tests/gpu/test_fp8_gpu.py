@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from graphdoctor.availability import te_available
+from graphdoctor.parent.availability import te_available
 
 REPO = Path(__file__).resolve().parents[2]
 _TE_OK, _TE_WHY = te_available()

@@ -15,9 +15,9 @@ import pytest
 from kept import keep
 from megatron_reference import LINES, SHRINK, assert_same_model
 
-from graphdoctor.availability import te_available
 from graphdoctor.config import diff_config_from
 from graphdoctor.diff import diff
+from graphdoctor.parent.availability import te_available
 from graphdoctor.types import Verdict
 
 _TE_OK, _TE_WHY = te_available()

@@ -89,7 +89,7 @@ def test_tensor_parallel_with_sequence_parallel_and_the_te_spec_compares_every_r
     uses torch LayerNorm, which refuses it (diff refuses that combination before any GPU work, exit 2). Here:
     the TE layer spec, both graph implementations; with TE importable Megatron's local graphs are known to
     differ at dropout 0 (conftest.WITHOUT_TE_REASON), so the verdicts are recorded, not required to match."""
-    from graphdoctor.availability import te_available
+    from graphdoctor.parent.availability import te_available
 
     te_ok, why = te_available()
     if not te_ok:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from kept import keep
 
-from graphdoctor.availability import te_available
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import diff
+from graphdoctor.parent.availability import te_available
 from graphdoctor.types import Verdict
 
 _TE_OK, _TE_WHY = te_available()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from graphdoctor.availability import te_available
+from graphdoctor.parent.availability import te_available
 
 _TE_OK, _TE_WHY = te_available()
 pytestmark = [pytest.mark.gpu,

@@ -36,7 +36,7 @@ def one_line(text: str) -> str:
 
 @pytest.mark.usefixtures("no_te")
 def test_te_available_says_why_without_raising() -> None:
-    from graphdoctor.availability import te_available
+    from graphdoctor.parent.availability import te_available
 
     ok, why = te_available()
     assert ok is False and "not installed" in why
