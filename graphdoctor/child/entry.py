@@ -160,7 +160,7 @@ class ChildRun:
         if not self.spec.taps:
             return None
         from graphdoctor.child.taps import Taps as TapsInstaller
-        from graphdoctor.compare.forensics import TapTable
+        from graphdoctor.protocol.taptable import TapTable
 
         try:
             return TapsInstaller(setup.model, self.names, num_steps=self.spec.config.steps + 1)
@@ -233,7 +233,7 @@ def preload() -> None:
 
 
 def _close_taps(taps: Any) -> Any:
-    from graphdoctor.compare.forensics import TapTable
+    from graphdoctor.protocol.taptable import TapTable
 
     try:
         return TapTable.from_dict(taps.close(), "taps")

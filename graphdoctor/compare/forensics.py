@@ -1,4 +1,4 @@
-"""RNG/dropout forensics: pair the tap tables (graphdoctor.compare.taptable) of an eager and a graphed run,
+"""RNG/dropout forensics: pair the tap tables (graphdoctor.protocol.taptable) of an eager and a graphed run,
 and find frozen draws and the first divergent tap. Pure Python over the children's `forensics` dicts.
 """
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from graphdoctor.compare.taptable import (
+from graphdoctor.protocol.taptable import (
     DRAW_KINDS,
     FORMAT_VERSION,
     PHASES,

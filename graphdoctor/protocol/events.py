@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-from graphdoctor.compare.forensics import TapTable
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.spec import ProtocolError
+from graphdoctor.protocol.taptable import TapTable
 from graphdoctor.types import EvalRecord, StepRecord
 
 Frame = tuple[str, int, str]

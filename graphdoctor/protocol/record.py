@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from graphdoctor.compare.forensics import TapTable
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.events import Checkpoint, Hazard, RunEnv
 from graphdoctor.protocol.seconds import ChildSeconds
 from graphdoctor.protocol.spec import impl_name
+from graphdoctor.protocol.taptable import TapTable
 from graphdoctor.types import Diagnosis, EvalRecord, RankExit, StepRecord
 
 END_MEMORY_FIELDS: tuple[str, ...] = ("peak_allocated_bytes", "end_reserved_bytes", "end_allocated_bytes")

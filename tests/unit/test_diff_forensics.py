@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from graphdoctor.compare.forensics import TapTable
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffRun
 from graphdoctor.parent.children import ChildRequest
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
+from graphdoctor.protocol.taptable import TapTable
 from graphdoctor.types import Verdict
 from tests.unit.recorded import as_recorded
 from tests.unit.sessions import DeferredSession

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from graphdoctor.compare.forensics import TapTable
 from graphdoctor.config import DiffConfig
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.launches.counts import LaunchCount
@@ -46,6 +45,7 @@ from graphdoctor.protocol import (
     run_name,
 )
 from graphdoctor.protocol.events import Phase
+from graphdoctor.protocol.taptable import TapTable
 from graphdoctor.types import StepRecord, TensorDiff
 
 
