@@ -18,10 +18,7 @@ from typing import Any
 
 import pytest
 
-from graphdoctor.parent.availability import te_available
-
 REPO = Path(__file__).resolve().parents[2]
-_TE_OK, _TE_WHY = te_available()
 
 
 def _fp8_gpu() -> bool:
@@ -31,7 +28,7 @@ def _fp8_gpu() -> bool:
 
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not _TE_OK, reason=f"Transformer Engine is needed: {_TE_WHY}"),
+              pytest.mark.needs_te,
               pytest.mark.skipif(not _fp8_gpu(), reason="an FP8 GPU (Ada, sm_89, or newer) is needed")]
 
 CLEAN = ("default-delayed-hybrid", "default-delayed-e4m3", "default-tensorwise", "default-blockwise",

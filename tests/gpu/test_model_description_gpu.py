@@ -17,12 +17,10 @@ from megatron_reference import LINES, SHRINK, assert_same_model
 
 from graphdoctor.config import diff_config_from
 from graphdoctor.diff import diff
-from graphdoctor.parent.availability import te_available
 from graphdoctor.types import Verdict
 
-_TE_OK, _TE_WHY = te_available()
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not _TE_OK, reason=f"Transformer Engine is needed: {_TE_WHY}")]
+              pytest.mark.needs_te]
 
 JUDGED = (Verdict.MATCH, Verdict.RNG_DIVERGENCE, Verdict.NUMERIC_DIVERGENCE)
 """Verdicts that compared every step (a capture failure, crash or timeout did not)."""

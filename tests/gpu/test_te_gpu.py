@@ -10,12 +10,10 @@ from kept import keep
 
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import diff
-from graphdoctor.parent.availability import te_available
 from graphdoctor.types import Verdict
 
-_TE_OK, _TE_WHY = te_available()
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not _TE_OK, reason=f"Transformer Engine is needed: {_TE_WHY}")]
+              pytest.mark.needs_te]
 
 TE_SMALL = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64,
             "vocab_size": 512, "steps": 6, "cuda_graph_warmup_steps": 2, "timeout_s": 300.0,

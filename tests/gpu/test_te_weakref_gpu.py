@@ -14,11 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from graphdoctor.parent.availability import te_available
-
-_TE_OK, _TE_WHY = te_available()
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not _TE_OK, reason=f"Transformer Engine is needed: {_TE_WHY}")]
+              pytest.mark.needs_te]
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = ["--dropout", "0", "--num-layers", "2", "--hidden-size", "128", "--num-attention-heads",

@@ -21,7 +21,7 @@ def test_uses_te():
 
 @pytest.fixture
 def gated(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("PYTHONPATH", f"{REPO}:{REPO / 'tests' / 'gpu'}")  # conftest imports te_gate
     pytester.makeconftest("from tests.gpu.conftest import pytest_runtest_setup  # noqa: F401\n")
     pytester.makeini("[pytest]\nmarkers =\n    needs_te: TE\n")
     pytester.makepyfile(test_te=TEST)
