@@ -1,15 +1,20 @@
 """Benchmark: what `graphdoctor diff` costs against the bare Megatron-Core runs it stands for, side by side in
-one invocation (issue 32).
+one invocation.
 
 A user who checks graphs by hand runs eager training once and graphed training once per implementation. Per
-size this runs, on the GPU, one after another:
+size this runs, on the GPU:
 1. tests/benchmarks/bare_megatron.py (no graphdoctor: the same model, DDP, optimizer, batches and steps as
-   diff's children) once for eager and once per implementation, each its own process: the bare seconds;
-2. `graphdoctor diff` as a user runs it (the CLI, its own process) with each flag set (the defaults, and
+   diff's children) once for eager and once per implementation, each its own process, one after another: the
+   sum of the bare runs and the slowest of them;
+2. the same bare processes all at once (the concurrency of diff's children): their wall, which is what a diff
+   that runs its children side by side can at best cost;
+3. `graphdoctor diff` as a user runs it (the CLI, its own process) with each flag set (the defaults, and
    `--dropout 0`), with --json: the diff seconds, from the command's start to its exit.
-It prints the ratio of each diff to the bare runs' sum, the parent's own seconds before its first child and
-after its last, and every child's seconds split into start-up, set-up, training, observers and comparison.
-Targets (docs/diff.md): defaults <= 1.3x, `--dropout 0` <= 1.1x, parent <= 2 s before and after.
+It prints each diff's ratio to the bare runs one after another, to the bare runs side by side and to the slowest
+bare run, the parent's own seconds before its first child and after its last, and each first child (eager
+reference, graphed runs) against its bare twin: start-up plus set-up, and training. Implementations the bare
+script cannot run (transformer_engine) are left out of both sides, and a bare process that fails makes the size's
+row say so instead of counting its seconds.
 
     python tests/benchmarks/diff_cost.py --help
     python tests/benchmarks/diff_cost.py --sizes default,0.54b,1.08b --out cost.json
@@ -62,6 +67,50 @@ def bare_run(size: str, impl: str, dropout: float, steps: int, out: Path) -> dic
     return data
 
 
+def bare_together(size: str, impls: list[str], dropout: float, steps: int, out: Path) -> dict[str, Any]:
+    """The bare processes of one size all at once: the wall until the last exits, and each one's record."""
+    procs = []
+    began = time.time()
+    for impl in impls:
+        result = out / f"bare-together-{size}-{impl}.json"
+        argv = [sys.executable, str(HERE / "bare_megatron.py"), "--impl", impl, "--steps", str(steps),
+                "--dropout", str(dropout), "--json", str(result), *size_flags(size)]
+        procs.append((impl, result, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+    runs = []
+    for impl, result, proc in procs:
+        try:
+            _, err = proc.communicate(timeout=max(1.0, TIMEOUT_S - (time.time() - began)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        data: dict[str, Any] = json.loads(result.read_text()) if result.is_file() else {}
+        data.update({"impl": impl, "returncode": proc.returncode})
+        if proc.returncode != 0:
+            data["tail"] = err.decode(errors="replace")[-2000:]
+        runs.append(data)
+    return {"wall_s": round(time.time() - began, 2), "runs": runs}
+
+
+def twins(bare: list[dict[str, Any]], children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each first child of the diff (the eager reference, each graphed run) against the bare process of its
+    implementation: start-up plus set-up and training seconds, and their ratios."""
+    out = []
+    for twin in bare:
+        name = "eager-reference-" if twin["impl"] == "eager" else f"{twin['impl']}-graphed-"
+        child = next((c for c in children if str(c.get("name", "")).startswith(name)), None)
+        if child is None or twin.get("returncode") != 0:
+            continue
+        bare_setup = float(twin.get("startup_s", 0.0)) + float(twin.get("setup_s", 0.0))
+        child_setup = float(child.get("startup_s", 0.0)) + float(child.get("setup_s", 0.0))
+        bare_train, child_train = float(twin.get("train_s", 0.0)), float(child.get("train_s", 0.0))
+        out.append({"impl": twin["impl"], "child": child["name"], "bare_setup_s": round(bare_setup, 2),
+                    "child_setup_s": round(child_setup, 2),
+                    "setup_ratio": round(child_setup / bare_setup, 3) if bare_setup else None,
+                    "bare_train_s": round(bare_train, 2), "child_train_s": round(child_train, 2),
+                    "train_ratio": round(child_train / bare_train, 3) if bare_train else None})
+    return out
+
+
 def diff_run(size: str, flags: list[str], impls: str, out: Path, name: str) -> dict[str, Any]:
     """`graphdoctor diff` as its own process; the report plus the seconds seen from here."""
     report_path = out / f"diff-{size}-{name}.json"
@@ -103,48 +152,73 @@ def _runs(report: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r.get("seconds") or {}).get("started_at", 0.0))
 
 
-def runnable_impls(requested: str) -> list[str]:
-    """The implementations both sides run: transformer_engine only where Transformer Engine imports."""
-    impls = [i for i in requested.split(",") if i]
-    if "transformer_engine" in impls:
-        import importlib.util
+BARE_IMPLS = ("local", "full_iteration")
+"""The graphed implementations bare_megatron.py runs (it refuses transformer_engine: exit 2)."""
 
-        if importlib.util.find_spec("transformer_engine") is None:
-            impls.remove("transformer_engine")
-    return impls
+
+def runnable_impls(requested: str) -> tuple[list[str], list[str]]:
+    """(the implementations both sides run, those left out): what the bare script can run."""
+    impls = [i for i in requested.split(",") if i]
+    return [i for i in impls if i in BARE_IMPLS], [i for i in impls if i not in BARE_IMPLS]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="default,0.54b,1.08b", help="Comma-separated: " + ", ".join(SIZES))
     parser.add_argument("--flags", default="defaults,dropout0", help="Comma-separated: " + ", ".join(FLAG_SETS))
-    parser.add_argument("--impls", default="local,full_iteration,transformer_engine",
-                        help="Graphed implementations (transformer_engine is dropped where it does not import).")
+    parser.add_argument("--impls", default="local,full_iteration",
+                        help="Graphed implementations; those bare_megatron.py cannot run are left out and said.")
     parser.add_argument("--steps", type=int, default=8, help="Training steps (diff's default).")
     parser.add_argument("--out", default=None, help="Write the results as JSON here.")
     args = parser.parse_args(argv)
-    impls = runnable_impls(args.impls)
+    impls, left_out = runnable_impls(args.impls)
+    if left_out:
+        print(f"left out (bare_megatron.py cannot run them): {', '.join(left_out)}", file=sys.stderr)
     work = Path(tempfile.mkdtemp(prefix="gd-cost-"))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     results = []
+    failed = False
     for size in args.sizes.split(","):
         bare = [bare_run(size, impl, 0.1, args.steps, work) for impl in ["eager", *impls]]
+        together = bare_together(size, ["eager", *impls], 0.1, args.steps, work)
+        broken = [b["impl"] for b in [*bare, *together["runs"]] if b["returncode"] != 0]
+        row: dict[str, Any] = {"size": size, "impls": impls, "left_out": left_out, "bare": bare,
+                               "bare_together": together, "bare_failed": broken, "diffs": []}
+        if broken:  # a failed process's seconds are no bare run's: nothing to compare against
+            print(f"{size}: bare processes failed: {', '.join(broken)}", file=sys.stderr)
+            failed = True
+            results.append(row)
+            continue
         bare_s = sum(b["process_s"] for b in bare)
-        row: dict[str, Any] = {"size": size, "impls": impls, "bare": bare, "bare_s": round(bare_s, 2), "diffs": []}
+        slowest_s = max(b["process_s"] for b in bare)
+        row.update(bare_s=round(bare_s, 2), bare_slowest_s=round(slowest_s, 2),
+                   bare_together_s=together["wall_s"])
         for name in args.flags.split(","):
             run = diff_run(size, FLAG_SETS[name], ",".join(impls), work, name)
-            run["ratio"] = round(run["process_s"] / bare_s, 3) if bare_s else None
+            run["ratio"] = round(run["process_s"] / bare_s, 3)
+            run["ratio_together"] = round(run["process_s"] / together["wall_s"], 3)
+            run["ratio_slowest"] = round(run["process_s"] / slowest_s, 3)
+            run["twins"] = twins(bare, run["children"])
             row["diffs"].append(run)
             print(json.dumps({k: v for k, v in run.items() if k not in ("children", "stdout_tail")}), flush=True)
         results.append(row)
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print("\nsize     bare s (eager+" + "+".join(impls) + ")  flags     diff s  ratio  before  after  verdicts")
+    print("\nsize     bare: sum  together  slowest  flags     diff s  /sum  /together  /slowest  before  after  "
+          "verdicts")
     for row in results:
         for run in row["diffs"]:
-            print(f"{row['size']:<8} {row['bare_s']:>8.1f} {'':>20} {run['flags']:<9} {run['process_s']:>6.1f} "
-                  f"{run['ratio'] or 0:>6.2f} {run['before_first_child_s'] or 0:>6.1f} {run['after_last_child_s'] or 0:>6.1f}"
-                  f"  {run['verdicts']}")
+            print(f"{row['size']:<8} {row['bare_s']:>9.1f} {row['bare_together_s']:>9.1f} {row['bare_slowest_s']:>8.1f}"
+                  f"  {run['flags']:<9} {run['process_s']:>6.1f} {run['ratio']:>5.2f} {run['ratio_together']:>10.2f} "
+                  f"{run['ratio_slowest']:>9.2f} {run['before_first_child_s'] or 0:>7.1f} "
+                  f"{run['after_last_child_s'] or 0:>6.1f}  {run['verdicts']}")
+    print("\neach first child against its bare twin (start-up + set-up, training):")
+    for row in results:
+        for run in row["diffs"]:
+            for t in run["twins"]:
+                print(f"  {row['size']} {run['flags']} {t['child']:<36} set-up {t['child_setup_s']:.1f} / "
+                      f"{t['bare_setup_s']:.1f} s ({t['setup_ratio']}x), training {t['child_train_s']:.1f} / "
+                      f"{t['bare_train_s']:.1f} s ({t['train_ratio']}x)")
     print("\nchild seconds (start at, wall = startup + setup + train + observers + compare + teardown):")
     for row in results:
         print(f"  {row['size']} bare: " + ", ".join(
@@ -157,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{c.get('startup_s', 0):.1f} + {c.get('setup_s', 0):.1f} + {c.get('train_s', 0):.1f} + "
                       f"{c.get('observers_s', 0):.1f} {c.get('observers', {})} + {c.get('compare_s', 0):.1f} + "
                       f"{c.get('teardown_s', 0):.1f}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

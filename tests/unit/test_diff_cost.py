@@ -218,3 +218,30 @@ def test_a_refusal_beside_the_children_shuts_their_gate_and_ends_a_waiting_child
     ended = child["ended"]
     assert ended.returncode == 5 and "GateShut" in ended.stdout  # type: ignore[attr-defined]
     assert not Path(f"{preflight.gate}.go").exists()
+
+
+def test_the_cost_benchmark_pairs_each_first_child_with_its_bare_twin() -> None:
+    """tests/benchmarks/diff_cost.py on the recorded H200 rows: each first child (eager reference, each graphed
+    run) is set against the bare process of its implementation, and transformer_engine, which the bare script
+    refuses, is left out of both sides."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("diff_cost", COST.parents[3] / "tests/benchmarks/diff_cost.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.runnable_impls("local,full_iteration,transformer_engine") == (
+        ["local", "full_iteration"], ["transformer_engine"])
+    row = json.loads(COST.read_text())[1]
+    run = row["diffs"][0]
+    paired = bench.twins(row["bare"], run["children"])
+    assert [t["impl"] for t in paired] == ["eager", *row["impls"]]
+    eager = paired[0]
+    child = next(c for c in run["children"] if c["name"] == eager["child"])
+    bare = row["bare"][0]
+    assert eager["child"].startswith("eager-reference-")
+    assert eager["child_setup_s"] == round(child["startup_s"] + child["setup_s"], 2)
+    assert eager["setup_ratio"] == round((child["startup_s"] + child["setup_s"]) /
+                                         (bare["startup_s"] + bare["setup_s"]), 3)
+    broken = [{**bare, "returncode": 1}]
+    assert bench.twins(broken, run["children"]) == []  # a failed bare process is no twin
