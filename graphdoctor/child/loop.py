@@ -25,7 +25,8 @@ from graphdoctor.child.schedule import EvalPoint, eval_plan, run_eval, with_trac
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
 from graphdoctor.protocol.events import Capture, Eval, Event, Phase, Step, Tensors
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Role
-from graphdoctor.types import StepPrints, StepRecord, TensorDiff
+from graphdoctor.protocol.steps import StepPrints, StepRecord
+from graphdoctor.types import TensorDiff
 
 
 class StepObserver(Protocol):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphdoctor.compare.lanes import (
+from graphdoctor.protocol.lanes import (
     NUM_LANES,
     BitprintError,
     decode_step,

@@ -12,7 +12,7 @@ from graphdoctor.compare.fp8_state import step_difference
 from graphdoctor.compare.prints import FAMILIES, family_diff
 from graphdoctor.compare.scaler import both_skipped, finite_difference, skip_difference
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.types import StepRecord
+from graphdoctor.protocol.steps import StepRecord
 
 
 @dataclass(frozen=True, slots=True)

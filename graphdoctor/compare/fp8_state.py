@@ -9,7 +9,7 @@ from typing import Any
 
 from graphdoctor.compare.prints import prints_diff
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.types import StepRecord
+from graphdoctor.protocol.steps import StepRecord
 
 
 def module_of(name: str) -> str:

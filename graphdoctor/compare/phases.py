@@ -12,8 +12,9 @@ from typing import Any
 
 from graphdoctor.compare.divergence import Divergence, find_divergence
 from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.steps import StepRecord
 from graphdoctor.rules import rule_fix
-from graphdoctor.types import EvalRecord, RankExit, StepRecord
+from graphdoctor.types import EvalRecord, RankExit
 
 EVAL_DIVERGENCE_RULE = "GD514"
 """Catalogue rule of an evaluation that differs from eager (checks/gd5xx_schedule.py)."""

@@ -3,9 +3,10 @@ computed on the GPU by graphdoctor.compare.bitprint inside each child)."""
 
 from __future__ import annotations
 
-from graphdoctor.compare.lanes import NUM_LANES, BitprintError, differing_tensors, pairs
 from graphdoctor.errors import GraphDoctorError
-from graphdoctor.types import StepRecord, TensorDiff
+from graphdoctor.protocol.lanes import NUM_LANES, BitprintError, differing_tensors, pairs
+from graphdoctor.protocol.steps import StepRecord
+from graphdoctor.types import TensorDiff
 
 FAMILIES: tuple[str, ...] = ("grads", "params")
 

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 
 from graphdoctor.compare.prints import family_diff
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.types import StepRecord, TensorDiff
+from graphdoctor.protocol.steps import StepRecord
+from graphdoctor.types import TensorDiff
 
 
 def skip_difference(reference: StepRecord, graphed: StepRecord) -> str | None:

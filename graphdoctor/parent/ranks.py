@@ -11,7 +11,8 @@ import dataclasses
 import math
 
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.types import Diagnosis, StepPrints, StepRecord, TensorDiff
+from graphdoctor.protocol.steps import StepPrints, StepRecord
+from graphdoctor.types import Diagnosis, TensorDiff
 
 RANK_STATUS_ORDER: tuple[str, ...] = ("ok", "stopped", "crashed", "timeout", "unavailable", "error")
 """Which rank's status stands for the run, last wins: a rank that reported an error explains a run

@@ -15,8 +15,9 @@ from typing import IO, Any, ClassVar
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.spec import ProtocolError
+from graphdoctor.protocol.steps import StepRecord
 from graphdoctor.protocol.taptable import TapTable
-from graphdoctor.types import EvalRecord, StepRecord
+from graphdoctor.types import EvalRecord
 
 Frame = tuple[str, int, str]
 """(filename, line, function) of one traceback frame, outermost first."""

@@ -14,8 +14,9 @@ from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.events import Checkpoint, Hazard, RunEnv
 from graphdoctor.protocol.seconds import ChildSeconds
 from graphdoctor.protocol.spec import impl_name
+from graphdoctor.protocol.steps import StepRecord
 from graphdoctor.protocol.taptable import TapTable
-from graphdoctor.types import Diagnosis, EvalRecord, RankExit, StepRecord
+from graphdoctor.types import Diagnosis, EvalRecord, RankExit
 
 END_MEMORY_FIELDS: tuple[str, ...] = ("peak_allocated_bytes", "end_reserved_bytes", "end_allocated_bytes")
 

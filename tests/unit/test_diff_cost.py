@@ -24,7 +24,7 @@ from graphdoctor.protocol.gate import GateShut, open_gate, shut_gate, wait_at_ga
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.seconds import ChildSeconds
 from graphdoctor.protocol.spec import EAGER, Role
-from graphdoctor.types import StepRecord
+from graphdoctor.protocol.steps import StepRecord
 from tests.unit.sessions import DeferredSession
 
 COST = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "benchmarks" / "h200_diff_cost.json"

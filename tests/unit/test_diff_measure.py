@@ -11,7 +11,8 @@ from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffRun
 from graphdoctor.parent.children import ChildRequest
 from graphdoctor.protocol import EAGER, Role, RunRecord
-from graphdoctor.types import StepPrints, StepRecord, TensorDiff
+from graphdoctor.protocol.steps import StepPrints, StepRecord
+from graphdoctor.types import TensorDiff
 from tests.unit.sessions import DeferredSession
 
 NAMES = ("embedding.word_embeddings.weight", "decoder.layers.0.mlp.linear_fc1.weight")

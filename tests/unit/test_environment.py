@@ -21,8 +21,9 @@ from graphdoctor.parent.environment import FIX, environment_cause, environment_f
 from graphdoctor.plugin_session import Verdicts, count_line
 from graphdoctor.protocol.record import ENVIRONMENT_FAILED, RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
+from graphdoctor.protocol.steps import StepRecord
 from graphdoctor.report.diff import render_text
-from graphdoctor.types import Diagnosis, StepRecord, Verdict
+from graphdoctor.types import Diagnosis, Verdict
 
 RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "environment" / \
     "nccl_unhandled_cuda_error_h100.json"

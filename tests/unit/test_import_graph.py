@@ -1,6 +1,7 @@
 """The import graph of graphdoctor/ and checks/, read from the source with ast (every `import`, at module level and
-inside functions): no cycle; nothing outside graphdoctor.child imports it (the parent starts children by module
-name); graphdoctor.config imports nothing of graphdoctor's but its leaf modules."""
+inside functions): no cycle; every import runs down the floors (FLOORS: a room imports only rooms on its own floor
+or below); nothing outside graphdoctor.child imports it (the parent starts children by module name);
+graphdoctor.config imports nothing of graphdoctor's but its leaf modules."""
 
 from __future__ import annotations
 
@@ -8,6 +9,23 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+FLOORS: dict[str, int] = {
+    "graphdoctor.errors": 1, "graphdoctor.installed": 1, "graphdoctor.suggest": 1, "graphdoctor.strict_json": 1,
+    "graphdoctor.types": 1, "graphdoctor.locations": 1,
+    "graphdoctor.inputs": 2, "graphdoctor.envelope": 2, "graphdoctor.cuda_errors": 2,
+    "graphdoctor.config": 3, "graphdoctor.memory": 3, "graphdoctor.launches": 3,
+    "graphdoctor.rules": 4, "graphdoctor.options": 4, "graphdoctor.protocol": 4,
+    "graphdoctor.checks": 5, "graphdoctor.compare": 5,
+    "graphdoctor.parent": 6,
+    "graphdoctor.probes": 7, "graphdoctor.count": 7, "graphdoctor.diff": 7,
+    "graphdoctor.advise": 8, "graphdoctor.child": 8,
+    "graphdoctor.report": 9,
+    "graphdoctor.cli": 10, "graphdoctor.plugin_session": 10,
+    "graphdoctor.__main__": 11, "graphdoctor.pytest_plugin": 11,
+}
+"""The house's floors, ground first (docs/architecture.md): every room of graphdoctor/ and checks/ and the floor it
+stands on. The package's own face, `graphdoctor` (its __init__), is left out: it only hands names on."""
+
 CONFIG_MAY_IMPORT = ("graphdoctor.config", "graphdoctor.errors", "graphdoctor.inputs", "graphdoctor.suggest",
                      "graphdoctor.installed")
 
@@ -111,3 +129,20 @@ def test_the_config_package_imports_only_leaf_modules() -> None:
     outside = {(m, t) for m, targets in graph.items() if m.startswith("graphdoctor.config")
                for t in targets if not t.startswith(CONFIG_MAY_IMPORT)}
     assert outside == set()
+
+
+def floor(module: str) -> int | None:
+    """The floor of the room `module` belongs to (the longest FLOORS prefix), None for the package's face."""
+    room = max((r for r in FLOORS if module == r or module.startswith(r + ".")), key=len, default=None)
+    return FLOORS[room] if room is not None else None
+
+
+def test_every_room_has_a_floor() -> None:
+    assert sorted(m for m in import_graph() if m != "graphdoctor" and floor(m) is None) == []
+
+
+def test_every_import_runs_down_the_floors() -> None:
+    graph = import_graph()
+    upward = sorted((m, t) for m, targets in graph.items() for t in targets
+                    if floor(m) is not None and floor(t) is not None and floor(t) > floor(m))  # type: ignore[operator]
+    assert upward == [], "imports that run back up a floor (move the module, or the name, down): " + str(upward)

@@ -38,9 +38,10 @@ from graphdoctor.parent.static import installation_refusals
 from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Role, RunRecord, run_name
 from graphdoctor.protocol.events import End, RunEnv, Started, Step, Tensors
 from graphdoctor.protocol.spec import rank_path
+from graphdoctor.protocol.steps import StepPrints, StepRecord
 from graphdoctor.report.diff import placement_line
 from graphdoctor.rules.facts import EnvironmentFacts
-from graphdoctor.types import StepPrints, StepRecord, Verdict
+from graphdoctor.types import Verdict
 
 TP2 = {"nproc_per_node": 2, "tensor_model_parallel_size": 2}
 

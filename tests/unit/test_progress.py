@@ -24,7 +24,7 @@ from graphdoctor.parent.progress import (
     progress_mode,
 )
 from graphdoctor.protocol import Capture, End, EventWriter, RunEnv, Started, Step, encode
-from graphdoctor.types import StepRecord
+from graphdoctor.protocol.steps import StepRecord
 
 ESC = "\x1b"
 

@@ -21,9 +21,10 @@ from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.runner import ProcessResult
 from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Placement, Role, RunRecord, read_events, run_name
+from graphdoctor.protocol.steps import StepRecord
 from graphdoctor.report.diff import render_text, write_json
 from graphdoctor.report.html import render_payload
-from graphdoctor.types import Diagnosis, StepRecord, Verdict
+from graphdoctor.types import Diagnosis, Verdict
 from tests.unit.sessions import DeferredSession
 
 IMPLS = ("local", "full_iteration")

@@ -45,8 +45,9 @@ from graphdoctor.protocol import (
     run_name,
 )
 from graphdoctor.protocol.events import Phase
+from graphdoctor.protocol.steps import StepRecord
 from graphdoctor.protocol.taptable import TapTable
-from graphdoctor.types import StepRecord, TensorDiff
+from graphdoctor.types import TensorDiff
 
 
 def make_spec(tmp_path: Path, impl: str = "local", role: Role = Role.GRAPHED, **config: object) -> ChildSpec:

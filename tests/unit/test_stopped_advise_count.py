@@ -22,10 +22,11 @@ from graphdoctor.parent.children import never_started, work_directory
 from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER
+from graphdoctor.protocol.steps import StepRecord
 from graphdoctor.report.advise import render_text
 from graphdoctor.report.count import render_count_text, write_count_json
 from graphdoctor.rules.facts import EnvironmentFacts
-from graphdoctor.types import Diagnosis, StepRecord
+from graphdoctor.types import Diagnosis
 from tests.unit.recorded import as_recorded
 from tests.unit.test_count_live import recorded
 

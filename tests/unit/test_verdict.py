@@ -11,7 +11,8 @@ import pytest
 
 from graphdoctor.compare.verdict import Timing, find_divergence, judge, steady_timing
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.types import Diagnosis, StepRecord, TensorDiff, Verdict
+from graphdoctor.protocol.steps import StepRecord
+from graphdoctor.types import Diagnosis, TensorDiff, Verdict
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "diff"
 

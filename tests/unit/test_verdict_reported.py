@@ -13,9 +13,10 @@ from graphdoctor.compare.verdict import find_divergence, judge
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport, load_report
 from graphdoctor.protocol import EAGER, RunRecord, Step, decode, encode
+from graphdoctor.protocol.steps import StepPrints, StepRecord
 from graphdoctor.report.diff import render_text, write_json
 from graphdoctor.report.html import render_payload
-from graphdoctor.types import StepPrints, StepRecord, Verdict
+from graphdoctor.types import Verdict
 
 NAMES = ("embedding.word_embeddings.weight", "decoder.layers.0.mlp.linear_fc1.weight")
 LANES = (11, 12, 13, 14)  # equal main_grad and parameter fingerprints on both sides
