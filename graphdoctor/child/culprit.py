@@ -38,8 +38,8 @@ class CulpritHunt:
 
     def begin(self) -> None:
         """Start recording (called right after capture_begin)."""
-        from graphdoctor.child.probe_recorder import Recorder
-        from graphdoctor.child.probe_worker import registered_generators
+        from graphdoctor.child.probe.recorder import Recorder
+        from graphdoctor.child.probe.worker import registered_generators
 
         if self._recorder is not None:
             return

@@ -43,7 +43,7 @@ def _parsed(fn: Any) -> tuple[ast.AST | None, str, int]:
 def source_assignments(root: Any, links: tuple[tuple[str, Any], ...]) -> list[str]:
     """`file:line` of each assignment in the user's loaded source files that stores to the holder's last link: a
     global or closure name, a dictionary key, a class attribute."""
-    from graphdoctor.child.probe_recorder import is_user_file
+    from graphdoctor.child.probe.recorder import is_user_file
 
     kind, key = links[-1] if links else ("", None)
     name: str | None = None
@@ -65,7 +65,7 @@ def source_assignments(root: Any, links: tuple[tuple[str, Any], ...]) -> list[st
 
 
 def _user_files() -> list[str]:
-    from graphdoctor.child.probe_recorder import is_user_file
+    from graphdoctor.child.probe.recorder import is_user_file
 
     out = []
     for module in list(sys.modules.values()):
@@ -145,7 +145,7 @@ def issuer(skip: int) -> str | None:
 
 def user_issuer(skip: int) -> str | None:
     """`file:line` of the innermost user frame on the stack (the user's call behind a library's assignment)."""
-    from graphdoctor.child.probe_recorder import is_user_file
+    from graphdoctor.child.probe.recorder import is_user_file
     from graphdoctor.child.witness import issuing_frames
 
     for frame in issuing_frames(sys._getframe(skip + 1)):

@@ -240,14 +240,14 @@ def _global_names(code: types.CodeType) -> set[str]:
 
 
 def user_code(fn: Any) -> bool:
-    from graphdoctor.child.probe_recorder import is_user_file
+    from graphdoctor.child.probe.recorder import is_user_file
 
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     return code is not None and is_user_file(code.co_filename)
 
 
 def user_class(cls: type) -> bool:
-    from graphdoctor.child.probe_recorder import is_user_file
+    from graphdoctor.child.probe.recorder import is_user_file
 
     module = sys.modules.get(cls.__module__)
     filename = getattr(module, "__file__", None)

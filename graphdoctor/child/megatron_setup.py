@@ -18,7 +18,7 @@ import torch
 
 from graphdoctor.child import distributed as rank_setup
 from graphdoctor.child.batches import default_forward_step, forward_step_name
-from graphdoctor.child.probe_modules import track_hook_registrations
+from graphdoctor.child.probe.modules import track_hook_registrations
 from graphdoctor.child.reported import checked_forward_step
 from graphdoctor.config import DiffConfig, build
 from graphdoctor.config.build import padded_vocab_size

@@ -19,7 +19,7 @@ its rule, module, user `file:line` and step:
 - GD521: an FP8 scale or amax tensor of a Transformer Engine quantizer or recipe state replaced by the user's
   code after a capture (`quantizer.scale = torch.ones(...)`), where Transformer Engine is loaded.
 
-Only calls issued by the user's code count (graphdoctor.child.probe_recorder.is_user_file: not torch,
+Only calls issued by the user's code count (graphdoctor.child.probe.recorder.is_user_file: not torch,
 megatron, transformer_engine, graphdoctor, the standard library or site-packages), so a clean model gives no
 evidence. The patches are Python wrappers with no kernel and no host synchronisation; they never change
 what runs on the device. Attached to graphed children only (the eager reference captures nothing).
@@ -138,7 +138,7 @@ def _function_location(fn: Any) -> str:
 @functools.lru_cache(maxsize=256)
 def _user_forwards(cls: type) -> tuple[tuple[str, int, ast.AST], ...]:
     """(file, first line, parsed source) of each `forward` in the class's hierarchy that is the user's code."""
-    from graphdoctor.child.probe_recorder import is_user_file
+    from graphdoctor.child.probe.recorder import is_user_file
 
     out = []
     for klass in cls.__mro__:
@@ -618,7 +618,7 @@ def user_issuer(skip: int = 1) -> str | None:
     """`file:line` of the code that issued the current call when that code is the user's: the issuing frame
     is a user file. None when it is library code (Megatron, Transformer Engine, the standard library) or when
     the stack holds no issuing frame (a callback from autograd's device thread)."""
-    from graphdoctor.child.probe_recorder import is_user_file
+    from graphdoctor.child.probe.recorder import is_user_file
 
     frame = _issuing_frame(skip)
     if frame is None or not is_user_file(frame.f_code.co_filename):

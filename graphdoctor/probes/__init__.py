@@ -1,7 +1,7 @@
 """Runtime probes (`graphdoctor check --probe`): find operations that make a unit unsafe to capture.
 
 `probe(config)` builds the model `graphdoctor diff` builds, in a child process
-(graphdoctor.child.probe_worker), records every layer eagerly, captures each in isolation and returns
+(graphdoctor.child.probe.worker), records every layer eagerly, captures each in isolation and returns
 a ProbeReport of GD501-GD510 findings with module, operator and file:line;
 `check_with_probes` merges them with the static rules into one CheckReport.
 """

@@ -27,7 +27,7 @@ from graphdoctor.rules.finding import Finding
 MAX_WORKER_RUNS = 8
 """Upper bound on fresh worker processes per probe (one more after each poisoned context)."""
 
-WORKER_MODULE = "graphdoctor.child.probe_worker"
+WORKER_MODULE = "graphdoctor.child.probe.worker"
 
 
 def probe_config(config: DiffConfig | Mapping[str, Any], **overrides: Any) -> DiffConfig:

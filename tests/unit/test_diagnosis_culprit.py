@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphdoctor.child.probe_recorder import Recorder
+from graphdoctor.child.probe.recorder import Recorder
 from graphdoctor.parent.diagnose import diagnose
 from graphdoctor.probes.analyze import CAPTURE_BREAKING, analyze, culprit_of
 from graphdoctor.protocol.events import Error, decode, encode

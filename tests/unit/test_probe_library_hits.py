@@ -23,7 +23,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from graphdoctor.child.probe_recorder import Recorder
+from graphdoctor.child.probe.recorder import Recorder
 from graphdoctor.cli import main
 from graphdoctor.cli.check import CHECK_OPTIONS
 from graphdoctor.locations import format_location

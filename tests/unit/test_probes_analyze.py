@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from graphdoctor.child.probe_capture import translate_error
+from graphdoctor.child.probe.capture import translate_error
 from graphdoctor.cuda_errors import cuda_error_number, exception_chain
 from graphdoctor.probes import ProbeReport, report_from_payloads
 from graphdoctor.probes.analyze import PROBE_CODES, analyze, dedupe, failing_leaves

@@ -16,7 +16,7 @@ import linecache
 import megatron.core.tensor_parallel.random as mrandom
 import torch
 
-from graphdoctor.child.probe_recorder import Recorder
+from graphdoctor.child.probe.recorder import Recorder
 from graphdoctor.probes.analyze import HOST_ONLY_LIBRARY_REASON, analyze, host_only_library
 from graphdoctor.rules.finding import Severity
 

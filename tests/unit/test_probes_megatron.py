@@ -70,7 +70,7 @@ BUILD_SCRIPT = textwrap.dedent("""
     import torch
     from megatron.core import parallel_state
     from graphdoctor.child.megatron_setup import build_probe_model
-    from graphdoctor.child.probe_modules import scan_hooks
+    from graphdoctor.child.probe.modules import scan_hooks
     from graphdoctor.config import DiffConfig
     torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)

@@ -1,4 +1,4 @@
-"""CPU tests of graphdoctor.child.probe_recorder on real tensors and planted torch modules."""
+"""CPU tests of graphdoctor.child.probe.recorder on real tensors and planted torch modules."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import os
 import pytest
 import torch
 
-from graphdoctor.child.probe_modules import (
+from graphdoctor.child.probe.modules import (
     changed_attributes,
     scan_hooks,
     tensor_attribute_ptrs,
     track_hook_registrations,
 )
-from graphdoctor.child.probe_recorder import Recorder, is_user_file, pick_location
+from graphdoctor.child.probe.recorder import Recorder, is_user_file, pick_location
 
 THIS_FILE = os.path.relpath(os.path.realpath(__file__), os.path.realpath(os.getcwd()))
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from graphdoctor.child.probe_recorder import traceback_location
+from graphdoctor.child.probe.recorder import traceback_location
 from graphdoctor.cuda_errors import cuda_error_number, exception_chain, rule_of_text
 from graphdoctor.probes.types import CaptureResult
 

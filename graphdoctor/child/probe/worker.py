@@ -1,4 +1,4 @@
-"""The probe worker (`python -P -m graphdoctor.child.probe_worker JOB.json OUT.json`): build the model
+"""The probe worker (`python -P -m graphdoctor.child.probe.worker JOB.json OUT.json`): build the model
 `graphdoctor diff` builds (graphdoctor.child.megatron_setup, the one set-up path) on one GPU, then
 record and capture each decoder layer.
 
@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from graphdoctor.child.probe_capture import capture_unit
-from graphdoctor.child.probe_modules import changed_attributes, scan_hooks, tensor_attribute_ptrs
-from graphdoctor.child.probe_recorder import Recorder, pick_location
+from graphdoctor.child.probe.capture import capture_unit
+from graphdoctor.child.probe.modules import changed_attributes, scan_hooks, tensor_attribute_ptrs
+from graphdoctor.child.probe.recorder import Recorder, pick_location
 from graphdoctor.config import DiffConfig
 from graphdoctor.probes.types import CaptureResult, Observation
 from graphdoctor.protocol.spec import ProbeJob
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     """Read the job, probe, write the result; exit 0 unless the output cannot be written."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        sys.stderr.write("usage: python -m graphdoctor.child.probe_worker JOB.json OUT.json\n")
+        sys.stderr.write("usage: python -m graphdoctor.child.probe.worker JOB.json OUT.json\n")
         return 2
     job_path, out_path = args
     from graphdoctor.child.stacks import die_with_parent

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from graphdoctor.child.probe_recorder import current_location, pick_location
+from graphdoctor.child.probe.recorder import current_location, pick_location
 from graphdoctor.probes.types import Observation
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
