@@ -17,9 +17,9 @@ import torch
 
 from graphdoctor.child.batches import forward_step_name, step_batches
 from graphdoctor.child.checkpoint import save_run
+from graphdoctor.child.gpu_turn import GpuTurn
 from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics
 from graphdoctor.child.names import strip_wrappers
-from graphdoctor.child.quiet import GpuTurn
 from graphdoctor.child.reported import reduce_step
 from graphdoctor.child.schedule import EvalPoint, eval_plan, run_eval, with_tracker_values
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
@@ -273,7 +273,7 @@ class StepRunner:
 
 def timed_steps(spec: ChildSpec) -> range:
     """The steps whose time counts (steady state: from warmup + 1 + SETTLE_STEPS to the last compared
-    step); a child sharing its GPU runs them alone (graphdoctor.child.quiet)."""
+    step); a child sharing its GPU runs them alone (graphdoctor.child.gpu_turn)."""
     from graphdoctor.compare.verdict import SETTLE_STEPS
 
     return range(spec.config.cuda_graph_warmup_steps + 1 + SETTLE_STEPS, spec.config.steps)

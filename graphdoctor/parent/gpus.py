@@ -27,7 +27,7 @@ CORES_PER_CHILD = 2
 """CPU cores one child keeps busy (its imports and set-up, then its Python thread launching kernels)."""
 
 MAX_CHILDREN_PER_GPU = 8
-"""Most children planned on one GPU at a time (their timed steps take turns: graphdoctor.child.quiet)."""
+"""Most children planned on one GPU at a time (their timed steps take turns: graphdoctor.child.gpu_turn)."""
 
 
 def cpu_slots() -> int:

@@ -217,7 +217,7 @@ class ChildSpec:
     """Watch the holders of what the graphs read (graphdoctor.child.holders; off only for its cost benchmark)."""
 
     gpu_turn: str | None = None
-    """Lock file of the GPU this child shares with other children (graphdoctor.child.quiet); None
+    """Lock file of the GPU this child shares with other children (graphdoctor.child.gpu_turn); None
     when it runs alone, and never for a multi-process child."""
 
     checkpoint_dir: str | None = None
