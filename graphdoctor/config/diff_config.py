@@ -10,18 +10,13 @@ from typing import Any
 
 from graphdoctor.config.description import ModelDescription
 from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS, check_entry_point
+from graphdoctor.config.graph_settings import GRAPHED_IMPLS as IMPLS
+from graphdoctor.config.graph_settings import MODULE_NAMES as CUDA_GRAPH_MODULES
 from graphdoctor.config.placement import check_placement
 from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
 
-IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
-"""Graphed implementations graphdoctor knows, in the order they are reported."""
-
 DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
-
-CUDA_GRAPH_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess",
-                                       "mamba")
-"""Values TransformerConfig.cuda_graph_modules accepts in megatron-core 0.19.2."""
 
 TRANSFORMER_TWINS: tuple[str, ...] = ("num_layers", "hidden_size", "num_attention_heads",
                                       "tensor_model_parallel_size", "pipeline_model_parallel_size",

@@ -14,8 +14,12 @@ from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
 from graphdoctor.suggest import did_you_mean
 
-IMPLS: tuple[str, ...] = ("none", "transformer_engine", "local", "full_iteration")
+GRAPHED_IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
+"""The graph implementations, in the order graphdoctor reports them."""
+IMPLS: tuple[str, ...] = ("none", *GRAPHED_IMPLS)
+"""TransformerConfig.cuda_graph_impl's values in megatron-core 0.19.2 ("none": eager)."""
 MODULE_NAMES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+"""Values TransformerConfig.cuda_graph_modules accepts in megatron-core 0.19.2."""
 DEPRECATED_MODULES: dict[str, tuple[str, str]] = {
     "full_iteration": ("cuda_graph_impl", "full_iteration"),
     "full_iteration_inference": ("inference_cuda_graph_scope", "block"),
@@ -188,6 +192,7 @@ __all__ = [
     "graph_choice",
     "ALLOWED_INFERENCE_SCOPES",
     "DEPRECATED_MODULES",
+    "GRAPHED_IMPLS",
     "IMPLS",
     "INFERENCE_SCOPES",
     "MODULE_NAMES",
