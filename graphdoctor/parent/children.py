@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import queue
 import shutil
@@ -18,7 +17,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from graphdoctor.config import DiffConfig
 from graphdoctor.config.entry_points import entry_point_modules
@@ -38,7 +36,7 @@ from graphdoctor.parent.runner import (
     run_isolated,
     with_port_retries,
 )
-from graphdoctor.parent.slots import HostSlots, physical_gpus
+from graphdoctor.parent.slots import HostTurn, physical_gpus
 from graphdoctor.protocol.events import (
     read_events,
 )
@@ -46,6 +44,11 @@ from graphdoctor.protocol.gate import open_gate
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, rank_path, run_name
 from graphdoctor.types import Diagnosis
+
+
+def _cancelled(cancel: threading.Event | None) -> bool:
+    return cancel is not None and cancel.is_set()
+
 
 ENVIRONMENT_ATTEMPT = 10
 """The attempt number (file names: `-attempt10`) of a child's run after an environment failure; its port retries
@@ -134,33 +137,6 @@ def user_import_dir(config: DiffConfig) -> str | None:
         if os.path.isdir(os.path.join(cwd, top)) or os.path.isfile(os.path.join(cwd, f"{top}.py")):
             return cwd
     return None
-
-
-class HostTurn:
-    """A child's slots in the machine-wide budget (graphdoctor.parent.slots) on every GPU it uses: taken before
-    the child touches the GPU, held until it ends; a wait is told on the progress board."""
-
-    def __init__(self, devices: list[str], need_bytes: int, what: str, note: Callable[[str], None]) -> None:
-        from graphdoctor.parent.gpus import gpu_memory
-
-        self._hosts = [HostSlots(d, memory=functools.partial(gpu_memory, d)) for d in sorted(devices)]
-        self._need, self._what, self._note = need_bytes, what, note
-        self._taken: list[Any] = []
-
-    def take(self, cancelled: Callable[[], bool]) -> bool:
-        """Wait for a slot on each GPU; False (nothing held) when `cancelled()` turns true first."""
-        for host in self._hosts:
-            slot = host.take(self._need, self._what, cancelled=cancelled, waiting=self._note)
-            if slot is None:
-                self.release()
-                return False
-            self._taken.append(slot)
-        return True
-
-    def release(self) -> None:
-        """Give every slot back (idempotent)."""
-        while self._taken:
-            self._taken.pop().release()
 
 
 class MemoryGrant:
@@ -344,14 +320,14 @@ class ChildSession:
         children have finished; failed so again, its record is `environment-failed`."""
         first = self._run_once(request, cancel, 0)
         cause = environment_cause(first)
-        if cause is None or (cancel is not None and cancel.is_set()):
+        if cause is None or _cancelled(cancel):
             return first
         self.note(f"{request.impl} {request.describe()}: {cause}; it runs again once this run's other children "
                   "have finished")
         self._wait_alone(cancel)
         retry = self._run_once(request, cancel, ENVIRONMENT_ATTEMPT)
         again = environment_cause(retry)
-        if again is None or (cancel is not None and cancel.is_set()):
+        if again is None or _cancelled(cancel):
             return retry
         return environment_failed(retry, again, physical_gpus(",".join(self.plan.gpus) or None), first)
 
@@ -359,7 +335,7 @@ class ChildSession:
         """Until no other child of this session runs (each is bounded by its own time limit), or `cancel`."""
         deadline = time.monotonic() + 2 * self.config.timeout_s + 60.0
         with self._idle:
-            while self._running and time.monotonic() < deadline and not (cancel is not None and cancel.is_set()):
+            while self._running and time.monotonic() < deadline and not _cancelled(cancel):
                 self._idle.wait(timeout=1.0)
 
     def _run_once(self, request: ChildRequest, cancel: threading.Event | None, attempt: int) -> RunRecord:
@@ -368,7 +344,7 @@ class ChildSession:
         device = self._slots.get()
         host = self.host_turn(request, device)
         try:
-            if (cancel is not None and cancel.is_set()) or not host.take(lambda: cancel is not None and cancel.is_set()):
+            if _cancelled(cancel) or not host.take(lambda: _cancelled(cancel)):
                 return never_started(request.impl, request.dropout, CANCELLED)
             return self._run_on(request, device, cancel, attempt=attempt)
         finally:
@@ -381,8 +357,8 @@ class ChildSession:
         from graphdoctor.parent.gpus import child_bytes
 
         nproc = max(1, self.config.nproc_per_node)
-        return HostTurn(physical_gpus(device), child_bytes(self.config) // nproc,
-                        f"{request.impl} {request.describe()}", self.note)
+        return HostTurn.on(physical_gpus(device), child_bytes(self.config) // nproc,
+                           f"{request.impl} {request.describe()}", self.note)
 
     def _run_gated(self, request: ChildRequest, cancel: threading.Event | None, attempt: int = 0) -> RunRecord:
         """run_request with a memory gate: the child starts once a process slot is free; its memory slot is
@@ -486,5 +462,5 @@ class ChildSession:
         return [future.result() for future in [self.submit(r) for r in requests]]
 
 
-__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "HostTurn", "MemoryGrant", "fold_stopped", "never_started", "port_taken", "run_child",
+__all__ = ["CHILD_MODULE", "ChildRequest", "ChildSession", "MemoryGrant", "fold_stopped", "never_started", "port_taken", "run_child",
            "user_import_dir", "work_directory"]

@@ -20,12 +20,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -255,24 +256,48 @@ class HostSlots:
             time.sleep(poll_s)
 
 
-@contextlib.contextmanager
-def held(slots: list[HostSlots], need_bytes: int, what: str, *, cancelled: Callable[[], bool] = lambda: False,
-         waiting: Callable[[str], None] | None = None) -> Iterator[bool]:
-    """Slots on every GPU of a child (in the GPUs' order, so two children never hold one each of another's),
-    held for the block; yields False when `cancelled()` turned true before all were taken."""
-    taken: list[Slot] = []
-    try:
-        for host in sorted(slots, key=lambda s: s.device):
-            slot = host.take(need_bytes, what, cancelled=cancelled, waiting=waiting)
+class HostTurn:
+    """A child's slots on every GPU it uses, taken in the GPUs' order (so two children never each hold one that
+    the other waits for) and held until release(); one claim serves the diff child's memory grant, an ungated
+    child and a probe worker alike.
+
+    Args:
+        hosts: the slots of each GPU the child uses.
+        need_bytes: the child's memory estimate on each of them.
+        what: the child, as its slot file names it.
+        waiting: told why the child waits, whenever that changes.
+    """
+
+    def __init__(self, hosts: list[HostSlots], need_bytes: int, what: str,
+                 waiting: Callable[[str], None] | None = None) -> None:
+        self._hosts = sorted(hosts, key=lambda h: h.device)
+        self._need, self._what, self._waiting = need_bytes, what, waiting
+        self._taken: list[Slot] = []
+
+    @classmethod
+    def on(cls, devices: list[str], need_bytes: int, what: str,
+           waiting: Callable[[str], None] | None = None) -> HostTurn:
+        """The claim on these GPUs (nvidia-smi names), their memory read by nvidia-smi."""
+        from graphdoctor.parent.gpus import gpu_memory
+
+        return cls([HostSlots(d, memory=functools.partial(gpu_memory, d)) for d in devices], need_bytes, what,
+                   waiting)
+
+    def take(self, cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """Wait for a slot on each GPU; False (nothing held) when `cancelled()` turns true first."""
+        for host in self._hosts:
+            slot = host.take(self._need, self._what, cancelled=cancelled, waiting=self._waiting)
             if slot is None:
-                yield False
-                return
-            taken.append(slot)
-        yield True
-    finally:
-        for slot in taken:
-            slot.release()
+                self.release()
+                return False
+            self._taken.append(slot)
+        return True
+
+    def release(self) -> None:
+        """Give every slot back (idempotent)."""
+        while self._taken:
+            self._taken.pop().release()
 
 
-__all__ = ["RUNTIME_ENV", "SLOTS_ENV", "SLOTS_PER_GPU", "Busy", "Holder", "HostSlots", "Slot",
-           "held", "physical_gpus", "runtime_dir", "slots_per_gpu"]
+__all__ = ["RUNTIME_ENV", "SLOTS_ENV", "SLOTS_PER_GPU", "Busy", "Holder", "HostSlots", "HostTurn", "Slot",
+           "physical_gpus", "runtime_dir", "slots_per_gpu"]

@@ -5,7 +5,6 @@ Importing this module imports neither torch nor megatron; the work happens in ch
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import tempfile
@@ -16,9 +15,9 @@ from typing import Any
 from graphdoctor.config import DiffConfig, diff_config_from
 from graphdoctor.errors import NoGPUError
 from graphdoctor.parent.children import user_import_dir
-from graphdoctor.parent.gpus import child_bytes, gpu_memory
+from graphdoctor.parent.gpus import child_bytes
 from graphdoctor.parent.runner import child_env, python_command, run_isolated
-from graphdoctor.parent.slots import HostSlots, held, physical_gpus
+from graphdoctor.parent.slots import HostTurn, physical_gpus
 from graphdoctor.probes.analyze import analyze, hide_library_findings
 from graphdoctor.probes.types import CaptureResult, Observation, ProbeReport
 from graphdoctor.protocol.spec import ProbeJob
@@ -98,12 +97,14 @@ def _run_worker(job: ProbeJob, timeout_s: float) -> dict[str, Any]:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(job.to_json(), encoding="utf-8")
         # One child of the machine-wide budget (graphdoctor.parent.slots): probes queue beside running diffs.
-        devices = physical_gpus(None)
-        gpus = [HostSlots(d, memory=functools.partial(gpu_memory, d)) for d in devices]
-        with held(gpus, child_bytes(job.config), "check --probe worker",
-                  waiting=lambda line: print(f"graphdoctor: {line}", file=sys.stderr)):
+        turn = HostTurn.on(physical_gpus(None), child_bytes(job.config), "check --probe worker",
+                           lambda line: print(f"graphdoctor: {line}", file=sys.stderr))
+        turn.take()
+        try:
             ended = run_isolated(python_command(WORKER_MODULE, str(job_path), str(out_path)),
                                  timeout_s=timeout_s, env=child_env(job.config.env))
+        finally:
+            turn.release()
         if ended.timed_out:
             return {"tool_error": f"probe worker for layers {list(job.layers)} timed out after "
                                   f"{timeout_s:g} s"}

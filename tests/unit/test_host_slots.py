@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from graphdoctor.parent.slots import Busy, HostSlots, Slot, held, runtime_dir, slots_per_gpu
+from graphdoctor.parent.slots import Busy, HostSlots, HostTurn, Slot, runtime_dir, slots_per_gpu
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -123,15 +123,15 @@ def test_memory_keeps_a_second_child_out_but_never_the_first(tmp_path: Path) -> 
 
 def test_a_child_on_two_gpus_takes_both_or_neither(tmp_path: Path) -> None:
     gpus = [HostSlots("1", root=tmp_path, limit=1), HostSlots("0", root=tmp_path, limit=1)]
-    with held(gpus, GIB, "eager reference") as ok:
-        assert ok and all(isinstance(g.try_take(GIB, "x"), Busy) for g in gpus)
+    both = HostTurn(gpus, GIB, "eager reference")
+    assert both.take() and all(isinstance(g.try_take(GIB, "x"), Busy) for g in gpus)
+    both.release()
     assert all(g.holders() == [] for g in gpus)
     blocker = gpus[0].try_take(GIB, "another run")  # GPU 1 taken by another child
     assert isinstance(blocker, Slot)
     stop = threading.Event()
     threading.Timer(0.2, stop.set).start()
-    with held(gpus, GIB, "local graphed", cancelled=stop.is_set) as ok:
-        assert not ok
+    assert not HostTurn(gpus, GIB, "local graphed").take(stop.is_set)
     assert gpus[1].holders() == []  # GPU 0's slot, taken first, was given back
     blocker.release()
 
@@ -153,7 +153,7 @@ def test_two_diffs_children_queue_for_one_gpu_through_their_grants(tmp_path: Pat
     that ends while it waits never takes the slot."""
     import queue
 
-    from graphdoctor.parent.children import HostTurn, MemoryGrant
+    from graphdoctor.parent.children import MemoryGrant
 
     monkeypatch.setenv("GRAPHDOCTOR_RUNTIME_DIR", str(tmp_path / "rt"))
     monkeypatch.setenv("GRAPHDOCTOR_SLOTS_PER_GPU", "1")
@@ -162,7 +162,7 @@ def test_two_diffs_children_queue_for_one_gpu_through_their_grants(tmp_path: Pat
     def grant(name: str) -> MemoryGrant:
         own: queue.Queue[str | None] = queue.Queue()
         own.put("0")
-        return MemoryGrant(own, tmp_path / name, HostTurn(["0"], GIB, f"{name} graphed", said.append))
+        return MemoryGrant(own, tmp_path / name, HostTurn.on(["0"], GIB, f"{name} graphed", said.append))
 
     first = grant("a")
     assert first.granted.wait(5.0)
