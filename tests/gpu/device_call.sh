@@ -73,6 +73,12 @@ watchdog=$!
 codes=()
 for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; codes+=($?); done
 kill "$watchdog" 2>/dev/null
+# A diff stopped with its pytest (timeout's SIGTERM reaches the whole group) needs a few seconds to stop its
+# children and write its report: give them 20 s before counting what is left running.
+for _ in $(seq 20); do
+    pgrep -f "graphdoctor|torch.distributed" > /dev/null || break
+    sleep 1
+done
 ps -eo pid,ppid,etimes,args | grep -E "graphdoctor|torch.distributed|pytest" | grep -v grep > "$work/ps_after.txt"
 tar czf "$out/call.tgz" -C "$work" .
 cat "$work/machine.txt"
