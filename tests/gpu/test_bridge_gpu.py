@@ -3,7 +3,7 @@ PretrainConfigContainer YAML (fixtures/bridge/real/) run to a verdict with `grap
 as a user types it: the Llama-3 8B recipe at full width with TE attn+mlp graphs, the Qwen3-30B-A3B MoE recipe at
 a quarter width with TE moe_router+moe_preprocess graphs, and the container YAML's full_iteration graphs.
 
-Set GD_REPORT_DIR to keep each diff's JSON report.
+Set GD_REPORT_DIR to keep each diff's JSON report (fixtures/data/bridge_runs/ holds the recorded ones).
 """
 
 from __future__ import annotations
@@ -17,21 +17,18 @@ from pathlib import Path
 import pytest
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "bridge" / "real"
+RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "bridge_runs"
 JUDGED = ("match", "rng-divergence", "numeric-divergence")
 """Verdicts that compared every step (a capture failure, crash or timeout did not)."""
 
 # Where Transformer Engine is installed or expected it must work: a broken import fails these tests (conftest.py).
 pytestmark = [pytest.mark.gpu, pytest.mark.needs_te]
 
-NO_APEX = ["--set", "model.gradient_accumulation_fusion=false"]
-"""What the recipes need on this machine, which has no Apex (the plan lists it among its refusals)."""
-CASES = {
-    "llama3_8b_te_attn_mlp.post.yaml": NO_APEX,
-    # No DeepEP/HybridEP here: the same 128 experts dispatched by all-to-all (the plan's refusal names this fix).
-    "qwen3_30b_a3b_moe_router.post.yaml": [*NO_APEX, "--set", "model.moe_token_dispatcher_type=alltoall",
-                                           "--hidden-size", "512"],
-    "container_gpt_full_iteration_fp8.yaml": [],
-}
+CASES: dict[str, list[str]] = json.loads((RUNS / "cases.json").read_text())
+"""Each config file and the flags it needs on this machine, shared with the CPU test of the recorded runs
+(tests/unit/test_bridge_runs.py): no Apex here (`model.gradient_accumulation_fusion=false`; the plan lists it among
+its refusals), and the Qwen3 recipe's 128 experts dispatched by all-to-all without DeepEP/HybridEP (the plan's
+refusal names this fix), at hidden 512."""
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
