@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 _MARK = {"match": "ok", "rng-divergence": "ok*", "unavailable": "--"}
 
 
+def _mark(result: ImplResult) -> str:
+    """`ok`, `ok*` (passes, random streams differ), `--` (not run here) or `FAIL` (an rng-divergence that a cause
+    explains fails too)."""
+    mark = _MARK.get(result.verdict.value, "FAIL")
+    return "FAIL" if mark != "--" and not result.passed else mark
+
+
 def _num(value: float | None, fmt: str = "{:.3g}") -> str:
     if value is None:
         return "-"
@@ -72,7 +79,7 @@ def summary_rows(report: DiffReport) -> list[list[str]]:
         div = result.divergence
         rows.append([
             result.impl,
-            f"{result.verdict.value} {_MARK.get(result.verdict.value, 'FAIL') if result.passed else 'FAIL'}",
+            f"{result.verdict.value} {_mark(result)}",
             _first(result),
             _num(div.max_abs if div else (0.0 if result.verdict.value == "match" else None)),
             _num(div.max_rel if div else (0.0 if result.verdict.value == "match" else None)),
