@@ -209,8 +209,8 @@ class ChildRequest:
         """`graphed`, `culprit hunt`, `tapped reference`, `re-run of step 3`, ..."""
         if self.hunt:
             return "culprit hunt"
-        if self.taps:
-            return "tapped " + self.role.value
+        if self.taps:  # a tapped pair's children are `tapped`; a reference that also taps, `tapped reference`
+            return "tapped" if self.role is Role.TAPPED else "tapped " + self.role.value
         if self.targeted:
             return f"{self.role.value} re-run of step{'s' if len(self.io_steps) > 1 else ''} " + \
                 ",".join(map(str, self.io_steps))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from graphdoctor.parent.children import ChildRequest
 from graphdoctor.parent.progress import (
     EventFollower,
     ProgressBoard,
@@ -24,6 +25,7 @@ from graphdoctor.parent.progress import (
     progress_mode,
 )
 from graphdoctor.protocol import Capture, End, EventWriter, RunEnv, Started, Step, encode
+from graphdoctor.protocol.spec import Role
 from graphdoctor.protocol.steps import StepRecord
 
 ESC = "\x1b"
@@ -443,3 +445,14 @@ def test_a_note_goes_above_the_live_board_and_into_the_plain_log(
     quiet = io.StringIO()
     ProgressBoard(quiet, "quiet").note("children run in series")
     assert (plain.getvalue(), quiet.getvalue()) == ("children run in series\n", "")
+
+
+def test_each_childs_progress_label_says_its_role_once() -> None:
+    """A tapped pair's children read `tapped` (the role, once); a reference that taps reads `tapped reference`."""
+    def label(role: Role, **kw: bool) -> str:
+        return ChildRequest(impl="local", dropout=0.0, role=role, ref_dir=Path("."), **kw).describe()
+
+    assert label(Role.TAPPED, taps=True) == "tapped"
+    assert label(Role.REFERENCE, taps=True) == "tapped reference"
+    assert label(Role.GRAPHED) == "graphed"
+    assert label(Role.GRAPHED, hunt=True) == "culprit hunt"
