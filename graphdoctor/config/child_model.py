@@ -14,10 +14,13 @@ from typing import Any
 from graphdoctor.config.codec import CALL, TARGET, decode, encode
 from graphdoctor.config.description import TRANSFORMER_CLASSES, ModelDescription
 from graphdoctor.config.diff_config import RUN_OWNED_FIELDS, DiffConfig
-from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS, TE_LAYER_SPECS
+from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS
 from graphdoctor.config.fp8 import fp8_fields, initialisation
 from graphdoctor.config.megatron_line import MegatronLine, describe_args, megatron_args, with_values
+from graphdoctor.config.twins import BUILTIN_SPECS, BY_FIELD
 from graphdoctor.errors import MissingDependencyError
+
+DROPOUT = BY_FIELD["dropout"]
 
 EAGER = "eager"
 """graphdoctor's name of the eager reference (Megatron's cuda_graph_impl `none`)."""
@@ -61,9 +64,8 @@ def builtin_model(config: DiffConfig, *, source: str = "graphdoctor defaults") -
     fields: dict[str, Any] = {
         "num_layers": config.num_layers, "hidden_size": config.hidden_size,
         "num_attention_heads": config.num_attention_heads, **initialisation(config.fp8_param_gather),
-        "hidden_dropout": config.dropout, "attention_dropout": config.dropout,
-        **graph_fields(config, EAGER), **DTYPE_FIELDS[config.dtype],
-        "transformer_impl": "transformer_engine" if config.layer_spec in TE_LAYER_SPECS else "local",
+        **DROPOUT.to_megatron(config.dropout), **graph_fields(config, EAGER), **DTYPE_FIELDS[config.dtype],
+        "transformer_impl": BUILTIN_SPECS.get(config.layer_spec or "local", "local"),  # pkg.mod:fn: the run file's
     }
     if config.tensor_model_parallel_size > 1:
         fields["tensor_model_parallel_size"] = config.tensor_model_parallel_size
@@ -139,7 +141,7 @@ def child_model(config: DiffConfig, impl: str, dropout: float) -> ModelDescripti
         raise MissingDependencyError(base.unavailable)
     fields = graph_fields(config, impl)
     if dropout != config.dropout:
-        fields.update(hidden_dropout=dropout, attention_dropout=dropout)
+        fields.update(DROPOUT.to_megatron(dropout))
     if base.line:
         changes = {**fields, "cuda_graph_scope_deprecated": None}
         if impl == "full_iteration":

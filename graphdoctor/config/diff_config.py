@@ -13,18 +13,17 @@ from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS, check_entry_poi
 from graphdoctor.config.graph_settings import GRAPHED_IMPLS as IMPLS
 from graphdoctor.config.graph_settings import MODULE_NAMES as CUDA_GRAPH_MODULES
 from graphdoctor.config.placement import check_placement
+from graphdoctor.config.twins import OWNED, RUN_OWNED_NAMES, megatron_of
 from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
 
 DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 
-TRANSFORMER_TWINS: tuple[str, ...] = ("num_layers", "hidden_size", "num_attention_heads",
-                                      "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                      "sequence_parallel", "cuda_graph_warmup_steps")
-"""TransformerConfig fields that DiffConfig has under the same name. The DiffConfig field owns the value: a run
-file's `transformer:` value fills it unless `run:` or a flag sets it (diff_config_from), and the mapping's copy
-is then made to agree, so the model the child builds, the placement graphdoctor starts and checks, and the report
-all say the same (a run file's tensor_model_parallel_size once reached only the child)."""
+TRANSFORMER_TWINS: tuple[str, ...] = tuple(twin.field for twin in OWNED if twin.names == (twin.field,))
+"""TransformerConfig fields that DiffConfig has under the same name (config.twins, `transformer=True` rows). The
+DiffConfig field owns the value: a run file's `transformer:` value fills it unless `run:` or a flag sets it
+(diff_config_from), and the mapping's copy is then made to agree, so the model the child builds, the placement
+graphdoctor starts and checks, and the report all say the same."""
 
 GRAPH_FIELDS: tuple[str, ...] = ("cuda_graph_impl", "enable_cuda_graph", "external_cuda_graph", "cuda_graph_scope",
                                  "cuda_graph_modules")
@@ -33,8 +32,7 @@ values under `transformer:` choose `impls` and `cuda_graph_modules` instead, as 
 does, and leave the mapping (once they reached every child: `enable_cuda_graph: true` graphed the eager
 reference)."""
 
-RUN_OWNED_FIELDS: frozenset[str] = frozenset({*TRANSFORMER_TWINS, *GRAPH_FIELDS, "hidden_dropout",
-                                              "attention_dropout", "bf16", "fp16"})
+RUN_OWNED_FIELDS: frozenset[str] = frozenset({*RUN_OWNED_NAMES, *GRAPH_FIELDS})
 """TransformerConfig fields a child takes from DiffConfig and its own request (dropout, impl), never from
 `transformer:`: the twins, the graph settings, the dropouts (`dropout`) and the precision flags (`dtype`)."""
 
@@ -316,9 +314,7 @@ class DiffConfig:
     def _agreeing_transformer(self) -> dict[str, Any]:
         """The `transformer:` mapping with its copies of what this config owns made to agree with it (the twins,
         the dropouts, the precision flags), so that rules reading the mapping see what the children build."""
-        owned: dict[str, Any] = {name: getattr(self, name) for name in TRANSFORMER_TWINS}
-        owned.update(hidden_dropout=self.dropout, attention_dropout=self.dropout, bf16=self.dtype == "bf16",
-                     fp16=self.dtype == "fp16")
+        owned = megatron_of(self, OWNED)
         return {key: owned.get(key, value) for key, value in self.transformer.items()}
 
     @property

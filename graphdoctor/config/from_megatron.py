@@ -18,6 +18,7 @@ from typing import Any
 from graphdoctor.config.bridge import UNSET_EVAL_INTERVAL, BridgeConfig
 from graphdoctor.config.codec import decode, encode
 from graphdoctor.config.description import ModelDescription, describe_model, plain, unvalidated_class
+from graphdoctor.config.diff_config import DiffConfig
 from graphdoctor.config.fit import EVAL_ITERS_FIT, PLACEMENT, fit_placement, fitted_microbatches, gpus_at_hand
 from graphdoctor.config.fp8 import initialisation
 from graphdoctor.config.graph_settings import graph_choice
@@ -44,17 +45,12 @@ from graphdoctor.config.shrink import (
     shrink_hybrid_pattern,
     shrink_moe_layer_freq,
 )
+from graphdoctor.config.twins import BY_FIELD, SAME_NAME, TWINS, Getter, getter, megatron_of, read_twins
 from graphdoctor.errors import UsageError
 
-LINE_FIELDS: tuple[str, ...] = (
-    "num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size", "vocab_size", "seed",
-    "cuda_graph_warmup_steps", "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
-    "expert_model_parallel_size", "expert_tensor_parallel_size", "overlap_grad_reduce", "use_distributed_optimizer",
-    "ddp_bucket_size", "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
-    "loss_scale",
-)
-"""DiffConfig fields that are Megatron settings of the same name: given by a flag or the run file, they go into the
-model's settings before Megatron validates them."""
+LINE_FIELDS: tuple[str, ...] = SAME_NAME
+"""DiffConfig fields that are Megatron settings of the same name (config.twins): given by a flag or the run file,
+they go into the model's settings before Megatron validates them."""
 
 EAGER_GRAPHS: dict[str, Any] = {"cuda_graph_impl": "none", "cuda_graph_modules": [], "enable_cuda_graph": False,
                                 "external_cuda_graph": False}
@@ -66,10 +62,20 @@ PER_CHILD: frozenset[str] = frozenset({"cuda_graph_scope", "inference_cuda_graph
 scope per implementation): not the run's, so not in the rules' view of it."""
 DEFAULT_VOCAB = 1024
 """diff's vocabulary when the line names a tokenizer but no --vocab-size (synthetic tokens need a size)."""
-REQUIRED_DEFAULTS: dict[str, Any] = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 128,
-                                     "max_position_embeddings": 0, "micro_batch_size": 2}
-"""Settings Megatron-LM requires that a partial line may leave out: DiffConfig's defaults (max_position_embeddings
-follows the sequence length)."""
+def _required_defaults() -> dict[str, Any]:
+    defaults = {f.name: f.default for f in dataclasses.fields(DiffConfig)}
+    out: dict[str, Any] = {}
+    for twin in TWINS:
+        if twin.required:
+            out[twin.field] = defaults[twin.field]
+            if twin.field == "seq_length":  # Megatron-LM requires it too; it follows the sequence length
+                out["max_position_embeddings"] = 0
+    return out
+
+
+REQUIRED_DEFAULTS: dict[str, Any] = _required_defaults()
+"""Settings Megatron-LM requires that a partial line may leave out (config.twins, `required=True`): DiffConfig's
+defaults, and max_position_embeddings, which follows the sequence length."""
 
 
 def required_settings(given: Mapping[str, Any], settings: Mapping[str, Any], who: str,
@@ -89,23 +95,23 @@ def required_settings(given: Mapping[str, Any], settings: Mapping[str, Any], who
                      f"needs them): {who} " + ", ".join(f"{d} {v}" for d, v in missing.items()))
 
 
+def converted_twins(get: Getter) -> dict[str, Any]:
+    """`dtype`, `dropout` and `layer_spec` of a complete Megatron configuration (validated args, a
+    TransformerConfig): fp32 where neither bf16 nor fp16 is set, the TE spec for any transformer_impl but local."""
+    read = read_twins(get, tuple(BY_FIELD[name] for name in ("dtype", "dropout", "layer_spec")))
+    return {"dtype": read.get("dtype", "fp32"), "dropout": read["dropout"], "layer_spec": read.get("layer_spec", "te")}
+
+
 def megatron_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     """The Megatron settings (TransformerConfig / Megatron-LM names) of the DiffConfig values given explicitly."""
-    out: dict[str, Any] = {k: values[k] for k in LINE_FIELDS if values.get(k) is not None}
-    if "recompute_modules" in out:
-        out["recompute_modules"] = list(out["recompute_modules"])
-    if values.get("dtype") is not None:
-        out.update(bf16=values["dtype"] == "bf16", fp16=values["dtype"] == "fp16")
-    if values.get("dropout") is not None:
-        out.update(hidden_dropout=values["dropout"], attention_dropout=values["dropout"])
+    out = megatron_of(dict(values), tuple(twin for twin in TWINS if twin.field != "layer_spec"))
     if values.get("fp8_format") is not None:
         out["fp8"] = values["fp8_format"]
     if values.get("fp8_recipe") is not None:
         out["fp8_recipe"] = values["fp8_recipe"]
     if values.get("fp8_param_gather"):
         out["fp8_param_gather"] = True
-    if values.get("layer_spec") in ("local", "te", "transformer_engine"):
-        out["transformer_impl"] = "local" if values["layer_spec"] == "local" else "transformer_engine"
+    out.update(megatron_of(dict(values), (BY_FIELD["layer_spec"],)))
     return out
 
 
@@ -320,14 +326,12 @@ def _graph_arg(args: Any, name: str) -> Any:
 
 def _read_back(args: Any, world: int) -> dict[str, Any]:
     """DiffConfig fields from Megatron-LM's validated args."""
-    dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     return {
         "num_layers": args.num_layers, "hidden_size": args.hidden_size,
         "num_attention_heads": args.num_attention_heads, "seq_length": args.seq_length,
         "micro_batch_size": args.micro_batch_size,
         "num_microbatches": max(1, args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)),
-        "vocab_size": args.vocab_size or args.padded_vocab_size, "dtype": dtype,
-        "dropout": max(args.hidden_dropout, args.attention_dropout), "seed": args.seed,
+        "vocab_size": args.vocab_size or args.padded_vocab_size, **converted_twins(getter(args)), "seed": args.seed,
         "cuda_graph_warmup_steps": args.cuda_graph_warmup_steps, "nproc_per_node": world,
         "tensor_model_parallel_size": args.tensor_model_parallel_size,
         "pipeline_model_parallel_size": args.pipeline_model_parallel_size,
@@ -337,7 +341,6 @@ def _read_back(args: Any, world: int) -> dict[str, Any]:
         "overlap_grad_reduce": bool(args.overlap_grad_reduce),
         "use_distributed_optimizer": bool(args.use_distributed_optimizer),
         "ddp_bucket_size": args.ddp_bucket_size,
-        "layer_spec": "local" if args.transformer_impl == "local" else "te",
         "fp8_format": args.fp8, "fp8_recipe": str(getattr(args.fp8_recipe, "value", args.fp8_recipe)) if args.fp8
         else None, "fp8_param_gather": bool(args.fp8 and args.fp8_param_gather),
         # Megatron's test is `if config.loss_scale` (0 is the dynamic scaler too); a scale beside bf16 or fp32 is
@@ -420,15 +423,13 @@ def resolve_bridge(values: dict[str, Any], bridge: BridgeConfig) -> dict[str, An
         "num_layers": tconfig.num_layers, "hidden_size": tconfig.hidden_size,
         "num_attention_heads": tconfig.num_attention_heads, "seq_length": int(model_config.seq_length),
         "micro_batch_size": micro, "vocab_size": int(model_config.vocab_size or DEFAULT_VOCAB),
-        "dtype": "bf16" if tconfig.bf16 else "fp16" if tconfig.fp16 else "fp32",
-        "dropout": max(tconfig.hidden_dropout, tconfig.attention_dropout),
+        **converted_twins(getter(tconfig)),
         "cuda_graph_warmup_steps": tconfig.cuda_graph_warmup_steps, "nproc_per_node": world,
         "tensor_model_parallel_size": tconfig.tensor_model_parallel_size,
         "pipeline_model_parallel_size": tconfig.pipeline_model_parallel_size,
         "sequence_parallel": bool(tconfig.sequence_parallel),
         "expert_model_parallel_size": tconfig.expert_model_parallel_size,
         "expert_tensor_parallel_size": tconfig.expert_tensor_parallel_size,
-        "layer_spec": "local" if tconfig.transformer_impl == "local" else "te",
     })
     batch = bridge.run.get("global_batch_size")
     if values.get("num_microbatches") is None and merged.get("fit"):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.config.bridge import BridgeConfig
-from graphdoctor.config.diff_config import GRAPH_FIELDS, TRANSFORMER_TWINS, DiffConfig
+from graphdoctor.config.diff_config import GRAPH_FIELDS, DiffConfig
 from graphdoctor.config.from_megatron import resolve_bridge, resolve_line
 from graphdoctor.config.functional_test import FunctionalTest, is_functional_test, read_functional_test
 from graphdoctor.config.graph_settings import graph_choice
@@ -24,6 +24,7 @@ from graphdoctor.config.launch_scan import scan_launch
 from graphdoctor.config.megatron_line import read_uses
 from graphdoctor.config.run_file import RunFile
 from graphdoctor.config.schema import load_yaml_strict
+from graphdoctor.config.twins import BY_FIELD, OWNED, getter, read_twins
 from graphdoctor.errors import UsageError, where_from
 from graphdoctor.inputs import describe, read_text
 
@@ -128,26 +129,17 @@ def read_megatron_file(text_or_at: str) -> FunctionalTest | None:
 
 def _fill_from_transformer(values: dict[str, Any], where: str) -> None:
     """Fill the DiffConfig fields a `transformer:` mapping sets, where `run:` and the flags do not, as a launch line
-    sets them from the same Megatron settings: the TRANSFORMER_TWINS; `dropout`, the
-    larger of hidden_dropout and attention_dropout (diff applies one to both, as for a launch line); `dtype` from
-    bf16/fp16; `layer_spec` from transformer_impl; `impls` and `cuda_graph_modules` from the graph settings, which
-    then leave the mapping (GRAPH_FIELDS). Called before the launch line is applied: the run file sits over it.
+    sets them from the same Megatron settings: the twins the run owns (config.twins, `transformer=True`: the
+    same-name fields; `dropout`, the larger of hidden_dropout and attention_dropout, since diff applies one to
+    both, as for a launch line; `dtype` from bf16/fp16) and `layer_spec` from transformer_impl; `impls` and
+    `cuda_graph_modules` from the graph settings, which then leave the mapping (GRAPH_FIELDS). Called before the launch line is applied: the run file sits over it.
 
     Raises:
         UsageError: graph settings Megatron refuses (graph_settings.graph_choice), named `<where>transformer.<field>`.
     """
     transformer = dict(values["transformer"])
-    for name in TRANSFORMER_TWINS:
-        if name in transformer:
-            values.setdefault(name, transformer[name])
-    dropouts = [transformer[k] for k in ("hidden_dropout", "attention_dropout") if k in transformer]
-    if dropouts and all(isinstance(d, int | float) and not isinstance(d, bool) for d in dropouts):
-        values.setdefault("dropout", max(dropouts))
-    for flag in ("bf16", "fp16"):
-        if transformer.get(flag) is True:
-            values.setdefault("dtype", flag)
-    if transformer.get("transformer_impl") in ("local", "transformer_engine"):
-        values.setdefault("layer_spec", "local" if transformer["transformer_impl"] == "local" else "te")
+    for name, value in read_twins(getter(transformer), (*OWNED, BY_FIELD["layer_spec"])).items():
+        values.setdefault(name, value)
     if any(name in transformer for name in GRAPH_FIELDS):
         settings = graph_choice(transformer.get, lambda name: f"{where}transformer.{name}")
         if settings.legacy_with_impl:

@@ -17,6 +17,7 @@ from graphdoctor.cli.diff import build_config
 from graphdoctor.config import TRANSFORMER_TWINS, DiffConfig
 from graphdoctor.config.build import child_transformer_config as transformer_config
 from graphdoctor.config.child_model import one_gpu
+from graphdoctor.config.twins import MISSING, TWINS, Twin, getter
 from graphdoctor.diff import DiffReport
 from graphdoctor.errors import UsageError
 from graphdoctor.options import DIFF_OPTIONS
@@ -39,12 +40,44 @@ def _run_file(tmp_path: Path, text: str) -> str:
 
 
 def test_every_twin_is_a_field_of_both() -> None:
+    """Every row of the one table: a DiffConfig field; its Megatron names are TransformerConfig fields where the
+    run owns them, Megatron-LM argument dests otherwise (the names a launch line's parser gives)."""
     import dataclasses
 
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from graphdoctor.config.megatron_lm import megatron_flags
+
+    transformer = {f.name for f in dataclasses.fields(TransformerConfig)}
+    dests = {flag.dest for flag in megatron_flags().values()}
     assert set(TRANSFORMER_TWINS) <= {f.name for f in dataclasses.fields(DiffConfig)}
-    assert set(TRANSFORMER_TWINS) <= {f.name for f in dataclasses.fields(TransformerConfig)}
+    assert set(TRANSFORMER_TWINS) <= transformer
+    for twin in TWINS:
+        assert twin.field in {f.name for f in dataclasses.fields(DiffConfig)}, twin.field
+        if twin.transformer:
+            assert set(twin.names) <= transformer, twin
+        else:
+            assert set(twin.names) <= dests, twin
+
+
+@pytest.mark.parametrize("twin", TWINS, ids=lambda twin: twin.field)
+def test_each_twin_reads_back_what_it_writes(twin: Twin) -> None:
+    """DiffConfig value -> Megatron settings -> DiffConfig value gives the value again, for the default and, for
+    the converted twins, each value they can take."""
+    import dataclasses
+
+    default = {f.name: f.default for f in dataclasses.fields(DiffConfig)}[twin.field]
+    values = {"dtype": ["fp32", "bf16", "fp16"], "dropout": [0.0, 0.1], "layer_spec": ["local", "te"]}.get(
+        twin.field, [default if default is not None else 1])
+    for value in values:
+        settings = twin.to_megatron(list(value) if isinstance(value, tuple) else value)
+        assert set(settings) <= set(twin.names), settings
+        read = twin.read(getter({**{name: False for name in twin.names}, **settings}))
+        expected = tuple(value) if isinstance(value, tuple) else value
+        if twin.field == "dtype" and value == "fp32":
+            assert read is MISSING  # neither flag set: a run file that says nothing of the precision
+        else:
+            assert (tuple(read) if isinstance(read, list) else read) == expected, (twin.field, value, read)
 
 
 def test_the_run_files_model_shape_is_the_one_reported_and_built(tmp_path: Path) -> None:
