@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from graphdoctor.errors import GraphDoctorError
 
 if TYPE_CHECKING:
-    from graphdoctor.diff import DiffReport
+    from graphdoctor.diff.report import DiffReport
 
 TE_IMPL = "transformer_engine"
 USER_PROPERTY = "graphdoctor"

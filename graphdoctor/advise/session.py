@@ -23,7 +23,7 @@ from pathlib import Path
 from graphdoctor.advise.candidates import Candidate
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff import DiffRun
+from graphdoctor.diff.run import DiffRun
 from graphdoctor.parent.children import ChildRequest, ChildSession
 from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.progress import ProgressBoard

@@ -13,7 +13,7 @@ import click
 from graphdoctor.options import DIFF_OPTIONS, click_options
 
 if TYPE_CHECKING:
-    from graphdoctor.report.plan import PlanOf
+    from graphdoctor.advise.plan import PlanOf
 
 
 def build_config(config_path: str | None, values: dict[str, Any]) -> Any:
@@ -121,7 +121,7 @@ def diff_command(config_path: str | None, settings: tuple[str, ...], json_path: 
         from graphdoctor.errors import UsageError
 
         raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
-    from graphdoctor.diff import diff
+    from graphdoctor.diff.run import diff
     from graphdoctor.parent.timeline import process_started_at
 
     started_at = process_started_at()
@@ -158,68 +158,28 @@ def parse_settings(settings: tuple[str, ...]) -> dict[str, Any]:
 
 def write_plan(of: PlanOf, config: Any, json_path: str | None, html_path: str | None,
                inputs: list[str | None]) -> None:
-    """`diff --plan` and `advise --plan`: the table (not with `--json -`), the `plan` JSON document where asked,
-    and the plan's exit code. diff's plan is refused as diff refuses a run before any GPU work
-    (parent.static.refuse_before_gpu_work), the GPU itself aside.
+    """`diff --plan` and `advise --plan` (decided in graphdoctor.advise.plan, rendered by graphdoctor.report.plan): the text (not with `--json -`), the `plan` JSON
+    document where asked, and the plan's exit code.
 
     Raises:
         UsageError: `--html` (a page is a run's), an output onto an input.
     """
-    import json
-
+    from graphdoctor.advise.plan import make_plan
     from graphdoctor.errors import UsageError
     from graphdoctor.inputs import check_output_path, write_output
-    from graphdoctor.report.plan import plan_document, plan_exit_code, refusal_lines, render_diff_plan
+    from graphdoctor.report.plan import exit_code_of, plan_json, plan_text
 
     if html_path:
         raise UsageError(f"--html {html_path}: a page is written for a run; expected it without --plan "
                          "(--json writes the plan)")
     if json_path and json_path != "-":
         check_output_path(json_path, "--json", inputs)
-    from graphdoctor.config.child_model import run_model
-    from graphdoctor.config.description import model_facts
-    from graphdoctor.parent.availability import why_unavailable
-    from graphdoctor.parent.skeleton import Skeleton, build_skeleton
-    from graphdoctor.parent.static import cannot_build
-    from graphdoctor.report.diff import model_line
-
-    model = run_model(config)
-    cannot = why_unavailable("local", config)  # what this machine cannot build at all (TE layers without TE, ...)
-    skeleton = build_skeleton(config) if cannot is None else Skeleton(not_built=cannot)
-    facts = model_facts(model)
-    # Every refusal at once, each with its fix: what this installation cannot build, then the model's own build.
-    refusals = cannot_build(config)
-    if skeleton.error is not None:
-        if "zero_centered_gamma" in skeleton.error:  # Megatron's own words for what missing_apex_norm predicts
-            refusals = [why for why in refusals if not why.startswith("layernorm_zero_centered_gamma")]
-        refusals.append(f"every child's set-up would fail building the model: {skeleton.error}"
-                        + (f" ({skeleton.where})" if skeleton.where else ""))
-    if of == "diff":
-        from graphdoctor.advise import diff_plan
-
-        screenings = diff_plan(config)
-        text = render_diff_plan(config, screenings, model_lines=(model_line(facts, skeleton.num_parameters),
-                                                                 f"  {skeleton.line}"), refusals=refusals)
-    else:
-        from graphdoctor.advise import plan
-        from graphdoctor.report.advise import render_plan
-
-        screenings = plan(config)
-        text = "\n".join((model_line(facts, skeleton.num_parameters), f"  {skeleton.line}", render_plan(screenings),
-                          *refusal_lines(refusals)))
+    plan = make_plan(of, config)
     if json_path != "-":
-        click.echo(text)
+        click.echo(plan_text(plan))
     if json_path:
-        document = json.dumps(plan_document(of, config, screenings, model=facts, skeleton=skeleton_dict(skeleton),
-                                            refusals=refusals), indent=2, allow_nan=False)
-        write_output(json_path, document + "\n", flag="--json", inputs=inputs)
-    sys.exit(1 if refusals else plan_exit_code(screenings, of))
-
-
-def skeleton_dict(skeleton: Any) -> dict[str, Any]:
-    """The plan document's `skeleton`: what building the model on the meta device said."""
-    return {"num_parameters": skeleton.num_parameters, "error": skeleton.error, "where": skeleton.where,
-            "not_built": skeleton.not_built}
+        write_output(json_path, plan_json(plan) + "\n", flag="--json", inputs=inputs)
+    sys.exit(exit_code_of(plan))
 
 
 def write_outputs(report: Any, json_path: str | None, html_path: str | None, verbose: bool) -> None:

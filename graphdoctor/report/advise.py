@@ -19,7 +19,7 @@ from graphdoctor.strict_json import json_safe
 if TYPE_CHECKING:
     from graphdoctor.advise import AdviseReport
     from graphdoctor.advise.bisect import Bisection
-    from graphdoctor.advise.candidates import Candidate, Screening
+    from graphdoctor.advise.candidates import Candidate
     from graphdoctor.advise.rank import CandidateResult, Recommendation
 
 HEADERS = ["#", "candidate", "verdict", "speedup (spread)", "graph pools", "peak vs eager", "host launches",
@@ -174,14 +174,5 @@ def write_json(report: AdviseReport, path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def render_plan(screenings: list[Screening]) -> str:
-    """`advise --plan`: one row per candidate, `run`, `rejected` with its rules or `unavailable`."""
-    from graphdoctor.report.plan import plan_table
-
-    runnable = sum(1 for item in screenings if item.runnable)
-    return (f"{plan_table(screenings, 'advise')}\n{runnable} of {len(screenings)} candidates would run (plus eager "
-            "once); nothing ran")
-
-
-__all__ = ["render_plan", "HEADERS", "bisection_lines", "document", "recommendation_lines", "render_text", "row", "table_rows",
+__all__ = ["HEADERS", "bisection_lines", "document", "recommendation_lines", "render_text", "row", "table_rows",
            "write_json"]

@@ -22,7 +22,7 @@ from graphdoctor.strict_json import json_safe
 if TYPE_CHECKING:
     from graphdoctor.compare.verdict import ImplResult, Timing
     from graphdoctor.config import DiffConfig
-    from graphdoctor.diff import DiffReport
+    from graphdoctor.diff.report import DiffReport
     from graphdoctor.protocol.record import RunRecord
     from graphdoctor.types import Diagnosis, RankStack
 

@@ -4,18 +4,19 @@ as a table and as the `plan` JSON document (docs/json.md)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from graphdoctor.advise.plan import PlanOf
 from graphdoctor.envelope import envelope
 from graphdoctor.report.escape import escape_control, one_line
 
 if TYPE_CHECKING:
     from graphdoctor.advise.candidates import Rejection, Screening
+    from graphdoctor.advise.plan import Plan
     from graphdoctor.config import DiffConfig
 
-PlanOf = Literal["diff", "advise"]
 _WHY_WIDTH = 60
 
 
@@ -137,5 +138,35 @@ def _recipe_needs(config: DiffConfig) -> str | None:
     return recipe_needs(run_model(config).value)
 
 
-__all__ = ["PlanOf", "diff_errors", "plan_document", "plan_exit_code", "plan_table", "refusal_lines",
+def plan_text(plan: Plan) -> str:
+    """What `--plan` prints: the header and model lines, the table, the refusals."""
+    from graphdoctor.report.diff import model_line
+
+    model_lines = (model_line(plan.facts, plan.skeleton.num_parameters), f"  {plan.skeleton.line}")
+    if plan.of == "diff":
+        return render_diff_plan(plan.config, plan.screenings, model_lines=model_lines, refusals=plan.refusals)
+    return "\n".join((*model_lines, render_advise_plan(plan.screenings), *refusal_lines(plan.refusals)))
+
+
+def render_advise_plan(screenings: list[Screening]) -> str:
+    """`advise --plan`'s table: one row per candidate, `run`, `rejected` with its rules or `unavailable`."""
+    runnable = sum(1 for item in screenings if item.runnable)
+    return (f"{plan_table(screenings, 'advise')}\n{runnable} of {len(screenings)} candidates would run (plus eager "
+            "once); nothing ran")
+
+
+def plan_json(plan: Plan) -> str:
+    """The `plan` JSON document (docs/json.md)."""
+    import json
+
+    return json.dumps(plan_document(plan.of, plan.config, plan.screenings, model=plan.facts,
+                                    skeleton=plan.skeleton_dict(), refusals=plan.refusals), indent=2, allow_nan=False)
+
+
+def exit_code_of(plan: Plan) -> int:
+    """1 when anything is refused or a screening fails, else 0."""
+    return 1 if plan.refusals else plan_exit_code(plan.screenings, plan.of)
+
+
+__all__ = ["PlanOf", "exit_code_of", "plan_json", "plan_text", "render_advise_plan", "diff_errors", "plan_document", "plan_exit_code", "plan_table", "refusal_lines",
            "render_diff_plan", "row_plan"]

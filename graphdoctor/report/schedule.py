@@ -12,7 +12,7 @@ from graphdoctor.compare.phases import phases_summary
 from graphdoctor.report.html_page import table
 
 if TYPE_CHECKING:
-    from graphdoctor.diff import DiffReport
+    from graphdoctor.diff.report import DiffReport
     from graphdoctor.report.html_model import ReportView
 
 

@@ -207,7 +207,7 @@ def test_the_cli_writes_the_partial_report_and_exits_128_plus_the_signal(tmp_pat
         stop.report = partial
         raise stop
 
-    monkeypatch.setattr("graphdoctor.diff.diff", stopped_diff)
+    monkeypatch.setattr("graphdoctor.diff.run.diff", stopped_diff)
     out, page = tmp_path / "partial.json", tmp_path / "partial.html"
     result = CliRunner().invoke(main, ["diff", "--impl", "local", "--json", str(out), "--html", str(page)])
     assert result.exit_code == 143, result.output
