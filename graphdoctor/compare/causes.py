@@ -137,7 +137,8 @@ def _diagnosis(result: ImplResult, cause: Cause, rule: str) -> Diagnosis:
     elif div is not None:
         meaning += f"; first difference: {_first_difference(div)}"
     fix = cause.fix if rule == cause.rule else rule_fix(rule)
-    return Diagnosis(error_type="numeric-divergence", message=cause.message, meaning=meaning, fix=fix,
+    # the row's own verdict heads the line: a reseeded RNG tracker explains an rng-divergence
+    return Diagnosis(error_type=result.verdict.value, message=cause.message, meaning=meaning, fix=fix,
                      rule=rule, module=cause.module or None, location=cause.location,
                      step=cause.step if cause.step is not None else (div.step if div else None),
                      phase=cause.phase, also_at=cause.also_at)

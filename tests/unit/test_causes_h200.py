@@ -124,6 +124,7 @@ def test_recorded_holder_is_named_again_from_the_evidence(fixture: str, rule: st
             (rule, marked_location(fixture, rule)), (row.impl, again.diagnosis)
         (explained,) = [c for c in again.causes if c.explains]
         assert explained.subject is not None and holder in explained.subject, explained
+        assert again.diagnosis.error_type == verdict.value  # the cause line is headed by the row's own verdict
         assert not again.passed  # an rng-divergence a cause explains fails too
     assert report.exit_code() == 1
 
