@@ -104,6 +104,7 @@ def converted_twins(get: Getter) -> dict[str, Any]:
 
 def megatron_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     """The Megatron settings (TransformerConfig / Megatron-LM names) of the DiffConfig values given explicitly."""
+    # transformer_impl after the fp8 settings: the order a line's added flags are written in
     out = megatron_of(dict(values), tuple(twin for twin in TWINS if twin.field != "layer_spec"))
     if values.get("fp8_format") is not None:
         out["fp8"] = values["fp8_format"]

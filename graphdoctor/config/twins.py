@@ -124,11 +124,11 @@ RUN_OWNED_NAMES: frozenset[str] = frozenset(name for twin in TWINS if twin.trans
 def megatron_of(values: dict[str, Any] | Any, fields: tuple[Twin, ...] = TWINS) -> dict[str, Any]:
     """The Megatron settings of the twins `values` gives (a mapping of DiffConfig fields, or a DiffConfig), those
     that are not None."""
-    get = values.get if isinstance(values, dict) else (lambda name: getattr(values, name, None))
+    get = getter(values)
     out: dict[str, Any] = {}
     for twin in fields:
         value = get(twin.field)
-        if value is not None:
+        if value is not None and value is not MISSING:
             out.update(twin.to_megatron(value))
     return out
 
