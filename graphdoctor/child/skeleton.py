@@ -40,15 +40,16 @@ def build(config_json: str) -> dict[str, Any]:
 
     from graphdoctor.config import DiffConfig
     from graphdoctor.config.build import build_model, child_transformer_config
-    from graphdoctor.config.child_model import EAGER, child_model, one_gpu
+    from graphdoctor.config.child_model import child_model, one_gpu
+    from graphdoctor.config.impl import Impl
 
     config = one_gpu(DiffConfig.from_dict(json.loads(config_json)))
-    model = child_model(config, EAGER, config.dropout)
+    model = child_model(config, Impl.EAGER, config.dropout)
     if config.model_provider or model.layer_spec and not model.layer_spec.startswith("megatron."):
         return {"built": False, "why": "the model comes from your own pkg.mod:fn, which runs only in diff's children"}
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
-    tconfig = child_transformer_config(config, EAGER, config.dropout)
+    tconfig = child_transformer_config(config, Impl.EAGER, config.dropout)
     # Where the weights are initialised does not change the model; FP8 primary weights are initialised on the GPU
     # (graphdoctor.config.fp8.initialisation), which a process without one cannot do.
     tconfig.use_cpu_initialization = True

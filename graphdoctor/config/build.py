@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from graphdoctor.config.child_model import EAGER, child_model
+from graphdoctor.config.child_model import child_model
 from graphdoctor.config.codec import CALL, TARGET, decode
 from graphdoctor.config.description import MODEL_KINDS, ModelDescription
 from graphdoctor.config.diff_config import DiffConfig
 from graphdoctor.config.entry_points import resolve_entry_point
+from graphdoctor.config.impl import Impl
 from graphdoctor.errors import UsageError
 
 MEGATRON_SPEC_PREFIX = "megatron."
@@ -42,7 +43,7 @@ def child_transformer_config(config: DiffConfig, impl: str, dropout: float) -> A
         MissingDependencyError: the settings need Transformer Engine or megatron.training, missing here.
     """
     built = transformer_config(child_model(config, impl, dropout))
-    if impl == EAGER and (built.cuda_graph_impl != "none" or built.enable_cuda_graph or built.external_cuda_graph):
+    if impl == Impl.EAGER and (built.cuda_graph_impl != "none" or built.enable_cuda_graph or built.external_cuda_graph):
         raise UsageError(f"the eager reference would build CUDA graphs (cuda_graph_impl {built.cuda_graph_impl!r}): "
                          f"a setting of transformer: turns them on; expected graphs only in the graphed runs")
     return built

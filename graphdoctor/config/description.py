@@ -41,6 +41,10 @@ MODEL_OWNED: frozenset[str] = frozenset({"transformer", "transformer_layer_spec"
 spec (`layer_spec`, by name), hooks and checkpoint metadata (objects of a training job, not of the model)."""
 
 
+BUILTIN_SOURCE = "graphdoctor defaults"
+"""ModelDescription.source of graphdoctor's own model."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelDescription:
     """One run's model, resolved."""
@@ -65,9 +69,9 @@ class ModelDescription:
     """Transformer Engine's RNG tracker, as Megatron-LM's validate_args decides it (on for CUDA graphs when TE
     builds the layers or the graphs)."""
 
-    source: str = "graphdoctor defaults"
+    source: str = BUILTIN_SOURCE
     """Where the model came from: `launch line FILE`, `functional test FILE`, `Megatron-Bridge FILE`, `run file
-    FILE` or `graphdoctor defaults`."""
+    FILE` or `graphdoctor defaults` (BUILTIN_SOURCE)."""
 
     line: tuple[tuple[str, ...], ...] = ()
     """The Megatron-LM flags it was parsed from (each `--flag value...`), graphdoctor's overrides included; empty
@@ -80,6 +84,11 @@ class ModelDescription:
     unavailable: str | None = None
     """Why this machine cannot build the model (Megatron's TransformerConfig asks for Transformer Engine, which is
     not installed here); its fields are then Megatron's as given, not validated. None: validated by Megatron."""
+
+    @property
+    def builtin(self) -> bool:
+        """graphdoctor's own GPT model, derived from DiffConfig's fields (no Megatron source describes it)."""
+        return self.source == BUILTIN_SOURCE and not self.line
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -272,5 +281,5 @@ def unvalidated_class(cls: type) -> type:
     return dataclasses.dataclass(type(f"Unvalidated{cls.__name__}", (cls,), {"__post_init__": skip_checks}))
 
 
-__all__ = ["MODEL_KINDS", "MODEL_OWNED", "TRANSFORMER_CLASSES", "ModelDescription", "class_defaults", "describe_model",
-           "model_facts", "plain", "unvalidated_class"]
+__all__ = ["BUILTIN_SOURCE", "MODEL_KINDS", "MODEL_OWNED", "TRANSFORMER_CLASSES", "ModelDescription", "class_defaults",
+           "describe_model", "model_facts", "plain", "unvalidated_class"]

@@ -8,12 +8,16 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphdoctor.config.description import ModelDescription
+from graphdoctor.config.builtin import DTYPE_FIELDS, graph_fields, moe_defaults
+from graphdoctor.config.codec import encode
+from graphdoctor.config.description import TRANSFORMER_CLASSES, ModelDescription
 from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS, check_entry_point
+from graphdoctor.config.fp8 import fp8_fields, initialisation
 from graphdoctor.config.graph_settings import GRAPHED_IMPLS as IMPLS
 from graphdoctor.config.graph_settings import MODULE_NAMES as CUDA_GRAPH_MODULES
+from graphdoctor.config.impl import Impl
 from graphdoctor.config.placement import check_placement
-from graphdoctor.config.twins import OWNED, RUN_OWNED_NAMES, megatron_of
+from graphdoctor.config.twins import BUILTIN_SPECS, BY_FIELD, OWNED, RUN_OWNED_NAMES, megatron_of
 from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
 
@@ -238,12 +242,16 @@ class DiffConfig:
     expert_tensor_parallel_size: int | None = None
     """Megatron expert tensor-parallel size (None: the tensor-parallel size, Megatron's default)."""
 
-    model: ModelDescription | None = None
-    """The model as Megatron resolved it from a launch line, functional test or Megatron-Bridge config
-    (graphdoctor.config.resolve, which sets the fields above from it); None: graphdoctor's own GPT model, from
-    the fields above and `transformer:` (graphdoctor.config.resolve.builtin_model)."""
+    model: ModelDescription = None  # type: ignore[assignment]  # set by __post_init__
+    """The run's model: as Megatron resolved it from a launch line, functional test, Megatron-Bridge or Megatron
+    config (graphdoctor.config.resolve, which sets the fields above from it), else graphdoctor's own GPT model
+    (`model.builtin`), which __post_init__ derives from the fields above and `transformer:` on every creation and
+    replace, so it always says what the fields say."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, dict):
+            self.model = ModelDescription.from_dict(self.model)
+        own = self.model is None or self.model.builtin
         _check_impls(self.impls)
         if not isinstance(self.transformer, dict):
             raise UsageError(f"transformer: got {describe(self.transformer)}, expected a mapping of "
@@ -255,16 +263,14 @@ class DiffConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name}: got {value!r}, expected an integer >= 1")
         _check_schedule(self)
-        if isinstance(self.model, dict):
-            self.model = ModelDescription.from_dict(self.model)
-        if self.model is None and self.hidden_size % self.num_attention_heads:
+        if own and self.hidden_size % self.num_attention_heads:
             raise UsageError(
                 f"hidden_size: got {self.hidden_size}, expected a multiple of "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
         if self.dtype not in DTYPES:
             raise UsageError(f"dtype: got {self.dtype!r}, expected one of {', '.join(DTYPES)}")
-        _check_fp8(self)
+        _check_fp8(self, own=own)
         if self.loss_scale is not None and (isinstance(self.loss_scale, bool)
                                             or not isinstance(self.loss_scale, (int, float)) or self.loss_scale <= 0):
             raise UsageError(f"loss_scale: got {self.loss_scale!r}, expected a number > 0 (or unset: dynamic)")
@@ -310,6 +316,41 @@ class DiffConfig:
             if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
                 raise UsageError(f"graph_layers: got {layer!r}, expected layer indices 0 to {self.num_layers - 1}")
         check_placement(self)
+        if own:
+            self.model = self._builtin_model()
+
+    def _builtin_model(self) -> ModelDescription:
+        """graphdoctor's own GPT model: the shape, precision, dropout and placement above, then `transformer:`'s
+        fields (but what the run owns, RUN_OWNED_FIELDS), the recompute settings, the layer spec (`local`, `te`, or
+        the user's `pkg.mod:fn`), weights initialised where `initialisation` says; the eager reference's graphs."""
+        fields: dict[str, Any] = {
+            "num_layers": self.num_layers, "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads, **initialisation(self.fp8_param_gather),
+            **BY_FIELD["dropout"].to_megatron(self.dropout),
+            **graph_fields(Impl.EAGER, self.cuda_graph_modules, self.cuda_graph_warmup_steps),
+            **DTYPE_FIELDS[self.dtype],
+            "transformer_impl": BUILTIN_SPECS.get(self.layer_spec or "local", "local"),  # pkg.mod:fn: the run file's
+        }
+        if self.tensor_model_parallel_size > 1:
+            fields["tensor_model_parallel_size"] = self.tensor_model_parallel_size
+        if self.pipeline_model_parallel_size > 1:
+            fields["pipeline_model_parallel_size"] = self.pipeline_model_parallel_size
+            fields["pipeline_dtype"] = fields["params_dtype"]  # Megatron asserts it is set for P > 1
+        if self.expert_model_parallel_size > 1:
+            fields["expert_model_parallel_size"] = self.expert_model_parallel_size
+        if self.expert_tensor_parallel_size is not None:
+            fields["expert_tensor_parallel_size"] = self.expert_tensor_parallel_size
+        if self.sequence_parallel:
+            fields["sequence_parallel"] = True
+        for key, value in {**self.transformer, **self.recompute_settings()}.items():
+            if key not in RUN_OWNED_FIELDS:
+                fields[key] = encode(value)
+        fields.update(moe_defaults(self.transformer))
+        fields.update(fp8_fields(self.fp8_format, self.fp8_recipe, self.fp8_param_gather))
+        spec = self.layer_spec if self.layer_spec not in (None, *BUILTIN_LAYER_SPECS) else None
+        return ModelDescription(kind="gpt", transformer_class=TRANSFORMER_CLASSES[0], transformer=fields,
+                                model={"vocab_size": self.vocab_size, "seq_length": self.seq_length},
+                                layer_spec=spec)
 
     def _agreeing_transformer(self) -> dict[str, Any]:
         """The `transformer:` mapping with its copies of what this config owns made to agree with it (the twins,
@@ -345,7 +386,7 @@ class DiffConfig:
         data["launch_notes"] = list(self.launch_notes)
         data["graph_layers"] = list(self.graph_layers)
         data["recompute_modules"] = list(self.recompute_modules)
-        data["model"] = self.model.to_dict() if self.model is not None else None
+        data["model"] = self.model.to_dict()
         return data
 
     @classmethod
@@ -369,7 +410,7 @@ STARTUP_VARIABLES: tuple[str, ...] = (
 """Run-file `env:` keys refused unless --allow-env names them: they change which code a child runs."""
 
 
-def _check_fp8(config: DiffConfig) -> None:
+def _check_fp8(config: DiffConfig, *, own: bool) -> None:
     """The FP8 flags: known values, a recipe or primary weights only with a format (graphdoctor's model), the
     distributed optimizer for FP8 primary weights, Transformer Engine's layers for graphdoctor's own model."""
     from graphdoctor.config.entry_points import TE_LAYER_SPECS
@@ -382,7 +423,7 @@ def _check_fp8(config: DiffConfig) -> None:
     if config.fp8_param_gather and not config.use_distributed_optimizer:
         raise UsageError("fp8_param_gather: FP8 primary weights need the distributed optimizer (Megatron-LM's "
                          "validate_args, training/arguments.py:1060); add --use-distributed-optimizer")
-    if config.model is not None:
+    if not own:
         return
     fp8 = config.fp8_format or config.transformer.get("fp8")
     if (config.fp8_recipe or config.fp8_param_gather) and not fp8:

@@ -10,13 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from graphdoctor.config.impl import GRAPHED, MEGATRON_IMPLS
 from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
 from graphdoctor.suggest import did_you_mean
 
-GRAPHED_IMPLS: tuple[str, ...] = ("local", "full_iteration", "transformer_engine")
-"""The graph implementations, in the order graphdoctor reports them."""
-IMPLS: tuple[str, ...] = ("none", *GRAPHED_IMPLS)
+GRAPHED_IMPLS: tuple[str, ...] = GRAPHED
+"""The graph implementations, in the order graphdoctor reports them (config.impl)."""
+IMPLS: tuple[str, ...] = MEGATRON_IMPLS
 """TransformerConfig.cuda_graph_impl's values in megatron-core 0.19.2 ("none": eager)."""
 MODULE_NAMES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 """Values TransformerConfig.cuda_graph_modules accepts in megatron-core 0.19.2."""

@@ -69,7 +69,7 @@ def check_placement(config: PlacedRun) -> None:
     bucket = config.ddp_bucket_size
     if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1):
         raise UsageError(f"ddp_bucket_size: got {bucket!r}, expected an integer >= 1 (elements)")
-    if config.model is not None:
+    if config.model is not None and not config.model.builtin:
         return
     experts = config.transformer.get("num_moe_experts")
     if isinstance(experts, int) and not isinstance(experts, bool) and experts and experts % ep:

@@ -5,7 +5,7 @@ then the model's own description, one of: a Megatron-LM launch line or shell scr
 `run.megatron_args`), a Megatron-LM functional test's model_config.yaml, a Megatron-Bridge ConfigContainer YAML
 (`--config`). A Megatron source is resolved by Megatron's own code (graphdoctor.config.from_megatron) with the
 values above put in as its settings; without one the model is graphdoctor's own GPT model
-(graphdoctor.config.child_model.builtin_model).
+(DiffConfig.model.builtin, derived by DiffConfig itself).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ hang the importing process); the answer is cached for the process.
 from __future__ import annotations
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.config.child_model import run_model
 from graphdoctor.config.entry_points import TE_LAYER_SPECS
 from graphdoctor.config.fp8 import recipe_unavailable_here
 from graphdoctor.errors import NoGPUError
@@ -78,7 +77,7 @@ def why_unavailable(impl: str, cfg: DiffConfig, *, probe: bool = True) -> str | 
     implementation unavailable itself."""
     if cfg.model is not None and cfg.model.unavailable is not None:
         return cfg.model.unavailable
-    recipe = recipe_unavailable_here(run_model(cfg).value) if probe else None
+    recipe = recipe_unavailable_here(cfg.model.value) if probe else None
     if recipe is not None:
         return recipe
     if cfg.model is not None and cfg.model.kind == "hybrid" and not mamba_findable():

@@ -55,14 +55,13 @@ class Preflight:
 
     def _prepare_report(self) -> None:
         """Each row's static findings and the model's facts, made now; a failure leaves them to be made after."""
-        from graphdoctor.config.child_model import run_model
         from graphdoctor.config.description import model_facts
         from graphdoctor.parent.static import static_findings
 
         try:
             for impl in self.config.impls:
                 self._findings[impl] = static_findings(self.config, impl)
-            self._model = model_facts(run_model(self.config))
+            self._model = model_facts(self.config.model)
         except Exception:  # noqa: BLE001, S110 - the report makes them itself (and raises there, as before)
             pass
 

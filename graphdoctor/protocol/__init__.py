@@ -40,7 +40,6 @@ from graphdoctor.protocol.spec import (
     ProtocolError,
     Role,
     impl_name,
-    megatron_impl,
     placement_for_child,
     run_name,
 )
@@ -71,7 +70,6 @@ __all__ = [
     "decode",
     "encode",
     "impl_name",
-    "megatron_impl",
     "placement_for_child",
     "read_events",
     "run_name",

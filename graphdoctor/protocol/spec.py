@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.config.child_model import EAGER, megatron_impl
+from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.errors import GraphDoctorError
 
-LEGACY_EAGER = "none"
+EAGER = Impl.EAGER
+"""graphdoctor's name of the eager reference."""
+LEGACY_EAGER = MEGATRON_EAGER
 """What reports before schema 2 called the eager reference; read, never written (Megatron's cuda_graph_impl
-of the eager reference, graphdoctor.config.child_model.megatron_impl)."""
+of the eager reference)."""
 
 
 def impl_name(value: str) -> str:
@@ -329,7 +331,6 @@ __all__ = [
     "Role",
     "gpu_turn_path",
     "impl_name",
-    "megatron_impl",
     "placement_for_child",
     "run_name",
 ]

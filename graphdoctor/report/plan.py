@@ -132,10 +132,9 @@ def refusal_lines(refusals: list[str]) -> list[str]:
 
 def _recipe_needs(config: DiffConfig) -> str | None:
     """Which GPU the run's FP8 or FP4 recipe needs (graphdoctor.config.fp8.recipe_needs), None without one."""
-    from graphdoctor.config.child_model import run_model
     from graphdoctor.config.fp8 import recipe_needs
 
-    return recipe_needs(run_model(config).value)
+    return recipe_needs(config.model.value)
 
 
 def plan_text(plan: Plan) -> str:

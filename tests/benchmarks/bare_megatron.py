@@ -5,7 +5,7 @@ Usage (on a CUDA machine, from the repository root; one implementation per proce
     (--impl eager|local|full_iteration, model and run flags as `graphdoctor diff`'s, their defaults its defaults)
 
 It builds what a default diff child builds (graphdoctor/child/megatron_setup.py build_setup, graphdoctor/config/
-child_model.py builtin_model, graphdoctor/config/build.py, Megatron's GPTModelBuilder) and trains it on the same
+diff_config.py DiffConfig._builtin_model, graphdoctor/config/build.py, Megatron's GPTModelBuilder) and trains it on the same
 synthetic batches (graphdoctor/child/batches.py) with the same step (graphdoctor/child/loop.py train_step), so the
 children of `graphdoctor diff --impl local,full_iteration` can be set against it: startup_s (imports), setup_s,
 train_s, step_ms, peak memory, losses. Nothing here imports graphdoctor; where a value is one of graphdoctor's
@@ -52,7 +52,7 @@ from megatron.core.transformer.module import Float16Module  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 MEGATRON_IMPL = {"eager": "none", "local": "local", "full_iteration": "full_iteration"}
-"""graphdoctor's implementation names -> TransformerConfig.cuda_graph_impl (child_model.megatron_impl)."""
+"""graphdoctor's implementation names -> TransformerConfig.cuda_graph_impl (graphdoctor.config.impl.Impl.megatron)."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -85,20 +85,20 @@ def params_dtype(dtype: str) -> torch.dtype:
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
-    """The TransformerConfig of a default diff child: builtin_model's fields with the child's graph_fields
-    (graphdoctor/config/child_model.py); every other field is Megatron's default."""
-    precision: dict[str, Any] = {"bf16": True} if args.dtype == "bf16" else {}  # child_model.DTYPE_FIELDS
+    """The TransformerConfig of a default diff child: DiffConfig._builtin_model's fields with the child's graph_fields
+    (graphdoctor/config/diff_config.py, builtin.py); every other field is Megatron's default."""
+    precision: dict[str, Any] = {"bf16": True} if args.dtype == "bf16" else {}  # builtin.DTYPE_FIELDS
     return TransformerConfig(
         num_layers=args.num_layers, hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
         ffn_hidden_size=args.ffn_hidden_size,  # graphdoctor leaves it unset: __post_init__ makes it 4 x hidden
-        use_cpu_initialization=True,  # builtin_model
+        use_cpu_initialization=True,  # DiffConfig._builtin_model
         hidden_dropout=args.dropout, attention_dropout=args.dropout,
         cuda_graph_impl=MEGATRON_IMPL[args.impl],
         cuda_graph_modules=[],  # graph_fields: DiffConfig.cuda_graph_modules () (Megatron's default is "full")
         cuda_graph_warmup_steps=args.cuda_graph_warmup_steps,  # DiffConfig's 2 (Megatron's default is 3)
         enable_cuda_graph=False, external_cuda_graph=False,  # graph_fields
         params_dtype=params_dtype(args.dtype), **precision,
-        transformer_impl="local",  # builtin_model: DiffConfig.layer_spec None -> Megatron's local spec
+        transformer_impl="local",  # DiffConfig._builtin_model: DiffConfig.layer_spec None -> Megatron's local spec
     )
 
 

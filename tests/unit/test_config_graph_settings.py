@@ -99,10 +99,10 @@ def test_graph_settings_megatron_refuses_are_refused_in_one_line(tmp_path: Path,
 def test_the_child_never_lets_the_eager_reference_build_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard behind RUN_OWNED_FIELDS: were a graph setting to reach the eager reference's TransformerConfig,
     the child refuses to train it rather than compare graphs against graphs."""
-    from graphdoctor.config import child_model
+    from graphdoctor.config import diff_config
 
     config = DiffConfig(impls=("full_iteration",), transformer={"cuda_graph_scope": "full_iteration"})
     assert _graphs(config, "eager") == ("none", False, [])  # skipped: the API's mapping is not consulted
-    monkeypatch.setattr(child_model, "RUN_OWNED_FIELDS", frozenset())
+    monkeypatch.setattr(diff_config, "RUN_OWNED_FIELDS", frozenset())
     with pytest.raises(UsageError, match="the eager reference would build CUDA graphs .*'full_iteration'"):
-        transformer_config(config, "eager", 0.0)
+        transformer_config(config.replace(), "eager", 0.0)  # the model derived again without the guard

@@ -97,7 +97,7 @@ def test_moe_metrics_are_cleared_in_place(built: dict[str, Any]) -> None:
 
 
 def test_moe_run_defaults_add_bias_linear_off_unless_given() -> None:
-    from graphdoctor.config.child_model import moe_defaults
+    from graphdoctor.config.builtin import moe_defaults
 
     run = load_run_file(RUNFILES / "moe_drop_pad.yaml")
     without = {k: v for k, v in run.transformer.items() if k != "add_bias_linear"}
