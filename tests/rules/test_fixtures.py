@@ -1,8 +1,8 @@
 """Every rule's bad fixture flags exactly its marked lines; its good fixture does not flag the rule.
 
-Fixtures live in fixtures/rules/: GDxxx_bad|good.yaml (run files), .txt (Megatron-LM launch lines) or
-.py (runtime-probe snippets, checked for markers here and run by the probe tests). A `# facts: k=v`
-header overrides the pinned EnvironmentFacts below.
+Fixtures live in fixtures/rules/: GDxxx_bad|good.yaml (run files) or .txt (Megatron-LM launch lines), checked here
+by the static check; a `# facts: k=v` header overrides the pinned EnvironmentFacts below. The runtime rules' .py
+fixtures run on a GPU instead: tests/gpu/test_rule_fixtures_gpu.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rules"
 PINNED = EnvironmentFacts(te_version="2.12.0", torch_version="2.11.0", torch_has_stale_capture_override=True,
                           torch_has_graph_safe_rng=True, gpu_capability=None)
 RULES = all_rules()
+STATIC_RULES = [r for r in RULES if not r.runtime]
+"""Rules the static check reports; the runtime ones are run by tests/gpu/test_rule_fixtures_gpu.py."""
 SETTLED_BY_MEGATRON = {"GD116": "te_rng_tracker is not enabled, enabling it for CUDA graphs"}
 """Rules whose bad fixture Megatron-LM's validate_args fixes by itself, wherever megatron.training imports (as it does
 here): the rule stays silent and the note quotes Megatron."""
@@ -59,14 +61,11 @@ def flagged_lines(findings: list[Any], path: Path) -> set[int]:
     return {int(loc.rsplit(":", 1)[1]) for f in findings for loc in f.locations if loc.startswith(f"{path}:")}
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+@pytest.mark.parametrize("rule", STATIC_RULES, ids=lambda r: r.code)
 def test_bad_fixture_flags_exactly_marked_lines(rule: Any) -> None:
     path = fixture(rule.code, "bad")
     marked = marked_lines(path, rule.code)
     assert marked, f"{path.name}: no line marked # [{rule.code}]"
-    if rule.runtime:
-        assert path.suffix == ".py"
-        return
     if rule.code in SETTLED_BY_MEGATRON:
         report = check(None, f"@{path}", facts=facts_for(path))
         assert rule.code not in report.codes()
@@ -77,12 +76,10 @@ def test_bad_fixture_flags_exactly_marked_lines(rule: Any) -> None:
     assert flagged_lines(findings, path) == marked
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+@pytest.mark.parametrize("rule", STATIC_RULES, ids=lambda r: r.code)
 def test_good_fixture_does_not_flag(rule: Any) -> None:
     path = fixture(rule.code, "good")
     assert not marked_lines(path, rule.code)
-    if rule.runtime:
-        return
     assert rule.code not in [f.code for f in run(path)]
 
 
