@@ -273,7 +273,7 @@ def build_setup(spec: ChildSpec) -> Setup:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     config, impl = spec.config, spec.impl
-    model_description = child_model(config, impl, spec.dropout)
+    model_description = spec.model if spec.model is not None else child_model(config, impl, spec.dropout)
     require_transformer_engine(model_description, impl)
     init_distributed(spec.placement, config)
     if impl == "transformer_engine":
@@ -284,7 +284,7 @@ def build_setup(spec: ChildSpec) -> Setup:
     seed_everything(config.seed, impl, model_description.te_rng_tracker)
     if impl == "transformer_engine":
         init_microbatches(config, spec.placement)
-    tconfig = build.child_transformer_config(config, impl, spec.dropout)
+    tconfig = build.described_transformer_config(model_description, impl)
     model = build_model(config, model_description, tconfig)
     if impl == "local":
         restrict_graph_layers(config, model)
@@ -375,7 +375,7 @@ def build_probe_model(config: DiffConfig, *, device: str = "cuda") -> tuple[torc
     if device == "cuda":
         init_distributed(Placement())
         seed_everything(config.seed, EAGER, model_description.te_rng_tracker, graph_safe=True)
-    tconfig = build.child_transformer_config(config, EAGER, config.dropout)
+    tconfig = build.described_transformer_config(model_description, EAGER)
     with track_hook_registrations() as registrations:
         model = build_model(config, model_description, tconfig, float16_wrapper=False, device=device)
     return model, registrations

@@ -39,7 +39,7 @@ def build(config_json: str) -> dict[str, Any]:
     from megatron.core import parallel_state
 
     from graphdoctor.config import DiffConfig
-    from graphdoctor.config.build import build_model, child_transformer_config
+    from graphdoctor.config.build import build_model, described_transformer_config
     from graphdoctor.config.child_model import child_model, one_gpu
     from graphdoctor.config.impl import Impl
 
@@ -49,7 +49,7 @@ def build(config_json: str) -> dict[str, Any]:
         return {"built": False, "why": "the model comes from your own pkg.mod:fn, which runs only in diff's children"}
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
-    tconfig = child_transformer_config(config, Impl.EAGER, config.dropout)
+    tconfig = described_transformer_config(model, Impl.EAGER)
     # Where the weights are initialised does not change the model; FP8 primary weights are initialised on the GPU
     # (graphdoctor.config.fp8.initialisation), which a process without one cannot do.
     tconfig.use_cpu_initialization = True

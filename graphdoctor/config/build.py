@@ -36,13 +36,25 @@ def transformer_config(description: ModelDescription) -> Any:
 
 
 def child_transformer_config(config: DiffConfig, impl: str, dropout: float) -> Any:
-    """The TransformerConfig one child builds (child_model), refusing an eager reference that would build graphs.
+    """The TransformerConfig one child builds (child_model), refusing an eager reference that would build graphs:
+    described_transformer_config of the child's description.
 
     Raises:
         UsageError: Megatron refuses the settings, or a setting turns graphs on in the eager reference.
         MissingDependencyError: the settings need Transformer Engine or megatron.training, missing here.
     """
-    built = transformer_config(child_model(config, impl, dropout))
+    return described_transformer_config(child_model(config, impl, dropout), impl)
+
+
+def described_transformer_config(description: ModelDescription, impl: str) -> Any:
+    """The TransformerConfig of one child's own description (child_model), refusing an eager reference that would
+    build graphs.
+
+    Raises:
+        UsageError: Megatron refuses the settings, or a setting turns graphs on in the eager reference.
+        MissingDependencyError: the settings need Transformer Engine or megatron.training, missing here.
+    """
+    built = transformer_config(description)
     if impl == Impl.EAGER and (built.cuda_graph_impl != "none" or built.enable_cuda_graph or built.external_cuda_graph):
         raise UsageError(f"the eager reference would build CUDA graphs (cuda_graph_impl {built.cuda_graph_impl!r}): "
                          f"a setting of transformer: turns them on; expected graphs only in the graphed runs")
@@ -118,5 +130,5 @@ def padded_vocab_size(description: ModelDescription, tensor_model_parallel_size:
     return -(-vocab // divisor) * divisor
 
 
-__all__ = ["MEGATRON_SPEC_PREFIX", "build_model", "child_transformer_config", "layer_spec", "model_config",
+__all__ = ["MEGATRON_SPEC_PREFIX", "build_model", "child_transformer_config", "described_transformer_config", "layer_spec", "model_config",
            "padded_vocab_size", "transformer_config", "uses_te_layers"]

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.child_model import child_model
+from graphdoctor.config.description import ModelDescription
 from graphdoctor.config.entry_points import entry_point_modules
+from graphdoctor.errors import GraphDoctorError
 from graphdoctor.parent.environment import environment_cause, environment_failed
 from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.gpus import JobPlan, cpu_slots
@@ -249,6 +252,8 @@ class ChildSession:
         self._idle = threading.Condition()
         self._running = 0
         """Children of this session running now (an environment retry waits until it is alone)."""
+        self._models: dict[tuple[str, float], ModelDescription | None] = {}
+        """Each (impl, dropout)'s model, resolved once (_child_model)."""
 
     @property
     def memory_gated(self) -> bool:
@@ -280,7 +285,24 @@ class ChildSession:
                          keep_snapshots=self.config.snapshot_dir is not None, taps=request.taps,
                          import_dir=self.import_dir, io_steps=request.io_steps,
                          stop_after=request.stop_after, gpu_turn=gpu_turn,
-                         fingerprints=request.fingerprints, resumed=resumed, gate=self.gate)
+                         fingerprints=request.fingerprints, resumed=resumed, gate=self.gate,
+                         model=self._child_model(request.impl, request.dropout))
+
+    def _child_model(self, impl: str, dropout: float) -> ModelDescription | None:
+        """The model a child of `impl` and `dropout` builds, resolved once per pair here so that the child builds
+        from it without resolving again (a launch line: Megatron-LM's parse and validate_args); None where Megatron
+        refuses it or it needs what this process lacks: the child then resolves it itself and fails as it would."""
+        key = (impl, dropout)
+        with self._lock:
+            if key in self._models:
+                return self._models[key]
+        try:
+            model: ModelDescription | None = child_model(self.config, impl, dropout)
+        except GraphDoctorError:
+            model = None
+        with self._lock:
+            self._models[key] = model
+        return model
 
     def submit(self, request: ChildRequest) -> Future[RunRecord]:
         """Run `request` on a worker thread as soon as a GPU slot is free (requests start in the order they were

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.description import ModelDescription
 from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.errors import GraphDoctorError
 
@@ -234,6 +235,10 @@ class ChildSpec:
     """Path prefix of this child's memory gate (graphdoctor.protocol.gate): the child imports what it needs, then
     waits there until the parent grants it the GPU memory of a slot, before it builds its model; None: no wait."""
 
+    model: ModelDescription | None = None
+    """The model this child builds (graphdoctor.config.child_model of its config, impl and dropout), resolved once
+    by the parent; None: the child resolves it (where the parent could not, so the child fails the same way)."""
+
     gate: str | None = None
     """Path prefix of the parent's gate (graphdoctor.protocol.gate): the child waits there after its set-up,
     before its first training step, until the parent's plan-time checks passed; None: no wait."""
@@ -248,6 +253,7 @@ class ChildSpec:
         data = asdict(self)
         data["config"] = self.config.to_dict()
         data["role"] = self.role.value
+        data["model"] = self.model.to_dict() if self.model is not None else None
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -263,6 +269,8 @@ class ChildSpec:
             data["placement"] = Placement(**data["placement"])
             data["role"] = Role(data["role"])
             data["io_steps"] = tuple(data.get("io_steps", ()))
+            if data.get("model") is not None:
+                data["model"] = ModelDescription.from_dict(data["model"])
             return cls(**data)
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"child spec: {type(exc).__name__}: {exc}") from None

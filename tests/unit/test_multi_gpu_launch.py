@@ -345,3 +345,20 @@ def test_check_flags_sequence_parallel_with_the_local_spec_where_the_target_has_
     assert '"GD308"' in flagged.output
     clean = CliRunner().invoke(main, ["check", str(run), "--target", "apex=true", "--format", "json"])
     assert '"GD308"' not in clean.output
+
+
+def test_a_child_spec_carries_its_resolved_model_once(tmp_path: Path) -> None:
+    """The parent resolves each (impl, dropout)'s model once and hands it to the child in its spec, which builds
+    from it (graphdoctor.child.megatron_setup) instead of resolving it again."""
+    from graphdoctor.config.child_model import child_model
+    from graphdoctor.parent.children import ChildRequest
+
+    config = DiffConfig(impls=("local",), dropout=0.1)
+    session = ChildSession(config, tmp_path)  # type: ignore[arg-type]
+    eager = session.spec(ChildRequest(EAGER, 0.0, Role.REFERENCE, tmp_path))
+    graphed = session.spec(ChildRequest("local", 0.1, Role.GRAPHED, tmp_path))
+    assert eager.model == child_model(config, EAGER, 0.0)
+    assert eager.model is not None and eager.model.value("hidden_dropout") == 0.0
+    assert graphed.model is not None and graphed.model.value("cuda_graph_impl") == "local"
+    assert ChildSpec.from_json(graphed.to_json()).model == graphed.model
+    assert session.spec(ChildRequest("local", 0.1, Role.GRAPHED, tmp_path)).model is graphed.model
