@@ -157,33 +157,26 @@ def build_context(
     run = dict(run_file.run)
     notes: list[str] = list(run_file.source.notes) if isinstance(run_file.source, FunctionalTest) else []
     uses: list[FlagUse] = []
-    line_env: dict[str, str] | None = None
     own = run.get("megatron_args")
-    if isinstance(own, str) and own.strip():
-        # The run file's own launch line sits under its transformer: and run: keys, as `diff` reads it
-        # (graphdoctor.config.from_megatron.resolve_line); a --megatron-args given to check goes over both.
-        with where_from(f"{run_file.path}: run.megatron_args"):
+    line, label = parsed, "--megatron-args"
+    if line is None and isinstance(own, str) and own.strip():
+        label = f"{run_file.path}: run.megatron_args"
+        with where_from(label):
             line = parse_megatron_args(own)
-        validate_transformer(line.transformer, f"{run_file.path}: run.megatron_args")
+    if line is not None:
+        # diff's precedence (graphdoctor.config.resolve): a launch line, --megatron-args or else the run file's own
+        # run.megatron_args, sits under the run file's transformer: and run: values.
+        validate_transformer(line.transformer, label)
         transformer = {**line.transformer, **transformer}
-        args.update(line.args)
+        args = dict(line.args)
         run = {**line.run, **run}
         where = {**line.locations, **where}
         notes.extend(line.notes)
         uses.extend(line.uses)
-        line_env = line.env
-    if parsed is not None:
-        validate_transformer(parsed.transformer, "--megatron-args")
-        transformer.update(parsed.transformer)
-        args.update(parsed.args)
-        run.update(parsed.run)
-        where.update(parsed.locations)
-        notes.extend(parsed.notes)
-        uses.extend(parsed.uses)
     if facts is None:
         facts = EnvironmentFacts.unknown_machine(run.get("gpu_arch"))
-    exported = {**(line_env or {}), **(parsed.env if parsed is not None else {})}
-    merged_env = {**facts.env, **run_file.env, **exported, **{str(k): str(v) for k, v in (env or {}).items()}}
+    exported = dict(line.env) if line is not None else {}
+    merged_env = {**facts.env, **exported, **run_file.env, **{str(k): str(v) for k, v in (env or {}).items()}}
     reading = None
     if uses:
         if script == "training":
@@ -196,7 +189,7 @@ def build_context(
         where.setdefault("megatron_line", next((u.where for u in uses if u.where), "--megatron-args"))
     ctx = CheckContext(
         transformer=transformer, args=args, run=run, env=merged_env, facts=facts,
-        megatron_lm=parsed is not None or bool(own), megatron=reading,
+        megatron_lm=line is not None, megatron=reading,
         bridge=run_file.source if isinstance(run_file.source, BridgeConfig) else None,
     )
     return ctx, where, notes

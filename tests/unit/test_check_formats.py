@@ -140,4 +140,19 @@ def test_repeated_config_checks_every_file_and_one_pair_merges() -> None:
     data = json.loads(invoke("check", "--config", "examples/te_graphs.yaml", "--megatron-args", LAUNCH,
                              "--output-format", "json")[1])
     assert [(i["path"], i["kind"]) for i in data["inputs"]] == [("examples/te_graphs.yaml", "run-file+launch-line")]
-    assert "GD114" in {f["code"] for f in data["findings"]}  # the launch line's modules over the run file's
+    # diff's precedence: the run file's transformer_engine graphs of attn and mlp sit over the line's full_iteration
+    assert "GD114" not in {f["code"] for f in data["findings"]}
+
+
+def test_check_and_diff_resolve_a_run_file_over_its_launch_line_alike() -> None:
+    from graphdoctor.config import diff_config_from
+    from graphdoctor.config.run_file import load_run_file
+    from graphdoctor.rules.engine import build_context
+
+    line = "pretrain_gpt.py --num-layers 2 --cuda-graph-impl local --eval-iters 10"
+    diffed = diff_config_from(load_run_file("examples/te_graphs.yaml"), megatron_args=line)
+    ctx, where, _ = build_context("examples/te_graphs.yaml", line)
+    assert (ctx.transformer["cuda_graph_impl"], *diffed.impls) == ("transformer_engine", "transformer_engine")
+    assert ctx.transformer["num_layers"] == diffed.num_layers == 4
+    assert where["transformer.num_layers"] == "examples/te_graphs.yaml:8"
+    assert ctx.args.get("eval_iters", ctx.run.get("eval_iters")) == 10  # what only the line says still counts
