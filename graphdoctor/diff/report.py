@@ -1,12 +1,16 @@
-"""The diff report: its schema (`DiffReport`, versioned JSON in docs/diff.md, written by `to_dict`) and its one
-loader (`from_dict`, `load_report`), which reads schema 1 and 2 reports."""
+"""The diff report: its schema (`DiffReport`, versioned JSON in docs/diff.md, written by `to_dict`) and the one
+loader of saved reports (`from_dict`, `load_report`; `load_saved` also reads a recorded tap table, `TapRecording`)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from graphdoctor.compare.divergence import Divergence
+from graphdoctor.compare.forensics import Forensics
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
 from graphdoctor.errors import InputFileError, stopped_exit_code
@@ -14,7 +18,7 @@ from graphdoctor.inputs import read_json
 from graphdoctor.parent.timeline import Timeline, observer_costs, unique_runs
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
-from graphdoctor.types import Verdict
+from graphdoctor.types import Diagnosis, Verdict
 
 SCHEMA_VERSION = 2
 """Version of the JSON report (docs/diff.md). 2: the eager implementation is `eager` (was `none`),
@@ -104,11 +108,17 @@ class DiffReport:
         """A saved report (schema 1 or 2) as a DiffReport.
 
         Raises:
-            ValueError: a schema this version cannot read.
+            ValueError: a schema this version cannot read, or another command's document.
         """
         version = data.get("schema_version")
+        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+            raise ValueError(f"schema_version {version} is newer than this graphdoctor reads "
+                             f"(expected 1 or {SCHEMA_VERSION})")
         if version not in (1, SCHEMA_VERSION):
             raise ValueError(f"schema_version: got {version!r}, expected 1 or {SCHEMA_VERSION}")
+        command = data.get("command")
+        if command is not None and command != "diff":
+            raise ValueError(f"command: got {command!r}, expected 'diff'")
         control = data.get("control_reference")
         return cls(config=DiffConfig.from_dict(data["config"]),
                    results=tuple(ImplResult.from_dict(r) for r in data.get("impls", ())),
@@ -121,17 +131,93 @@ class DiffReport:
                    timeline=Timeline.from_dict(data["timeline"]) if isinstance(data.get("timeline"), dict) else None)
 
 
+_KWARG = re.compile(r"(\w+)=('[^']*'|\([^)]*\)|[\w.]+)")
+"""One `name=value` of a recorded `diff(DiffConfig(...))` command line."""
+
+_INT_SETTINGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "steps", "cuda_graph_warmup_steps")
+
+
+@dataclass(frozen=True, slots=True)
+class TapRecording:
+    """A recorded tap-table file (fixtures/data/forensics/*.json.gz): how one implementation was diffed with taps,
+    and what the live analysis found. Its `reference` and `graphed` tap tables are not read here."""
+
+    recorded: str
+    """The machine, versions and date of the recording (one line)."""
+    command: str
+    """The recorded `diff(DiffConfig(...))` call."""
+    dropout: float | None
+    result: ImplResult
+    """The implementation's verdict, first divergence, diagnosis, notes and forensics (no runs)."""
+
+    def settings(self) -> dict[str, Any]:
+        """The command's `name=value` settings (quotes stripped; the sizes and step counts as ints)."""
+        values: dict[str, Any] = {key: value.strip("'") for key, value in _KWARG.findall(self.command)}
+        for key in _INT_SETTINGS:
+            if key in values and str(values[key]).isdigit():
+                values[key] = int(values[key])
+        return values
+
+    @staticmethod
+    def recognises(data: Mapping[str, Any]) -> bool:
+        """True for a tap recording's top level (tap tables and no `impls`)."""
+        return "impls" not in data and "graphed" in data and "reference" in data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TapRecording:
+        """The recording's `live_*` fields as typed records."""
+        def opt(key: str, load: Any) -> Any:
+            value = data.get(key)
+            return load(value) if value else None
+
+        dropout = data.get("dropout")
+        result = ImplResult(impl=str(data["impl"]), verdict=Verdict(data["live_verdict"]),
+                            divergence=opt("live_first_divergence", Divergence.from_dict),
+                            diagnosis=opt("live_diagnosis", Diagnosis.from_dict),
+                            notes=tuple(str(n) for n in data.get("live_notes") or ()),
+                            forensics=opt("live_analysis", Forensics.from_dict))
+        return cls(recorded=str(data.get("recorded") or ""), command=str(data.get("command") or ""),
+                   dropout=None if dropout is None else float(dropout), result=result)
+
+
+def read_saved(data: Any, where: str = "") -> DiffReport | TapRecording:
+    """A saved diff report (schema 1 or 2, or `DiffReport.to_dict()`) or tap recording as its typed record.
+
+    Raises:
+        InputFileError: not a diff report or tap recording (`where`, the file, prefixes the message).
+    """
+    if isinstance(data, Mapping) and TapRecording.recognises(data):
+        return _typed(TapRecording.from_dict, data, where)
+    return _typed(DiffReport.from_dict, data, where)
+
+
+def load_saved(path: str | Path) -> DiffReport | TapRecording:
+    """Read a saved diff report or tap recording (.json or .json.gz) through the bounded input layer.
+
+    Raises:
+        InputFileError: unreadable, not JSON, too large, or neither a diff report nor a tap recording.
+    """
+    return read_saved(read_json(path, "diff report"), str(path))
+
+
 def load_report(path: str | Path) -> DiffReport:
     """Read a saved diff report (schema 1 or 2).
 
     Raises:
         InputFileError: unreadable, not JSON, or not a diff report.
     """
-    data = read_json(path, "diff report")
+    return _typed(DiffReport.from_dict, read_json(path, "diff report"), str(path))
+
+
+def _typed[Saved: (DiffReport, TapRecording)](load: Callable[[dict[str, Any]], Saved], data: Any, where: str) -> Saved:
+    """`load(data)`, every way a file that is not a report fails as one InputFileError."""
+    prefix = f"{where}: " if where else ""
+    if not isinstance(data, Mapping):
+        raise InputFileError(f"{prefix}not a graphdoctor diff report (top level is not an object)")
     try:
-        return DiffReport.from_dict(data)
+        return load(dict(data))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise InputFileError(f"{path}: not a graphdoctor diff report ({type(exc).__name__}: {exc})") from None
+        raise InputFileError(f"{prefix}not a graphdoctor diff report ({type(exc).__name__}: {exc})") from None
 
 
-__all__ = ["SCHEMA_VERSION", "DiffReport", "load_report"]
+__all__ = ["SCHEMA_VERSION", "DiffReport", "TapRecording", "load_report", "load_saved", "read_saved"]

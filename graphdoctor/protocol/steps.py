@@ -125,8 +125,11 @@ class StepRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
-        """Inverse of to_dict."""
+        """Inverse of to_dict (a non-finite number may come back as the string JSON writers give it, 'nan')."""
         data = dict(data)
+        for key in ("loss", "step_time_ms", "grad_norm", "loss_scale"):
+            if isinstance(data.get(key), str):
+                data[key] = float(data[key])
         for key in ("grads", "params"):
             if data.get(key) is not None:
                 data[key] = TensorDiff.from_dict(data[key])

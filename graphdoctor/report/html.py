@@ -1,4 +1,4 @@
-"""One self-contained HTML page per diff run, rendered from the saved JSON report (html_model).
+"""One self-contained HTML page per diff run, rendered from a report loaded by diff/report.py (page content: html_model).
 
 Top to bottom: the run and a verdict per implementation with its diagnosis; loss per step; per-step
 differences of grads and params on a log scale; the first differing tensors; forensics when taps ran;
@@ -12,14 +12,17 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from graphdoctor.compare.verdict import ImplResult
+from graphdoctor.diff.report import DiffReport, TapRecording, load_saved, read_saved
 from graphdoctor.errors import InputFileError
+from graphdoctor.protocol.record import RunRecord
 from graphdoctor.report.html_causes import breakable, causes_table, location_html, name_html
-from graphdoctor.report.html_model import ImplView, ReportView, load_report, parse_report
-from graphdoctor.report.html_model_parts import DiagnosisView, RunView, TensorDiffView
+from graphdoctor.report.html_model import ReportView, compared_steps, control_run, magnitudes
 from graphdoctor.report.html_page import badge, figure, page, stopped_badge, table, verdict_class
 from graphdoctor.report.html_sections import forensics_section, launches_section, memory_section
 from graphdoctor.report.schedule import eval_section
 from graphdoctor.report.svg import EAGER_COLOUR, HeatCell, Series, heat_strip, line_chart, series_style
+from graphdoctor.types import Diagnosis, TensorDiff
 
 
 def _g(value: float | None, spec: str = ".3g") -> str:
@@ -56,8 +59,8 @@ def _reference_failed(view: ReportView) -> bool:
 NOT_COMPARED = '<p class="muted">Not compared: the eager reference failed.</p>'
 
 
-def _first_line(impl: ImplView) -> str:
-    d = impl.first_divergence
+def _first_line(impl: ImplResult) -> str:
+    d = impl.divergence
     if d is None:
         return "equal to eager at every compared step" if impl.verdict == "match" else ""
     where = f"step {d.step}, {d.what}" + (f" {d.key!r}" if d.what in ("reported", "eval", "skipped") and d.key else "")
@@ -68,7 +71,7 @@ def _first_line(impl: ImplView) -> str:
     return f"first difference: {where} (max abs {_g(d.max_abs)}, max rel {_g(d.max_rel)})"
 
 
-def _verdict_card(impl: ImplView) -> str:
+def _verdict_card(impl: ImplResult) -> str:
     cls = verdict_class(impl.verdict)
     extra = "passes" if impl.passed else "fails"
     if impl.verdict == "unavailable":
@@ -92,7 +95,7 @@ def _verdict_card(impl: ImplView) -> str:
     return "".join(parts) + "</div>"
 
 
-def _diagnosis(d: DiagnosisView) -> str:
+def _diagnosis(d: Diagnosis) -> str:
     """The diagnosis block: names (module, file:line) wrap only between their parts, prose between words."""
     names = [("module", name_html(d.module) if d.module else ""),
              ("at", location_html(d.location) if d.location else ""),
@@ -107,15 +110,15 @@ def _diagnosis(d: DiagnosisView) -> str:
     return f'<div class="diag"><div>{head}</div>{body}{fix}</div>'
 
 
-def _eager_series(run: RunView, name: str) -> Series:
-    return Series(name, tuple(s.loss for s in run.compared_steps), EAGER_COLOUR)
+def _eager_series(run: RunRecord, name: str) -> Series:
+    return Series(name, tuple(s.loss for s in compared_steps(run)), EAGER_COLOUR)
 
 
-def _run_series(runs: list[tuple[str, RunView]], steps: list[int], eager: Series) -> list[Series]:
+def _run_series(runs: list[tuple[str, RunRecord]], steps: list[int], eager: Series) -> list[Series]:
     out = []
     for i, (name, run) in enumerate(runs):
         colour, dash, marker = series_style(i)
-        by_step = {s.step: s.loss for s in run.compared_steps}
+        by_step = {s.step: s.loss for s in compared_steps(run)}
         values = tuple(by_step.get(x) for x in steps)
         label = f"{name} (= eager, drawn over it)" if values == eager.values else name
         out.append(Series(label, values, colour, dash, marker))
@@ -124,25 +127,25 @@ def _run_series(runs: list[tuple[str, RunView]], steps: list[int], eager: Series
 
 def _loss_section(view: ReportView) -> str:
     ref = view.reference
-    graphed = [(impl.impl, impl.graphed_run) for impl in view.impls if impl.graphed_run and impl.graphed_run.steps]
+    graphed = [(name, run) for name, run in view.graphed_runs() if run.steps]
     if ref is None or not ref.steps:
         return '<section id="loss"><h2>Loss per step</h2><p class="muted">No eager reference steps.</p></section>'
-    steps = [s.step for s in ref.compared_steps]
+    steps = [s.step for s in compared_steps(ref)]
     eager = _eager_series(ref, "eager")
-    main = line_chart([eager, *_run_series([(n, r) for n, r in graphed if r], steps, eager)], steps,
+    main = line_chart([eager, *_run_series(graphed, steps, eager)], steps,
                       title="loss per step, eager and graphed")
     figures = [figure(f"loss per step at dropout {_g(view.info.dropout, 'g')}", main)]
     deltas = []
     for i, (name, run) in enumerate(graphed):
         colour, dash, marker = series_style(i)
-        by_step = {s.step: s.loss for s in run.compared_steps} if run else {}
-        deltas.append(Series(name, tuple(_abs_delta(by_step.get(s.step), s.loss) for s in ref.compared_steps),
+        by_step = {s.step: s.loss for s in compared_steps(run)}
+        deltas.append(Series(name, tuple(_abs_delta(by_step.get(s.step), s.loss) for s in compared_steps(ref)),
                              colour, dash, marker))
     if deltas:
         figures.append(figure("|loss graphed - loss eager| per step (log scale)",
                               line_chart(deltas, steps, title="loss difference per step", log_y=True)))
     control = view.control_reference
-    pairs = [(f"{impl.impl} (dropout 0)", impl.control_run(view.info.dropout)) for impl in view.impls]
+    pairs = [(f"{impl.impl} (dropout 0)", control_run(impl, view.info.dropout)) for impl in view.impls]
     pairs_present = [(n, r) for n, r in pairs if r is not None and r.steps]
     if control is not None and control.steps and pairs_present:
         eager0 = _eager_series(control, "eager (dropout 0)")
@@ -158,22 +161,21 @@ def _abs_delta(a: float | None, b: float | None) -> float | None:
     return abs(a - b)
 
 
-def _family(run: RunView, family: str) -> dict[int, TensorDiffView | None]:
-    return {s.step: (s.grads if family == "grads" else s.params) for s in run.compared_steps}
+def _family(run: RunRecord, family: str) -> dict[int, TensorDiff | None]:
+    return {s.step: (s.grads if family == "grads" else s.params) for s in compared_steps(run)}
 
 
 def _numeric_section(view: ReportView) -> str:
     if _reference_failed(view):
         return f'<section id="numeric"><h2>Grads and params per step</h2>{NOT_COMPARED}</section>'
-    compared = [(impl.impl, impl.graphed_run) for impl in view.impls]
-    runs = [(n, r) for n, r in compared if r is not None and any(s.grads or s.params for s in r.steps)]
+    runs = [(n, r) for n, r in view.graphed_runs() if any(s.grads or s.params for s in r.steps)]
     if not runs:
         return ('<section id="numeric"><h2>Grads and params per step</h2><p class="muted">No graphed run was '
                 "compared tensor by tensor.</p></section>")
-    steps = sorted({s.step for _, r in runs for s in r.compared_steps})
+    steps = sorted({s.step for _, r in runs for s in compared_steps(r)})
     figures = []
     for family, label in _FAMILIES:
-        if any(d is not None and d.max_abs is None for _, r in runs for d in _family(r, family).values()):
+        if any(d is not None and magnitudes(d)[0] is None for _, r in runs for d in _family(r, family).values()):
             figures.append(_count_figure(runs, steps, family, label))
             continue
         for stat in ("max_abs", "max_rel"):
@@ -202,7 +204,7 @@ MAX_MEASURED_NAMED = 3
 """Measured steps named in a count chart's caption; the rest are counted."""
 
 
-def _count_figure(runs: list[tuple[str, RunView]], steps: list[int], family: str, label: str) -> str:
+def _count_figure(runs: list[tuple[str, RunRecord]], steps: list[int], family: str, label: str) -> str:
     """Tensors that differ per step, for a family where some differing step has no magnitudes.
 
     A bit fingerprint (computed on the GPU, docs/fingerprints.md) says whether a tensor differs, not by
@@ -222,8 +224,9 @@ def _count_figure(runs: list[tuple[str, RunView]], steps: list[int], family: str
             if d is None:
                 continue
             num_tensors = max(num_tensors, d.num_tensors)
-            if d.num_unequal and d.max_abs is not None:
-                measured.append(f"{name} step {x}: max abs {_g(d.max_abs)}, max rel {_g(d.max_rel)}")
+            max_abs, max_rel = magnitudes(d)
+            if d.num_unequal and max_abs is not None:
+                measured.append(f"{name} step {x}: max abs {_g(max_abs)}, max rel {_g(max_rel)}")
         series.append(Series(name, tuple(values), colour, dash, marker))
     caption = f"{label}: tensors that differ from eager per step (of {num_tensors})"
     note = ("No magnitudes: the differing steps were compared by bit fingerprint on the GPU, which tells whether "
@@ -235,13 +238,14 @@ def _count_figure(runs: list[tuple[str, RunView]], steps: list[int], family: str
     return figure(caption, chart, note=note, data={"family": family, "plot": "count"})
 
 
-def _stat(diff: TensorDiffView | None, stat: str) -> float | None:
+def _stat(diff: TensorDiff | None, stat: str) -> float | None:
     if diff is None:
         return None
-    return diff.max_abs if stat == "max_abs" else diff.max_rel
+    max_abs, max_rel = magnitudes(diff)
+    return max_abs if stat == "max_abs" else max_rel
 
 
-def _heat_rows(runs: list[tuple[str, RunView]], steps: list[int]) -> list[tuple[str, list[HeatCell]]]:
+def _heat_rows(runs: list[tuple[str, RunRecord]], steps: list[int]) -> list[tuple[str, list[HeatCell]]]:
     rows = []
     for name, run in runs:
         phase = {s.step: s.phase for s in run.steps}
@@ -254,7 +258,8 @@ def _heat_rows(runs: list[tuple[str, RunView]], steps: list[int]) -> list[tuple[
                     cells.append(HeatCell("\u00b7", None, f"step {x}: not compared"))
                     continue
                 level = 0.0 if d.num_unequal == 0 else 0.25 + 0.75 * d.num_unequal / max(d.num_tensors, 1)
-                size = f"max abs {_g(d.max_abs)}" if d.max_abs is not None else "fingerprints only, not measured"
+                max_abs = magnitudes(d)[0]
+                size = f"max abs {_g(max_abs)}" if max_abs is not None else "fingerprints only, not measured"
                 title = (f"{name} {family} step {x} ({phase.get(x, '')}): {d.num_unequal}/{d.num_tensors} unequal, "
                          f"{size}, first {d.first_tensor or '-'}")
                 cells.append(HeatCell("=" if d.num_unequal == 0 else str(d.num_unequal), level, title))
@@ -267,15 +272,12 @@ def _first_tensors_section(view: ReportView) -> str:
         return f'<section id="tensors"><h2>First differing tensors</h2>{NOT_COMPARED}</section>'
     rows: list[list[object]] = []
     first_rows: list[int] = []
-    for impl in view.impls:
-        run = impl.graphed_run
-        if run is None:
-            continue
+    for name, run in view.graphed_runs():
         for family in ("grads", "params"):
             groups = _tensor_groups(run, family)
-            if groups and not any(r[0] == impl.impl for r in rows):
+            if groups and not any(r[0] == name for r in rows):
                 first_rows.append(len(rows))
-            rows += [[impl.impl, *g] for g in groups]
+            rows += [[name, *g] for g in groups]
     if not rows:
         return ('<section id="tensors"><h2>First differing tensors</h2><p class="muted">Every compared tensor is '
                 "equal to eager at every step.</p></section>")
@@ -287,11 +289,11 @@ def _first_tensors_section(view: ReportView) -> str:
             f"{table(headers, rows, numeric=(4, 5, 6), highlight=first_rows, wrap=(3,))}</section>")
 
 
-def _tensor_groups(run: RunView, family: str) -> list[list[object]]:
+def _tensor_groups(run: RunRecord, family: str) -> list[list[object]]:
     """Consecutive differing steps with the same first tensor, as table rows."""
     label = "main_grad" if family == "grads" else "params"
-    groups: list[tuple[str, list[tuple[int, TensorDiffView]]]] = []
-    for s in run.compared_steps:
+    groups: list[tuple[str, list[tuple[int, TensorDiff]]]] = []
+    for s in compared_steps(run):
         d = s.grads if family == "grads" else s.params
         if d is None or d.num_unequal == 0:
             continue
@@ -306,22 +308,24 @@ def _tensor_groups(run: RunView, family: str) -> list[list[object]]:
         span = str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]} ({len(steps)} steps)"
         unequal = max(d.num_unequal for _, d in members)
         total = max(d.num_tensors for _, d in members)
-        abs_v = max((d.max_abs for _, d in members if d.max_abs is not None), default=None)
-        rel_v = max((d.max_rel for _, d in members if d.max_rel is not None), default=None)
+        sizes = [magnitudes(d) for _, d in members]
+        abs_v = max((a for a, _ in sizes if a is not None), default=None)
+        rel_v = max((r for _, r in sizes if r is not None), default=None)
         rows.append([label, span, name, f"{unequal}/{total}", _g(abs_v), _g(rel_v)])
     return rows
 
 
-def render_report(view: ReportView, *, source: str = "") -> str:
-    """The page for a report view.
+def render_report(report: DiffReport | TapRecording, *, source: str = "") -> str:
+    """The page for a loaded report.
 
     Args:
-        view: the parsed report.
+        report: a diff report (in memory or loaded by diff/report.py) or a recorded tap table.
         source: where the report came from (shown in the footer).
 
     Returns:
         The HTML document.
     """
+    view = ReportView.of(report)
     sections = [_run_section(view)]
     toc = [("run", "run"), ("loss", "loss"), ("numeric", "grads/params"), ("tensors", "first tensors")]
     if view.source == "diff":
@@ -363,12 +367,12 @@ def _status(view: ReportView, passed: bool) -> str:
 
 
 def render_payload(payload: Mapping[str, Any], *, source: str = "") -> str:
-    """The page for a report payload (the saved JSON or `DiffReport.to_dict()`).
+    """The page for a report payload (the saved JSON or `DiffReport.to_dict()`), read by diff/report.py's loader.
 
     Raises:
-        InputFileError: the payload is not a diff report.
+        InputFileError: the payload is not a diff report or tap recording.
     """
-    return render_report(parse_report(payload), source=source)
+    return render_report(read_saved(payload), source=source)
 
 
 def write_html(html_text: str, path: str | Path, *, protect: str | Path | None = None) -> Path:
@@ -395,8 +399,8 @@ def render_file(report_path: str | Path, html_path: str | Path) -> Path:
     Raises:
         InputFileError: unreadable or not a diff report, or html_path is the report itself.
     """
-    view = load_report(report_path)
-    return write_html(render_report(view, source=Path(report_path).name), html_path, protect=report_path)
+    report = load_saved(report_path)
+    return write_html(render_report(report, source=Path(report_path).name), html_path, protect=report_path)
 
 
 __all__ = ["render_file", "render_payload", "render_report", "write_html"]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-from graphdoctor.report.html_model_parts import CauseView
+from graphdoctor.compare.cause import Cause
 
 _LAYER_INDEX = re.compile(r"(?<=\blayers\.)\d+(?=\.|$)")
 """The layer index of a Megatron module name (decoder.layers.3.mlp -> 3)."""
@@ -108,7 +108,7 @@ def _layer(module: str) -> int | None:
     return int(match.group()) if match else None
 
 
-def fold_causes(causes: Sequence[CauseView]) -> list[CauseRow]:
+def fold_causes(causes: Sequence[Cause]) -> list[CauseRow]:
     """Causes of the same rule at the same file:line whose modules differ only by their layer index, as
     one row each (decoder.layers.*.mlp over 4 layers); every other cause is its own row.
 
@@ -120,7 +120,7 @@ def fold_causes(causes: Sequence[CauseView]) -> list[CauseRow]:
     Returns:
         The table rows.
     """
-    groups: dict[tuple[str, str, str] | int, list[CauseView]] = {}
+    groups: dict[tuple[str, str, str] | int, list[Cause]] = {}
     for i, cause in enumerate(causes):
         layer = _layer(cause.module)
         key: tuple[str, str, str] | int = i if layer is None else (
@@ -137,7 +137,7 @@ def fold_causes(causes: Sequence[CauseView]) -> list[CauseRow]:
     return sorted(rows, key=lambda r: not r.explains)
 
 
-def _folded(members: Sequence[CauseView], layers: tuple[int, ...]) -> CauseRow:
+def _folded(members: Sequence[Cause], layers: tuple[int, ...]) -> CauseRow:
     lead = next((c for c in members if c.explains), members[0])
     module = _LAYER_INDEX.sub("*", lead.module, count=1) if layers else lead.module
     also_at = tuple(dict.fromkeys(a for c in members for a in c.also_at if a != lead.location))
@@ -179,7 +179,7 @@ def _row(row: CauseRow) -> str:
             + "</tr>")
 
 
-def causes_table(causes: Sequence[CauseView]) -> str:
+def causes_table(causes: Sequence[Cause]) -> str:
     """Every cause the run's evidence names (rule, module, the user's file:line, evidence and fix), the one
     that explains the difference first and marked; one line's causes across layers fold into one row.
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from graphdoctor.report.html_model import ForensicsView, ImplView, ReportView, TapDivergenceView, TapSiteView
-from graphdoctor.report.html_model_parts import LaunchesView, LaunchStepView, MemoryView
+from graphdoctor.compare.forensics import Forensics, SiteSummary, TapDivergence
+from graphdoctor.compare.verdict import ImplResult
+from graphdoctor.launches.compare import LaunchComparison
+from graphdoctor.launches.counts import LaunchCount
+from graphdoctor.memory.leaks import MemoryReport
+from graphdoctor.report.html_model import ReportView
 from graphdoctor.report.html_page import figure, table, tile
 from graphdoctor.report.memory import fmt_bytes
 from graphdoctor.report.svg import EAGER_COLOUR, Series, bar_chart, series_style
@@ -34,7 +38,7 @@ def short_path(location: str | None) -> str | None:
     return location
 
 
-def _where(d: TapDivergenceView | None) -> str:
+def _where(d: TapDivergence | None) -> str:
     if d is None:
         return "none"
     loc = f" ({short_path(d.location)})" if d.location else ""
@@ -42,7 +46,7 @@ def _where(d: TapDivergenceView | None) -> str:
             f"max rel {_g(d.max_rel)}")
 
 
-def _site_row(s: TapSiteView, frozen: set[str]) -> list[object]:
+def _site_row(s: SiteSummary, frozen: set[str]) -> list[object]:
     keep = "-"
     if s.keep_rate is not None and s.expected_keep_rate is not None:
         keep = f"{s.keep_rate:.4f} ({s.expected_keep_rate:.4f})"
@@ -53,7 +57,7 @@ def _site_row(s: TapSiteView, frozen: set[str]) -> list[object]:
             "graph" if s.captured else "eager"]
 
 
-def _forensics_block(impl: ImplView, f: ForensicsView) -> str:
+def _forensics_block(impl: ImplResult, f: Forensics) -> str:
     rng = {None: "no draw paired", True: "aligned: every paired draw identical",
            False: "not aligned: draws differ from eager"}[f.rng_aligned]
     tiles = "".join([
@@ -65,7 +69,7 @@ def _forensics_block(impl: ImplView, f: ForensicsView) -> str:
     lines = [("first draw mismatch", _where(f.first_draw_mismatch)),
              ("first divergence", _where(f.first_divergence)),
              ("first numeric divergence (draws identical)", _where(f.first_numeric_divergence))]
-    lines += [("frozen draw", f"{d.module} [{d.op}] at {d.location or '?'}, from step {d.step}") for d in f.frozen]
+    lines += [("frozen draw", f"{d.module} [{d.op}] at {d.location or '?'}, from step {d.first_step}") for d in f.frozen]
     facts = "".join(f"<div><b>{escape(k)}:</b> <span class=\"mono\">{escape(v)}</span></div>" for k, v in lines)
     frozen = {d.module for d in f.frozen}
     ordered = sorted(f.sites, key=lambda s: (s.kind not in DRAW_KINDS, not s.repeats_across_replays))
@@ -81,7 +85,7 @@ def _forensics_block(impl: ImplView, f: ForensicsView) -> str:
             + (f'<ul class="notes">{notes}</ul>' if notes else ""))
 
 
-def forensics_section(impls: Sequence[ImplView]) -> str:
+def forensics_section(impls: Sequence[ImplResult]) -> str:
     """The forensics section, or "" when no implementation was tapped."""
     blocks = [_forensics_block(impl, impl.forensics) for impl in impls if impl.forensics is not None]
     if not blocks:
@@ -92,24 +96,28 @@ def forensics_section(impls: Sequence[ImplView]) -> str:
             f'{"".join(blocks)}</section>')
 
 
-def _memory_tiles(m: MemoryView) -> str:
+def _peak_reserved_over_eager(m: MemoryReport) -> float | None:
+    """Peak reserved bytes over eager's, rounded as the saved report writes it (MemoryReport.to_dict)."""
+    return round(m.peak_reserved_bytes / m.eager_peak_reserved_bytes, 4) if m.eager_peak_reserved_bytes else None
+
+
+def _memory_tiles(m: MemoryReport) -> str:
     growth = m.bytes_gained_per_replay_step
-    suspects = sum(s.is_suspect for s in m.leak_sites)
+    sites = m.unfreed_replay_sites
+    suspects = sum(s.is_suspect for s in sites)
+    over = _peak_reserved_over_eager(m)
     return "".join([
         tile("memory verdict", m.verdict, state="ok" if m.verdict == "ok" else "bad"),
         tile("graph pools reserved", fmt_bytes(m.graph_pool_reserved_bytes or 0)),
-        tile("peak reserved vs eager", f"{m.peak_reserved_over_eager:.2f}x" if m.peak_reserved_over_eager else "-"),
+        tile("peak reserved vs eager", f"{over:.2f}x" if over else "-"),
         tile("growth per replay step", fmt_bytes(growth or 0, signed=True) if growth is not None else "-",
              state="bad" if growth else ""),
-        tile("leak sites (suspect)", f"{len(m.leak_sites)} ({suspects})", state="bad" if suspects else ""),
+        tile("leak sites (suspect)", f"{len(sites)} ({suspects})", state="bad" if suspects else ""),
     ])
 
 
-def memory_section(view: ReportView) -> str:
-    """Memory by phase per implementation against eager, with graph pools and leak sites."""
-    mems = [(impl.impl, impl.memory) for impl in view.impls if impl.memory is not None]
-    if not mems:
-        return '<section id="memory"><h2>Memory</h2><p class="muted">Memory was not recorded.</p></section>'
+def _memory_charts(mems: Sequence[tuple[str, MemoryReport]]) -> str:
+    """Bytes by phase of each graphed run, and the peaks against the eager reference."""
     styles = [series_style(i) for i in range(len(mems))]
     phase = bar_chart(
         ("live before capture", "live after capture", "live after replays", "reserved after replays"),
@@ -123,24 +131,44 @@ def memory_section(view: ReportView) -> str:
          *[Series(name, (m.peak_allocated_bytes, m.peak_reserved_bytes, m.graph_pool_reserved_bytes), c, d, k)
            for (name, m), (c, d, k) in zip(mems, styles, strict=True)]],
         title="peaks against eager", value_format=fmt_bytes)
-    blocks = [f'<div class="grid2">{figure("allocated and reserved bytes by phase (graphed runs)", phase)}'
-              f'{figure("peaks against the eager reference", peaks)}</div>']
-    for name, m in mems:
-        blocks.append(f'<h3 class="mono">{escape(name)}</h3><p class="small">{escape(m.summary)}</p>'
-                      f'<div class="tiles">{_memory_tiles(m)}</div>')
-        if m.leak_sites:
-            rows = [(s.site, s.num_allocations, fmt_bytes(s.live_bytes), s.num_steps,
-                     "SUSPECT" if s.is_suspect else "settled", " < ".join(s.frames[:3]))
-                    for s in m.leak_sites]
-            blocks.append(table(("site kept alive after replay", "allocations", "live", "steps", "status",
-                                 "innermost frames"), rows, numeric=(1, 2, 3), wrap=(0, 5),
-                                highlight=[i for i, s in enumerate(m.leak_sites) if s.is_suspect]))
-        if m.graph_pools:
-            blocks.append(table(("graph pool", "reserved", "live"),
-                                [(p.pool, fmt_bytes(p.reserved_bytes), fmt_bytes(p.live_bytes)) for p in m.graph_pools],
-                                numeric=(1, 2), cls="compact"))
-        if m.notes:
-            blocks.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in m.notes) + "</ul>")
+    return (f'<div class="grid2">{figure("allocated and reserved bytes by phase (graphed runs)", phase)}'
+            f'{figure("peaks against the eager reference", peaks)}</div>')
+
+
+def _memory_block(name: str, m: MemoryReport) -> str:
+    """One implementation's summary, tiles, leak sites, graph pools and notes."""
+    blocks = [f'<h3 class="mono">{escape(name)}</h3><p class="small">{escape(m.summary())}</p>'
+              f'<div class="tiles">{_memory_tiles(m)}</div>']
+    sites = m.unfreed_replay_sites
+    if sites:
+        rows = [(s.site, s.num_allocations, fmt_bytes(s.live_bytes), s.num_steps,
+                 "SUSPECT" if s.is_suspect else "settled", " < ".join(s.frames[:3])) for s in sites]
+        blocks.append(table(("site kept alive after replay", "allocations", "live", "steps", "status",
+                             "innermost frames"), rows, numeric=(1, 2, 3), wrap=(0, 5),
+                            highlight=[i for i, s in enumerate(sites) if s.is_suspect]))
+    if m.graph_pools:
+        # A pool id is written as the JSON list the saved report holds ([device, id]).
+        blocks.append(table(("graph pool", "reserved", "live"),
+                            [(str(list(p.pool)), fmt_bytes(p.reserved_bytes), fmt_bytes(p.live_bytes))
+                             for p in m.graph_pools], numeric=(1, 2), cls="compact"))
+    if m.notes:
+        blocks.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in m.notes) + "</ul>")
+    return "".join(blocks)
+
+
+def memory_section(view: ReportView) -> str:
+    """Memory by phase per implementation against eager, with graph pools and leak sites."""
+    mems = [(impl.impl, impl.memory.report) for impl in view.impls
+            if impl.memory is not None and impl.memory.report is not None]
+    unanalysed = [(impl.impl, impl.memory.error) for impl in view.impls
+                  if impl.memory is not None and impl.memory.report is None]
+    if not mems and not unanalysed:
+        return '<section id="memory"><h2>Memory</h2><p class="muted">Memory was not recorded.</p></section>'
+    blocks = [_memory_charts(mems)] if mems else []
+    blocks += [_memory_block(name, m) for name, m in mems]
+    blocks += [f'<h3 class="mono">{escape(name)}</h3><p class="small">'
+               f'{escape(f"no snapshot analysis: {error}" if error else "no snapshot analysis")}</p>'
+               for name, error in unanalysed]
     return f'<section id="memory"><h2>Memory by phase</h2>{"".join(blocks)}</section>'
 
 
@@ -156,13 +184,12 @@ _LAUNCH_ROWS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _launch_values(step: LaunchStepView | None) -> tuple[float | None, ...]:
+def _launch_values(step: LaunchCount | None) -> tuple[float | None, ...]:
     if step is None:
         return tuple(None for _ in _LAUNCH_ROWS)
     values = []
     for _, attr in _LAUNCH_ROWS:
-        value = getattr(step, attr)
-        values.append(None if value is None else float(value))
+        values.append(float(getattr(step, attr)))
     return tuple(values)
 
 
@@ -191,15 +218,16 @@ def launches_section(view: ReportView) -> str:
     return f'<section id="launches"><h2>Launches: eager against graphed</h2>{"".join(parts)}</section>'
 
 
-def _census(items: Sequence[tuple[str, LaunchesView]]) -> str:
+def _census(items: Sequence[tuple[str, LaunchComparison]]) -> str:
     rows: list[list[object]] = []
     checks = []
     for name, lv in items:
-        for g in lv.census:
-            by_type = ", ".join(f"{k} {v}" for k, v in g.nodes_by_type)
+        for g in lv.census or ():
+            by_type = ", ".join(f"{k} {v}" for k, v in g.nodes_by_type.items())
             rows.append([name, g.name, g.num_nodes, g.num_kernels, by_type, g.source])
-        if lv.census_match is not None:
-            checks.append(f"{name}: census {'equals' if lv.census_match else 'DIFFERS FROM'} the profiler's kernels per launch")
+        if lv.census_check is not None:
+            match = lv.census_check.match
+            checks.append(f"{name}: census {'equals' if match else 'DIFFERS FROM'} the profiler's kernels per launch")
     if not rows:
         return '<h3>Graph census</h3><p class="muted">No graph was counted.</p>'
     check = "".join(f'<p class="small">{escape(c)}</p>' for c in checks)

@@ -62,7 +62,7 @@ def eval_section(view: ReportView) -> str:
     ref = view.reference
     if ref is None or not ref.evals:
         return ""
-    graphed = [(impl.impl, impl.graphed_run) for impl in view.impls if impl.graphed_run is not None]
+    graphed = view.graphed_runs()
     rows: list[list[object]] = []
     for e in ref.evals:
         row: list[object] = ["final" if e.final else str(e.index), str(e.after_step), "eval", _fmt(e.loss)]

@@ -3,12 +3,12 @@ shortened for display with the recorded one kept, and one line's causes across l
 
 from __future__ import annotations
 
+from graphdoctor.compare.cause import Cause
 from graphdoctor.report.html_causes import breakable, display_path, fold_causes, spans
-from graphdoctor.report.html_model_parts import CauseView
 
 
-def _cause(module: str, rule: str = "GD518", location: str | None = "/w/m.py:27", explains: bool = False) -> CauseView:
-    return CauseView(rule=rule, name="n", severity="warning", module=module, location=location, message="evidence",
+def _cause(module: str, rule: str = "GD518", location: str | None = "/w/m.py:27", explains: bool = False) -> Cause:
+    return Cause(rule=rule, name="n", severity="warning", module=module, location=location, message="evidence",
                      fix="fix", explains=explains)
 
 

@@ -1,5 +1,5 @@
-"""HTML diff report: the view-model from the recorded H200 reports, tolerance of old and partial
-reports, a self-contained page, and `graphdoctor report` / `diff --html` on the command line."""
+"""HTML diff report: the page content built from the recorded H200 reports as diff/report.py loads them, old and
+partial reports, a self-contained page, and `graphdoctor report` / `diff --html` on the command line."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from graphdoctor.cli import main
+from graphdoctor.diff.report import DiffReport, TapRecording, load_saved, read_saved
 from graphdoctor.errors import InputFileError
+from graphdoctor.protocol import EAGER
 from graphdoctor.report.html import render_file, render_payload
-from graphdoctor.report.html_model import load_report, parse_report
+from graphdoctor.report.html_model import ReportView, compared_steps, control_run, graphed_run
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "data"
 DIFF_REPORTS = sorted((FIXTURES / "diff").glob("*.json"))
@@ -30,22 +32,29 @@ def test_fixture_reports_exist() -> None:
     assert len(DIFF_REPORTS) >= 2 and len(TAP_TABLES) >= 5
 
 
+def _view(path: Path) -> ReportView:
+    return ReportView.of(load_saved(path))
+
+
 def test_default_report_view_matches_the_json() -> None:
-    view = load_report(DEFAULT)
+    report = load_saved(DEFAULT)
+    assert isinstance(report, DiffReport)
+    view = ReportView.of(report)
     assert view.source == "diff" and view.exit_code == 0
     assert view.info.gpu == "NVIDIA H200" and view.info.dtype == "fp32" and view.info.dropout == 0.1
-    assert view.reference is not None and view.reference.is_eager and len(view.reference.compared_steps) == 8
+    assert view.reference is not None and view.reference.impl == EAGER and len(compared_steps(view.reference)) == 8
     local, full, te = view.impls
     assert (local.verdict, full.verdict, te.verdict) == ("rng-divergence", "match", "unavailable")
     assert local.control is not None and local.control.verdict == "match"
-    assert local.first_divergence is not None and local.first_divergence.step == 1
-    assert local.first_divergence.tensor == "embedding.word_embeddings.weight"
-    assert local.memory is not None and local.memory.graph_pool_reserved_bytes == 100663296
+    assert local.divergence is not None and local.divergence.step == 1
+    assert local.divergence.tensor == "embedding.word_embeddings.weight"
+    assert local.memory is not None and local.memory.report is not None
+    assert local.memory.report.graph_pool_reserved_bytes == 100663296
     assert local.launches is not None and local.launches.eager is not None
     assert local.launches.eager.num_host_launches == 658 and local.launches.graphed is not None
-    assert local.launches.graphed.num_graph_launches == 8 and len(local.launches.census) == 8
-    assert local.launches.census_match is True
-    control = local.control_run(view.info.dropout)
+    assert local.launches.graphed.num_graph_launches == 8 and len(local.launches.census or ()) == 8
+    assert local.launches.census_check is not None and local.launches.census_check.match is True
+    control = control_run(local, view.info.dropout)
     assert control is not None and control.dropout == 0.0
     assert te.diagnosis is not None and te.diagnosis.fix and "Transformer Engine" in te.diagnosis.fix
 
@@ -58,7 +67,7 @@ def test_every_fixture_renders_self_contained(path: Path, tmp_path: Path) -> Non
     assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
     for needle in ("http://", "https://", "<link", "src=", "@import", "url("):
         assert needle not in html, needle
-    view = load_report(path)
+    view = _view(path)
     for impl in view.impls:
         assert f'data-impl="{impl.impl}"' in html and f'data-verdict="{impl.verdict}"' in html
     if view.source == "diff":
@@ -69,8 +78,9 @@ def test_every_fixture_renders_self_contained(path: Path, tmp_path: Path) -> Non
 
 def test_frozen_tap_table_names_the_site_and_rule(tmp_path: Path) -> None:
     path = FIXTURES / "forensics" / "h200_frozen_host_mask.json.gz"
-    view = load_report(path)
-    (impl,) = view.impls
+    taps = load_saved(path)
+    assert isinstance(taps, TapRecording) and taps.dropout == 0.0 and taps.settings()["num_layers"] == 2
+    (impl,) = ReportView.of(taps).impls
     assert impl.verdict == "frozen-rng" and impl.diagnosis is not None and impl.diagnosis.rule == "GD506"
     assert impl.forensics is not None and len(impl.forensics.frozen) == 2
     html = render_file(path, tmp_path / "f.html").read_text()
@@ -87,8 +97,8 @@ def test_eager_spelling_missing_sections_and_newer_fields() -> None:
         for key in ("memory", "launches", "control", "timing"):
             impl.pop(key, None)
     del payload["env"]
-    view = parse_report(payload)
-    assert view.reference is not None and view.reference.is_eager
+    view = ReportView.of(read_saved(payload))
+    assert view.reference is not None and view.reference.impl == EAGER
     assert all(i.memory is None and i.launches is None for i in view.impls)
     html = render_payload(payload)
     assert "Memory was not recorded" in html and "Launches were not profiled" in html
@@ -99,8 +109,8 @@ def test_non_finite_strings_read_back_as_floats() -> None:
     payload = _payload()
     step = payload["impls"][0]["runs"][0]["steps"][1]
     step["loss"], step["grads"]["max_rel"] = "nan", "inf"
-    view = parse_report(payload)
-    run = view.impls[0].graphed_run
+    view = ReportView.of(read_saved(payload))
+    run = graphed_run(view.impls[0])
     assert run is not None and run.steps[1].loss != run.steps[1].loss
     assert run.steps[1].grads is not None and run.steps[1].grads.max_rel == float("inf")
     assert "<svg" in render_payload(payload)
@@ -109,10 +119,13 @@ def test_non_finite_strings_read_back_as_floats() -> None:
 def test_newer_schema_and_non_reports_are_refused() -> None:
     payload = _payload()
     payload["schema_version"] = 3
-    with pytest.raises(InputFileError, match="schema_version 3"):
-        parse_report(payload)
-    with pytest.raises(InputFileError, match="no impls"):
-        parse_report({"schema_version": 1})
+    with pytest.raises(InputFileError, match="schema_version 3 is newer"):
+        read_saved(payload)
+    with pytest.raises(InputFileError, match="not a graphdoctor diff report"):
+        read_saved({"schema_version": 1})
+    payload["schema_version"], payload["command"] = 2, "count"
+    with pytest.raises(InputFileError, match="command: got 'count'"):
+        read_saved(payload)
 
 
 def test_in_memory_to_dict_shape_renders() -> None:
@@ -173,3 +186,12 @@ def test_diff_refuses_html_over_its_json_before_running(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["diff", "--json", same, "--html", same])
     assert result.exit_code == 2 and "same file as --json" in result.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_memory_section_without_its_snapshot_analysis_is_named() -> None:
+    payload = _payload()
+    for impl in payload["impls"]:
+        if impl.get("memory"):
+            impl["memory"] = {"stats": {}, "error": "snapshot failed"}
+    html = render_payload(payload)
+    assert "no snapshot analysis: snapshot failed" in html and "Memory was not recorded" not in html

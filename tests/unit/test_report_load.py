@@ -1,5 +1,6 @@
 """Saved diff reports load as typed DiffReports: schema 1 (recorded on the H200 before the child
-protocol) and schema 2 (recorded on the H200 with it); what loads writes back the same JSON."""
+protocol) and schema 2 (recorded on the H200 with it); what loads writes back the same JSON. Recorded
+tap tables load as TapRecordings through the same loader; other graphdoctor documents are refused."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from graphdoctor.diff import SCHEMA_VERSION, DiffReport, load_report
+from graphdoctor.diff.report import TapRecording, load_saved
 from graphdoctor.errors import InputFileError
 from graphdoctor.protocol import EAGER
 from graphdoctor.strict_json import json_safe
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "diff"
 REPORTS = sorted(DATA.glob("*.json"))
+TAP_TABLES = sorted((DATA.parent / "forensics").glob("*.json.gz"))
 
 
 @pytest.mark.parametrize("path", REPORTS, ids=lambda p: p.stem)
@@ -66,3 +69,25 @@ def test_a_file_that_is_not_a_report_is_one_clean_error(tmp_path: Path) -> None:
     bad.write_text('{"schema_version": 9}', encoding="utf-8")
     with pytest.raises(InputFileError, match="not a graphdoctor diff report"):
         load_report(bad)
+
+
+@pytest.mark.parametrize("path", TAP_TABLES, ids=lambda p: p.name)
+def test_recorded_tap_tables_load_as_tap_recordings(path: Path) -> None:
+    taps = load_saved(path)
+    assert isinstance(taps, TapRecording) and taps.command.startswith("diff(DiffConfig(")
+    assert taps.result.impl in ("local", "transformer_engine") and not taps.result.runs
+    assert taps.result.forensics is not None or taps.result.divergence is not None
+    assert taps.recorded.startswith("H200") and isinstance(taps.settings()["hidden_size"], int)
+    with pytest.raises(InputFileError, match="not a graphdoctor diff report"):
+        load_report(path)
+
+
+def test_load_saved_reads_a_diff_report_as_load_report_does() -> None:
+    path = DATA / "h200_default_dropout0.1_schema2.json"
+    assert load_saved(path) == load_report(path)
+
+
+def test_another_commands_document_is_refused() -> None:
+    count = DATA.parent / "count" / "h200_count_stopped_sigterm.json"
+    with pytest.raises(InputFileError, match="command: got 'count', expected 'diff'"):
+        load_saved(count)
