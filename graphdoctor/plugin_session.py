@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.errors import GraphDoctorError
 
 if TYPE_CHECKING:
     from graphdoctor.diff.report import DiffReport
 
-TE_IMPL = "transformer_engine"
 USER_PROPERTY = "graphdoctor"
 """Name of the test-report user property that carries a summary line (travels with pytest-xdist)."""
 
@@ -137,7 +137,7 @@ def skip_reason(values: Mapping[str, Any], num_gpus: int) -> str | None:
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         return "graphdoctor_diff needs megatron-core, which is not installed"
     impls = _impls(values)
-    if impls and all(i == TE_IMPL for i in impls):
+    if impls and all(i == Impl.TRANSFORMER_ENGINE for i in impls):
         from graphdoctor.parent.availability import te_available
 
         ok, why = te_available()

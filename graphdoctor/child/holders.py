@@ -62,6 +62,7 @@ from graphdoctor.child.holder_search import (
     user_code,
 )
 from graphdoctor.child.taps import graph_method_owner
+from graphdoctor.config.impl import Impl
 from graphdoctor.protocol.events import Event, Hazard
 
 MAX_WATCHES = 8192
@@ -514,7 +515,7 @@ class HolderWatcher:
             forward = cls.__dict__.get("forward")
             if forward is not None and user_code(forward):
                 out.append(forward)
-        if self.impl == "full_iteration":
+        if self.impl == Impl.FULL_ITERATION:
             out += [fn for name, fn in self._functions() if user_code(fn) and not name.endswith(".forward")]
         return out
 

@@ -23,6 +23,7 @@ from graphdoctor.child.names import strip_wrappers
 from graphdoctor.child.reported import reduce_step
 from graphdoctor.child.schedule import EvalPoint, eval_plan, run_eval, with_tracker_values
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
+from graphdoctor.config.impl import Impl
 from graphdoctor.protocol.events import Capture, Eval, Event, Phase, Step, Tensors
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Role
 from graphdoctor.protocol.steps import StepPrints, StepRecord
@@ -48,7 +49,7 @@ def phase_of(impl: str, step: int, warmup_steps: int) -> str:
     """
     if impl == EAGER:
         return "eager"
-    if impl == "local":
+    if impl == Impl.LOCAL:
         return "capture" if step == 0 else "replay"
     if step < warmup_steps:
         return "warmup"

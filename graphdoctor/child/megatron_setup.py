@@ -25,6 +25,7 @@ from graphdoctor.config.build import padded_vocab_size
 from graphdoctor.config.child_model import child_model, one_gpu
 from graphdoctor.config.description import ModelDescription
 from graphdoctor.config.entry_points import resolve_entry_point
+from graphdoctor.config.impl import Impl
 from graphdoctor.errors import MissingDependencyError
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement
 
@@ -213,7 +214,7 @@ def wrap_ddp(impl: str, config: Any, model: torch.nn.Module, run: DiffConfig | N
     from megatron.core.full_cuda_graph import get_shared_capture_stream
 
     settings = rank_setup.ddp_config(run)
-    if impl != "full_iteration":
+    if impl != Impl.FULL_ITERATION:
         return DistributedDataParallel(config=config, ddp_config=settings, module=model)
     # Without this, torch 2.11 (no set_override_stale_capture_stream) fails capture with
     # cudaErrorStreamCaptureImplicit: DDP's AccumulateGrad nodes would live on another stream.
@@ -261,7 +262,7 @@ def have_transformer_engine() -> tuple[bool, str]:
 
 def require_transformer_engine(model: ModelDescription, impl: str) -> None:
     """Raise MissingDependencyError when the run needs Transformer Engine and it does not import."""
-    if impl == "transformer_engine" or build.uses_te_layers(model):
+    if impl == Impl.TRANSFORMER_ENGINE or build.uses_te_layers(model):
         ok, why = have_transformer_engine()
         if not ok:
             raise MissingDependencyError(f"transformer_engine is not importable ({why})")
@@ -276,27 +277,27 @@ def build_setup(spec: ChildSpec) -> Setup:
     model_description = spec.model if spec.model is not None else child_model(config, impl, spec.dropout)
     require_transformer_engine(model_description, impl)
     init_distributed(spec.placement, config)
-    if impl == "transformer_engine":
+    if impl == Impl.TRANSFORMER_ENGINE:
         # Megatron-LM's initialize.py:288 leaves the legacy default stream for this impl; on it,
         # TE's backward capture fails with cudaErrorStreamCaptureImplicit (AccumulateGrad work on
         # the blocking legacy stream meets the capturing stream).
         torch.cuda.set_stream(torch.cuda.Stream())
     seed_everything(config.seed, impl, model_description.te_rng_tracker)
-    if impl == "transformer_engine":
+    if impl == Impl.TRANSFORMER_ENGINE:
         init_microbatches(config, spec.placement)
     tconfig = build.described_transformer_config(model_description, impl)
     model = build_model(config, model_description, tconfig)
-    if impl == "local":
+    if impl == Impl.LOCAL:
         restrict_graph_layers(config, model)
     model = rank_setup.sync_hooks(tconfig, wrap_ddp(impl, tconfig, model, config), config)
     optimizer = build_optimizer(config.dtype, tconfig, model, distributed=config.use_distributed_optimizer,
                                 loss_scale=config.loss_scale)
     forward_backward = get_forward_backward_func()
-    if impl == "full_iteration":
+    if impl == Impl.FULL_ITERATION:
         forward_backward = FullCudaGraphWrapper(
             forward_backward, cuda_graph_warmup_steps=tconfig.cuda_graph_warmup_steps)
     te_helper = None
-    if impl == "transformer_engine":
+    if impl == Impl.TRANSFORMER_ENGINE:
         from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
         # Built after model and optimizer, as Megatron-LM's trainer does (training.py:3714-3721).

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from graphdoctor.child.hazards import NoneMaskObserver
 from graphdoctor.child.holders import HolderWatcher
 from graphdoctor.child.witness import CaptureWitness
+from graphdoctor.config.impl import Impl
 from graphdoctor.launches.census import GraphCensus
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection, MemoryStats
@@ -223,7 +224,7 @@ class LaunchObserver(Observer):
         census, census_error = None, None
         if self.spec.graphed:
             try:
-                census = (_census_kept(self._kept) if self.spec.impl == "transformer_engine"
+                census = (_census_kept(self._kept) if self.spec.impl == Impl.TRANSFORMER_ENGINE
                           else _census(self.model))
             except Exception as exc:  # noqa: BLE001 - recorded in the report
                 census_error = _error(exc)
@@ -333,7 +334,7 @@ def make_observers(spec: ChildSpec, model: Any, names: dict[int, str] | None = N
     observers.append(Timed("phases", lambda: PhaseObserver(spec.impl)))
     if spec.config.memory and spec.role is not Role.COUNT:
         observers.append(Timed("memory", lambda: MemoryObserver(spec)))
-    if spec.impl == "transformer_engine" and names is not None:
+    if spec.impl == Impl.TRANSFORMER_ENGINE and names is not None:
         observers.append(Timed("none_mask", lambda: NoneMaskObserver(model, names)))
     if spec.graphed and spec.role is Role.GRAPHED and names is not None:
         observers.append(Timed("witness", lambda: CaptureWitness(model, names)))

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from graphdoctor.config.impl import Impl
+
 
 def _tracker_states() -> dict[str, Any]:
     try:
@@ -83,9 +85,9 @@ def align_rng(impl: str) -> Callable[[], None]:
     undo: list[Callable[[], None]] = []
     from megatron.core.transformer import cuda_graphs
 
-    if impl == "local":
+    if impl == Impl.LOCAL:
         _wrap(cuda_graphs._CudagraphGlobalRecord, "create_cudagraphs", undo)
-    elif impl == "transformer_engine":
+    elif impl == Impl.TRANSFORMER_ENGINE:
         _wrap(cuda_graphs.TECudaGraphHelper, "create_cudagraphs", undo)
 
     def restore() -> None:

@@ -8,18 +8,19 @@ import dataclasses
 
 from graphdoctor.compare.forensics import Forensics, FrozenDraw, TapDivergence
 from graphdoctor.compare.verdict import ImplResult
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules import rule_fix
 from graphdoctor.types import Diagnosis, Verdict
 
-RNG_SHIFT_RULE = {"local": "GD401"}
+RNG_SHIFT_RULE: dict[str, str] = {Impl.LOCAL: "GD401"}
 """Catalogue rule for implementations known not to restore the RNG around warmup and capture."""
 
-RNG_SELF_ALIGNED = {
-    "transformer_engine": ": Transformer Engine saves and restores the RNG states around its "
-                          "warmup and capture (make_graphed_callables), which Megatron's local "
-                          "implementation does not",
-    "full_iteration": ": full_iteration warms up with real training steps and captures without "
-                      "extra passes, so nothing shifts the random stream",
+RNG_SELF_ALIGNED: dict[str, str] = {
+    Impl.TRANSFORMER_ENGINE: ": Transformer Engine saves and restores the RNG states around its "
+                             "warmup and capture (make_graphed_callables), which Megatron's local "
+                             "implementation does not",
+    Impl.FULL_ITERATION: ": full_iteration warms up with real training steps and captures without "
+                         "extra passes, so nothing shifts the random stream",
 }
 """Why an implementation's draws match eager's without --align-rng."""
 
@@ -59,7 +60,7 @@ def _numeric_diagnosis(div: TapDivergence, impl: str, forensics: Forensics | Non
     fix = ("check what this module reads that eager recomputes each step (tensor attributes "
            "rebound between steps, host values, Python state): a graph replays the addresses "
            f"and values it saw when {impl} captured it")
-    if impl == "transformer_engine":
+    if impl == Impl.TRANSFORMER_ENGINE:
         # TE replaces the graphed modules' forwards: their hooks never fire, so the first tapped
         # difference can sit just downstream of the graphed module that caused it.
         message += ("; modules inside Transformer Engine's graphs are not tapped, so the "

@@ -28,6 +28,7 @@ from graphdoctor.config.container import (
     load_megatron_container,
     nested_model,
 )
+from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.config.schema import loaded_yaml
 from graphdoctor.errors import InputFileError, UsageError
 from graphdoctor.inputs import describe
@@ -92,7 +93,7 @@ class BridgeGuards:
     a start (GD141-GD145), and the optimizer's fp16 loss scaling (GD312), plain, with Bridge's defaults for a key
     the file does not set (`given` says which)."""
 
-    cuda_graph_impl: str = "none"
+    cuda_graph_impl: str = MEGATRON_EAGER
     """`model.cuda_graph_impl` (TransformerConfig's default `none`)."""
     graph_names: tuple[str, ...] = ()
     """`model.cuda_graph_modules` then the deprecated `model.cuda_graph_scope`, by member name as Bridge's
@@ -131,16 +132,16 @@ class BridgeGuards:
     @property
     def full_iteration(self) -> bool:
         """Bridge's `is_full_iteration_cuda_graph`: impl full_iteration, or local with a `full_iteration` module."""
-        if self.cuda_graph_impl == "full_iteration":
+        if self.cuda_graph_impl == Impl.FULL_ITERATION:
             return True
-        return self.cuda_graph_impl == "local" and "full_iteration" in self.graph_names
+        return self.cuda_graph_impl == Impl.LOCAL and "full_iteration" in self.graph_names
 
     @property
     def local_refused(self) -> bool:
         """`validate_cuda_graph_configuration` refuses `local`: not a full-iteration graph and not a local
         inference graph (no modules and an inference scope of `layer` or `block`)."""
         inference = not self.graph_modules and bool({"layer", "block"} & set(self.inference_scopes))
-        return self.cuda_graph_impl == "local" and not self.full_iteration and not inference
+        return self.cuda_graph_impl == Impl.LOCAL and not self.full_iteration and not inference
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +465,7 @@ def _guards(sections: Mapping[str, Any], at: Mapping[str, str], where: str) -> B
     impl = model.get("cuda_graph_impl")
     fp16, loss_scale = _precision(sections, at, where)
     return BridgeGuards(
-        cuda_graph_impl=impl if isinstance(impl, str) else "none",
+        cuda_graph_impl=impl if isinstance(impl, str) else MEGATRON_EAGER,
         graph_names=(*_names(model.get("cuda_graph_modules")), *_names(model.get("cuda_graph_scope"))),
         inference_scopes=tuple(_names(model.get("inference_cuda_graph_scope"))),
         check_for_nan_in_loss=_flag(rerun, "rerun_state_machine.check_for_nan_in_loss", True, at, where),

@@ -16,7 +16,7 @@ from graphdoctor.config.codec import CALL, TARGET, decode
 from graphdoctor.config.description import MODEL_KINDS, ModelDescription
 from graphdoctor.config.diff_config import DiffConfig
 from graphdoctor.config.entry_points import resolve_entry_point
-from graphdoctor.config.impl import Impl
+from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.errors import UsageError
 
 MEGATRON_SPEC_PREFIX = "megatron."
@@ -55,7 +55,8 @@ def described_transformer_config(description: ModelDescription, impl: str) -> An
         MissingDependencyError: the settings need Transformer Engine or megatron.training, missing here.
     """
     built = transformer_config(description)
-    if impl == Impl.EAGER and (built.cuda_graph_impl != "none" or built.enable_cuda_graph or built.external_cuda_graph):
+    graphs = built.cuda_graph_impl != MEGATRON_EAGER or built.enable_cuda_graph or built.external_cuda_graph
+    if impl == Impl.EAGER and graphs:
         raise UsageError(f"the eager reference would build CUDA graphs (cuda_graph_impl {built.cuda_graph_impl!r}): "
                          f"a setting of transformer: turns them on; expected graphs only in the graphed runs")
     return built

@@ -55,9 +55,10 @@ def run_model(config: DiffConfig) -> ModelDescription:
 def te_rng_tracker(description: ModelDescription, impl: str) -> bool:
     """Megatron-LM's rule (training/arguments.py:1873-1879) for a model its parser does not see: TE's RNG tracker
     once CUDA graphs are on and Transformer Engine builds the layers or the graphs, or where the source asks."""
-    graphs = Impl(impl).megatron
+    kind = Impl(impl)
     layers = description.value("transformer_impl", "transformer_engine")
-    return description.te_rng_tracker or (graphs != "none" and "transformer_engine" in (layers, graphs))
+    return description.te_rng_tracker or (kind.graphed and (kind is Impl.TRANSFORMER_ENGINE or
+                                                            layers == "transformer_engine"))
 
 
 def child_model(config: DiffConfig, impl: str, dropout: float) -> ModelDescription:

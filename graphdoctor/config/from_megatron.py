@@ -22,6 +22,7 @@ from graphdoctor.config.diff_config import DiffConfig
 from graphdoctor.config.fit import EVAL_ITERS_FIT, PLACEMENT, fit_placement, fitted_microbatches, gpus_at_hand
 from graphdoctor.config.fp8 import initialisation
 from graphdoctor.config.graph_settings import graph_choice
+from graphdoctor.config.impl import MEGATRON_EAGER
 from graphdoctor.config.launch_scan import parse_moe_layer_freq
 from graphdoctor.config.megatron_line import (
     MEGATRON_ERRORS,
@@ -52,7 +53,7 @@ LINE_FIELDS: tuple[str, ...] = SAME_NAME
 """DiffConfig fields that are Megatron settings of the same name (config.twins): given by a flag or the run file,
 they go into the model's settings before Megatron validates them."""
 
-EAGER_GRAPHS: dict[str, Any] = {"cuda_graph_impl": "none", "cuda_graph_modules": [], "enable_cuda_graph": False,
+EAGER_GRAPHS: dict[str, Any] = {"cuda_graph_impl": MEGATRON_EAGER, "cuda_graph_modules": [], "enable_cuda_graph": False,
                                 "external_cuda_graph": False}
 GRAPH_SETTINGS: frozenset[str] = frozenset({"cuda_graph_impl", "cuda_graph_modules", "cuda_graph_scope",
                                             "enable_cuda_graph", "external_cuda_graph"})
@@ -289,9 +290,9 @@ def _resolve_line(values: dict[str, Any], line: MegatronLine, source: str) -> di
     if values.get("layer_spec") not in (None, "local", "te", "transformer_engine"):
         out["layer_spec"] = values["layer_spec"]
         model = model.replace(layer_spec=values["layer_spec"])
-    if "impls" not in values and graphs.impl != "none":
+    if "impls" not in values and graphs.impl != MEGATRON_EAGER:
         out["impls"] = (graphs.impl,)
-    elif graphs.impl != "none" and tuple(values["impls"]) != (graphs.impl,):
+    elif graphs.impl != MEGATRON_EAGER and tuple(values["impls"]) != (graphs.impl,):
         overridden.append(f"impls {','.join(values['impls'])} (line: --cuda-graph-impl {graphs.impl})")
     if "cuda_graph_modules" not in values and graphs.modules:
         out["cuda_graph_modules"] = graphs.modules
@@ -442,7 +443,7 @@ def resolve_bridge(values: dict[str, Any], bridge: BridgeConfig) -> dict[str, An
         out["num_microbatches"] = max(1, int(batch) // (micro * data_parallel))
     _fit_evaluation(out, notes)
     graphs = graph_choice(lambda name: bridge.graph.get(name), lambda name: f"{bridge.path}: model.{name}")
-    if "impls" not in values and graphs.impl != "none":
+    if "impls" not in values and graphs.impl != MEGATRON_EAGER:
         out["impls"] = (graphs.impl,)
     if "cuda_graph_modules" not in values and graphs.modules:
         out["cuda_graph_modules"] = graphs.modules

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from graphdoctor.config.impl import GRAPHED, MEGATRON_IMPLS
+from graphdoctor.config.impl import GRAPHED, MEGATRON_EAGER, MEGATRON_IMPLS, Impl
 from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
 from graphdoctor.suggest import did_you_mean
@@ -22,15 +22,15 @@ IMPLS: tuple[str, ...] = MEGATRON_IMPLS
 MODULE_NAMES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 """Values TransformerConfig.cuda_graph_modules accepts in megatron-core 0.19.2."""
 DEPRECATED_MODULES: dict[str, tuple[str, str]] = {
-    "full_iteration": ("cuda_graph_impl", "full_iteration"),
+    "full_iteration": ("cuda_graph_impl", Impl.FULL_ITERATION.megatron),
     "full_iteration_inference": ("inference_cuda_graph_scope", "block"),
 }
 INFERENCE_SCOPES: tuple[str, ...] = ("none", "layer", "block")
 ALLOWED_INFERENCE_SCOPES: dict[str, frozenset[str]] = {
-    "none": frozenset({"none"}),
-    "local": frozenset({"layer", "block"}),
-    "transformer_engine": frozenset({"none"}),
-    "full_iteration": frozenset({"none"}),
+    MEGATRON_EAGER: frozenset({"none"}),
+    Impl.LOCAL: frozenset({"layer", "block"}),
+    Impl.TRANSFORMER_ENGINE: frozenset({"none"}),
+    Impl.FULL_ITERATION: frozenset({"none"}),
 }
 MISSING = object()
 
@@ -71,12 +71,12 @@ class GraphSettings:
     @property
     def enabled(self) -> bool:
         """Any graph implementation is active."""
-        return self.impl != "none"
+        return self.impl != MEGATRON_EAGER
 
     @property
     def whole_layer(self) -> bool:
         """Megatron's `full_cudagraph`: full_iteration impl or an empty per-layer module list."""
-        return self.impl == "full_iteration" or not self.modules
+        return self.impl == Impl.FULL_ITERATION or not self.modules
 
 
 def _split_modules(modules: Any) -> list[Any]:
@@ -110,9 +110,9 @@ def normalize(value: Any) -> GraphSettings:
     """Normalise the CUDA-graph fields; `value(name)` returns a TransformerConfig field's value."""
     impl = value("cuda_graph_impl")
     enable, external = bool(value("enable_cuda_graph")), bool(value("external_cuda_graph"))
-    legacy_with_impl = (enable or external) and impl != "none"
-    if (enable or external) and impl == "none":
-        impl = "transformer_engine" if external else "local"
+    legacy_with_impl = (enable or external) and impl != MEGATRON_EAGER
+    if (enable or external) and impl == MEGATRON_EAGER:
+        impl = Impl.TRANSFORMER_ENGINE.megatron if external else Impl.LOCAL.megatron
     modules = value("cuda_graph_modules")
     scope = value("cuda_graph_scope")
     scope_with_modules = False
@@ -129,17 +129,17 @@ def normalize(value: Any) -> GraphSettings:
         inference = "invalid"
     migrated = False
     if len(set(deprecated)) == 1:
-        if deprecated[0] == "full_iteration" and impl in ("none", "local", "full_iteration"):
-            migrated = impl != "full_iteration"
-            impl = "full_iteration"
-        elif deprecated[0] == "full_iteration_inference" and impl == "local" and inference != "invalid":
+        if deprecated[0] == "full_iteration" and impl in (MEGATRON_EAGER, Impl.LOCAL, Impl.FULL_ITERATION):
+            migrated = impl != Impl.FULL_ITERATION
+            impl = Impl.FULL_ITERATION.megatron
+        elif deprecated[0] == "full_iteration_inference" and impl == Impl.LOCAL and inference != "invalid":
             inference = "block"
     if inference is None:
-        inference = "layer" if impl == "local" else "none"
+        inference = "layer" if impl == Impl.LOCAL else "none"
     elif inference not in INFERENCE_SCOPES:
         inference = None
     auto: list[str] = []
-    if impl == "local" and ("moe_router" in names or "moe_preprocess" in names):
+    if impl == Impl.LOCAL and ("moe_router" in names or "moe_preprocess" in names):
         auto = [m for m in ("moe_router", "moe_preprocess") if m not in names]
         names.extend(auto)
     return GraphSettings(
@@ -160,8 +160,8 @@ def normalize(value: Any) -> GraphSettings:
     )
 
 
-GRAPH_DEFAULTS: dict[str, Any] = {"cuda_graph_impl": "none", "enable_cuda_graph": False, "external_cuda_graph": False,
-                                  "cuda_graph_modules": []}
+GRAPH_DEFAULTS: dict[str, Any] = {"cuda_graph_impl": MEGATRON_EAGER, "enable_cuda_graph": False,
+                                  "external_cuda_graph": False, "cuda_graph_modules": []}
 """TransformerConfig's defaults of the CUDA-graph settings graph_choice reads (the deprecated scope: None)."""
 
 
@@ -182,7 +182,7 @@ def graph_choice(value: Callable[[str], Any], name: Callable[[str], str]) -> Gra
         bad = str(settings.bad_entries[0])
         raise UsageError(f"{name('cuda_graph_modules')}: got {describe(bad)}, expected one of "
                          f"{', '.join(MODULE_NAMES)}{did_you_mean(bad, MODULE_NAMES)}")
-    if settings.impl == "full_iteration" and settings.modules:
+    if settings.impl == Impl.FULL_ITERATION and settings.modules:
         raise UsageError(f"{name('cuda_graph_modules')}: expected none with {name('cuda_graph_impl')} full_iteration "
                          "(Megatron-LM refuses the pair)")
     return settings

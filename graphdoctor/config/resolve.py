@@ -20,6 +20,7 @@ from graphdoctor.config.diff_config import GRAPH_FIELDS, DiffConfig
 from graphdoctor.config.from_megatron import resolve_bridge, resolve_line
 from graphdoctor.config.functional_test import FunctionalTest, is_functional_test, read_functional_test
 from graphdoctor.config.graph_settings import graph_choice
+from graphdoctor.config.impl import MEGATRON_EAGER
 from graphdoctor.config.launch_scan import scan_launch
 from graphdoctor.config.megatron_line import read_uses
 from graphdoctor.config.run_file import RunFile
@@ -145,7 +146,7 @@ def _fill_from_transformer(values: dict[str, Any], where: str) -> None:
         if settings.legacy_with_impl:
             raise UsageError(f"{where}transformer.enable_cuda_graph: expected it, or external_cuda_graph, without "
                              f"cuda_graph_impl {settings.impl} (TransformerConfig refuses the pair)")
-        if settings.impl != "none":
+        if settings.impl != MEGATRON_EAGER:
             values.setdefault("impls", (settings.impl,))
         if settings.modules:
             values.setdefault("cuda_graph_modules", settings.modules)

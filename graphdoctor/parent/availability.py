@@ -9,6 +9,7 @@ from __future__ import annotations
 from graphdoctor.config import DiffConfig
 from graphdoctor.config.entry_points import TE_LAYER_SPECS
 from graphdoctor.config.fp8 import recipe_unavailable_here
+from graphdoctor.config.impl import Impl
 from graphdoctor.errors import NoGPUError
 from graphdoctor.installed import mamba_findable, te_findable
 from graphdoctor.parent.runner import python_command, run_isolated
@@ -83,15 +84,15 @@ def why_unavailable(impl: str, cfg: DiffConfig, *, probe: bool = True) -> str | 
     if cfg.model is not None and cfg.model.kind == "hybrid" and not mamba_findable():
         return MAMBA_MISSING
     te_layers = cfg.layer_spec in TE_LAYER_SPECS and cfg.model_provider is None
-    if impl != "transformer_engine" and not te_layers:
+    if impl != Impl.TRANSFORMER_ENGINE and not te_layers:
         return None
     if not probe and _TE_STATUS is None and te_findable():
         ok, why = True, ""
     else:
         ok, why = te_available()
     if not ok:
-        return why if impl == "transformer_engine" else f"{why} (the run builds Transformer Engine layers)"
-    if impl != "transformer_engine":
+        return why if impl == Impl.TRANSFORMER_ENGINE else f"{why} (the run builds Transformer Engine layers)"
+    if impl != Impl.TRANSFORMER_ENGINE:
         return None
     if cfg.dtype != "bf16":
         return (f"Megatron's TECudaGraphHelper captures with bf16 sample inputs "

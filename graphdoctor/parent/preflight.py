@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.impl import Impl
 from graphdoctor.protocol.gate import open_gate, shut_gate
 from graphdoctor.rules.finding import Finding
 
@@ -42,7 +43,7 @@ class Preflight:
 
         try:
             refuse_beside_children(self.config)
-            if "transformer_engine" in self.config.impls:
+            if Impl.TRANSFORMER_ENGINE in self.config.impls:
                 from graphdoctor.parent.availability import te_available
 
                 te_available()  # the probe the rows read (why_unavailable), run here rather than after the children

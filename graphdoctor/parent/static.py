@@ -13,6 +13,7 @@ from typing import Any
 
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.impl import Impl
 from graphdoctor.errors import MissingDependencyError, UsageError
 from graphdoctor.rules import all_rules, check, rule_fix
 from graphdoctor.rules.facts import EnvironmentFacts
@@ -64,7 +65,7 @@ def moe_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
 def schedule_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     """GD402 and GD220 on the TransformerConfig diff builds for `impl` with the run's recompute settings
     (GD402 only when the run evaluates between steps)."""
-    if impl != "local":
+    if impl != Impl.LOCAL:
         return []
     transformer = {**_row_transformer(config), **config.recompute_settings(), "cuda_graph_impl": impl}
     if config.cuda_graph_modules and "cuda_graph_modules" not in transformer:
@@ -86,7 +87,7 @@ def local_scope_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
 def _local_scope_checked(config: DiffConfig, impl: str, codes: Sequence[str]) -> list[Finding]:
     """`codes` on a `local` row with a non-empty cuda_graph_modules, with the run's layer_spec and model_provider
     (the local-scope rules judge Megatron's GPT layers); none on any other row."""
-    if impl != "local" or not config.cuda_graph_modules:
+    if impl != Impl.LOCAL or not config.cuda_graph_modules:
         return []
     run = {"impls": [impl], "cuda_graph_modules": list(config.cuda_graph_modules),
            "layer_spec": config.layer_spec, "model_provider": config.model_provider}
@@ -144,7 +145,7 @@ def this_machine() -> EnvironmentFacts:
 
 def installation_static_findings(config: DiffConfig, impl: str) -> list[Finding]:
     """GD310 on a `local` row, judged on this machine's Transformer Engine (the children's: they run here)."""
-    if impl != "local":
+    if impl != Impl.LOCAL:
         return []
     return _checked({"transformer": {**_row_transformer(config), "cuda_graph_impl": impl}}, [TE_WEAK_REFS_RULE],
                     facts=this_machine())

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from graphdoctor.compare.phases import teardown_note
+from graphdoctor.config.impl import Impl
 from graphdoctor.envelope import envelope
 from graphdoctor.inputs import write_output
 from graphdoctor.launches.compare import TABLE_ROWS, LaunchComparison, table_rows
@@ -230,7 +231,7 @@ def launch_table_from_sections(sections: list[tuple[str, LaunchComparison]]) -> 
         row = [label, _cell(columns[0][i][1])]
         row += [_cell(col[i][2]) for col in columns]
         rows.append(row)
-    headers = ["launches (profiled step)", "eager", *[impl for impl, _ in sections]]
+    headers = ["launches (profiled step)", Impl.EAGER, *[impl for impl, _ in sections]]
     return tabulate(rows, headers=headers, tablefmt="simple")
 
 
