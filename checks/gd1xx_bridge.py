@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from graphdoctor.config.bridge import BRIDGE_OWNER, BridgeConfig
+from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -180,7 +181,7 @@ class BridgeNanCheckWithFullIteration(Rule):
         if bridge is None or not bridge.guards.full_iteration or not bridge.guards.check_for_nan_in_loss:
             return
         key = "rerun_state_machine.check_for_nan_in_loss"
-        yield Hit((*_or_section(bridge, key), *_graph_fields(bridge, bridge.guards.cuda_graph_impl == "local")),
+        yield Hit((*_or_section(bridge, key), *_graph_fields(bridge, bridge.guards.cuda_graph_impl == Impl.LOCAL)),
                   {"state": _state(bridge, key, True), "site": CONFIG_PY, "bridge": NAN_REFUSAL})
 
 
@@ -232,7 +233,7 @@ class BridgeGraphsWithoutTeRngTracker(Rule):
         if bridge is None or bridge.kind != "gpt":
             return
         guards = bridge.guards
-        if guards.cuda_graph_impl == "none" or guards.rng_te_rng_tracker or guards.model_use_te_rng_tracker:
+        if guards.cuda_graph_impl == MEGATRON_EAGER or guards.rng_te_rng_tracker or guards.model_use_te_rng_tracker:
             return
         state = (f"{_state(bridge, 'model.use_te_rng_tracker', False)}, "
                  f"{_state(bridge, 'rng.te_rng_tracker', False)}")
@@ -294,8 +295,8 @@ class BridgePackedGraphsWithoutPadToMaxLength(Rule):
             yield Hit(("dataset.offline_packing_specs.pad_cu_seqlens", *padding),
                       {"why": "with offline_packing_specs.pad_cu_seqlens", "site": CONFIG_PY,
                        "bridge": PAD_CU_SEQLENS_NEEDS_PADDING})
-        elif guards.full_iteration or guards.cuda_graph_impl == "transformer_engine":
-            yield Hit(("dataset.offline_packing_specs", *padding, *_graph_fields(bridge, guards.cuda_graph_impl == "local")),
+        elif guards.full_iteration or guards.cuda_graph_impl == Impl.TRANSFORMER_ENGINE:
+            yield Hit(("dataset.offline_packing_specs", *padding, *_graph_fields(bridge, guards.cuda_graph_impl == Impl.LOCAL)),
                       {"why": f"with CUDA graphs (model.cuda_graph_impl={guards.cuda_graph_impl!r})", "site": CONFIG_PY,
                        "bridge": GRAPHS_NEED_PADDING})
 
@@ -348,7 +349,7 @@ class BridgePackedAttentionGraphsWithoutPadCuSeqlens(Rule):
         guards, modules = bridge.guards, bridge.guards.graph_modules
         if guards.full_iteration:
             what = "a full-iteration graph"
-        elif guards.cuda_graph_impl == "transformer_engine" and (not modules or "attn" in modules):
+        elif guards.cuda_graph_impl == Impl.TRANSFORMER_ENGINE and (not modules or "attn" in modules):
             what = f"transformer_engine {modules}" if modules else "transformer_engine whole layers"
         else:
             return

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import given, rewritten, t
 
+from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -129,7 +130,8 @@ class DeprecatedLegacyCudaGraphFlag(Rule):
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         if ctx.graph.legacy_with_impl or ctx.graph.legacy_both:
             return
-        for flag, impl in (("enable_cuda_graph", "local"), ("external_cuda_graph", "transformer_engine")):
+        for flag, impl in (("enable_cuda_graph", Impl.LOCAL.megatron),
+                           ("external_cuda_graph", Impl.TRANSFORMER_ENGINE.megatron)):
             if ctx.value(flag):
                 yield Hit(t(flag), {"flag": flag, "impl": impl}, severity=rewritten(ctx))
 
@@ -283,7 +285,7 @@ class NanCheckWithFullIteration(Rule):
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         if ctx.bridge is not None:
             return  # a Megatron-Bridge config: Bridge's own rerun_state_machine check is GD142
-        if ctx.megatron_lm and ctx.graph.impl == "full_iteration" and ctx.arg("check_for_nan_in_loss_and_grad"):
+        if ctx.megatron_lm and ctx.graph.impl == Impl.FULL_ITERATION and ctx.arg("check_for_nan_in_loss_and_grad"):
             yield Hit(("args.check_for_nan_in_loss_and_grad", *t("cuda_graph_impl", "cuda_graph_modules")))
 
 
@@ -327,12 +329,12 @@ class TeRngTrackerNotEnabled(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         impl, transformer_impl = ctx.graph.impl, ctx.value("transformer_impl")
-        if not ctx.megatron_lm or impl == "none" or ctx.arg("te_rng_tracker"):
+        if not ctx.megatron_lm or impl == MEGATRON_EAGER or ctx.arg("te_rng_tracker"):
             return
         if ctx.bridge is not None:
             return  # a Megatron-Bridge config: Bridge refuses instead of turning the tracker on (GD143)
         if ctx.megatron is not None and (ctx.megatron.args is not None or ctx.megatron.refusal is not None):
             return  # Megatron-LM read the line: validate_args turns the tracker on (the reading's note)
-        if "transformer_engine" in (impl, transformer_impl):
-            which = "cuda_graph_impl" if impl == "transformer_engine" else "transformer_impl"
+        if impl == Impl.TRANSFORMER_ENGINE or transformer_impl == "transformer_engine":
+            which = "cuda_graph_impl" if impl == Impl.TRANSFORMER_ENGINE else "transformer_impl"
             yield Hit(("args.te_rng_tracker", *t("cuda_graph_impl")), {"which": which})

@@ -15,6 +15,7 @@ from graphdoctor.config.graph_settings import (
     IMPLS,
     INFERENCE_SCOPES,
 )
+from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -132,7 +133,7 @@ class DeprecatedFullIterationModuleValue(Rule):
         value = ctx.graph.deprecated[0]
         if value == "full_iteration":
             effect, replacement = "it sets cuda_graph_impl='full_iteration'", "cuda_graph_impl='full_iteration'"
-        elif ctx.graph.impl == "none":
+        elif ctx.graph.impl == MEGATRON_EAGER:
             effect = "it has no effect with cuda_graph_impl='none'"
             replacement = "cuda_graph_impl='local' with inference_cuda_graph_scope='block'"
         else:
@@ -213,8 +214,10 @@ class DeprecatedModuleValueConflict(Rule):
         if len(set(ctx.graph.deprecated)) != 1:
             return
         value, impl, scope = ctx.graph.deprecated[0], ctx.graph.impl, ctx.graph.raw_inference_scope
-        impls, scopes = (("none", "local", "full_iteration"), (None, "none")) if value == "full_iteration" \
-            else (("none", "local"), (None, "block"))
+        impls: tuple[str, ...] = (MEGATRON_EAGER, Impl.LOCAL)
+        scopes: tuple[str | None, ...] = (None, "block")
+        if value == "full_iteration":
+            impls, scopes = (*impls, Impl.FULL_ITERATION), (None, "none")
         fields = t("cuda_graph_modules", "cuda_graph_scope")
         if impl not in impls:
             yield Hit((*fields, *t("cuda_graph_impl")), {"value": value, "field": "cuda_graph_impl", "got": impl})
@@ -333,7 +336,7 @@ class ModulesWithFullIterationImpl(Rule):
     fix_template = "Empty cuda_graph_modules, or choose cuda_graph_impl='local'/'transformer_engine'"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl == "full_iteration" and ctx.graph.modules:
+        if ctx.graph.impl == Impl.FULL_ITERATION and ctx.graph.modules:
             yield Hit(t("cuda_graph_modules", "cuda_graph_scope", "cuda_graph_impl"),
                       {"modules": list(ctx.graph.modules)})
 
@@ -369,6 +372,6 @@ class ModulesWithoutGraphImpl(Rule):
     fix_template = "Set cuda_graph_impl or delete cuda_graph_modules"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl == "none" and ctx.graph.modules:
+        if ctx.graph.impl == MEGATRON_EAGER and ctx.graph.modules:
             yield Hit(t("cuda_graph_modules", "cuda_graph_scope", "cuda_graph_impl"),
                       {"modules": list(ctx.graph.modules)})

@@ -18,6 +18,7 @@ from graphdoctor.checks.gd1xx_bridge import bridge_refuses_local
 from graphdoctor.checks.gd2xx_moe_dispatch import per_layer_runs
 
 from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -103,7 +104,7 @@ class LocalScopeIsWholeLayerOrNothing(Rule):
         if not builds_gpt_layers(ctx) or bridge_refuses_local(ctx):
             return  # (a Megatron-Bridge config refuses these `local` graphs itself: GD141)
         for run in per_layer_runs(ctx):
-            if run.impl != "local" or not run.modules:
+            if run.impl != Impl.LOCAL or not run.modules:
                 continue
             graphed = local_layer_graph(run.modules, ctx.is_moe)
             if graphed is None:
@@ -172,5 +173,5 @@ class LocalMlpScopeCrashesAtBuild(Rule):
         if ctx.run.get("model_provider") or ctx.is_moe or bridge_refuses_local(ctx):
             return  # (MoE: Megatron refuses `mlp` first, GD204; Megatron-Bridge refuses local scopes, GD141)
         for run in per_layer_runs(ctx):
-            if run.impl == "local" and run.modules and local_mlp_crashes(run.modules):
+            if run.impl == Impl.LOCAL and run.modules and local_mlp_crashes(run.modules):
                 yield Hit(run.fields, {"modules": list(run.modules), "location": SETUP_CRASH})

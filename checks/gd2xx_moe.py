@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from graphdoctor.checks import t
 from graphdoctor.checks.gd2xx_moe_dispatch import per_layer_runs
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -294,7 +295,7 @@ class MoeGraphWithA2aOverlap(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         mods = ctx.graph.modules
-        if ctx.value("overlap_moe_expert_parallel_comm") and ctx.graph.impl == "transformer_engine" \
+        if ctx.value("overlap_moe_expert_parallel_comm") and ctx.graph.impl == Impl.TRANSFORMER_ENGINE \
                 and ("moe" in mods or "mlp" in mods):
             yield Hit(t("cuda_graph_modules", "cuda_graph_scope", "overlap_moe_expert_parallel_comm"),
                       {"modules": list(mods)})

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from graphdoctor.checks import given
 
+from graphdoctor.config.diff_config import DEFAULT_IMPLS
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -32,7 +34,7 @@ ALLTOALL_SYNC_ASSERT = "megatron/core/transformer/moe/token_dispatcher.py:612"
 """`cuda_sync_point must be after cuda_dtoh_point.`: a capacity factor without padding syncs before
 permutation 1, but whole-layer graphs move the host copies to before_ep_alltoall (:460-465)."""
 
-DIFF_DEFAULT_IMPLS = ("local", "full_iteration", "transformer_engine")
+DIFF_DEFAULT_IMPLS: tuple[str, ...] = DEFAULT_IMPLS
 """`graphdoctor diff`'s implementations when a run file's `run:` names none (DiffConfig.impls)."""
 
 
@@ -52,11 +54,11 @@ class GraphedRun:
         transformer_engine, or `attn` under local (megatron-core 0.19.2's TransformerLayer, which the GPT
         specs build for MoE too, graphs its whole forward when the modules contain `attn`:
         transformer_layer.py:556-560, module.py:365-367; GD219)."""
-        if self.impl == "full_iteration":
+        if self.impl == Impl.FULL_ITERATION:
             return True
-        if self.impl == "local":
+        if self.impl == Impl.LOCAL:
             return not self.modules or "attn" in self.modules
-        return self.impl == "transformer_engine" and (not self.modules or "moe" in self.modules)
+        return self.impl == Impl.TRANSFORMER_ENGINE and (not self.modules or "moe" in self.modules)
 
 
 def _run_list(value: object) -> list[str]:
@@ -87,7 +89,7 @@ def graphed_runs(ctx: CheckContext) -> list[GraphedRun]:
         for impl in impls:
             if impl == ctx.graph.impl or impl not in DIFF_DEFAULT_IMPLS:
                 continue
-            if impl == "full_iteration":
+            if impl == Impl.FULL_ITERATION:
                 runs.append(GraphedRun(impl, (), declared))
             else:
                 runs.append(GraphedRun(impl, _local_auto_added(impl, modules), (*declared, *where)))
@@ -96,14 +98,14 @@ def graphed_runs(ctx: CheckContext) -> list[GraphedRun]:
 
 def _local_auto_added(impl: str, modules: tuple[str, ...]) -> tuple[str, ...]:
     """The local impl captures moe_router and moe_preprocess together (transformer_config.py:2472-2482)."""
-    if impl != "local" or not {"moe_router", "moe_preprocess"} & set(modules):
+    if impl != Impl.LOCAL or not {"moe_router", "moe_preprocess"} & set(modules):
         return modules
     return (*modules, *(m for m in ("moe_router", "moe_preprocess") if m not in modules))
 
 
 def per_layer_runs(ctx: CheckContext) -> list[GraphedRun]:
     """The `local` / `transformer_engine` runs among graphed_runs (the MoE scope rules' subject)."""
-    return [run for run in graphed_runs(ctx) if run.impl in ("local", "transformer_engine")]
+    return [run for run in graphed_runs(ctx) if run.impl in (Impl.LOCAL, Impl.TRANSFORMER_ENGINE)]
 
 
 def dispatch_host_copy(ctx: CheckContext) -> tuple[str, str] | None:
@@ -195,9 +197,9 @@ class TokenDispatchHostCopyInGraph(Rule):
         for run in graphed_runs(ctx):
             if not run.dispatch_captured:
                 continue
-            scope = "" if run.impl == "full_iteration" else \
+            scope = "" if run.impl == Impl.FULL_ITERATION else \
                 (f" of {list(run.modules)}" if run.modules else " of the whole layer")
-            if run.impl == "local" and run.modules:
+            if run.impl == Impl.LOCAL and run.modules:
                 scope += " (the whole GPT layer under local)"
             yield Hit((*run.fields, *moe_fields),
                       {"impl": run.impl, "scope": scope, "dispatcher": ctx.value("moe_token_dispatcher_type"),

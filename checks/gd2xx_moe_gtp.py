@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import given
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -68,7 +69,7 @@ class GtpSharedExpertRecomputeInLocalGraph(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         graph = ctx.graph
-        if graph.impl != "local" or ctx.recompute_granularity != "selective":
+        if graph.impl != Impl.LOCAL or ctx.recompute_granularity != "selective":
             return
         gtp = gtp_weight_remat_size(ctx)
         quantized = ctx.value("fp8") is not None or ctx.value("fp4") is not None

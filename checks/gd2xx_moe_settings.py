@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import t
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -244,7 +245,7 @@ class DelayWgradGraphWithOldTe(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         te = ctx.facts.te_version
-        if not ctx.value("delay_wgrad_compute") or ctx.graph.impl != "transformer_engine" or te is None:
+        if not ctx.value("delay_wgrad_compute") or ctx.graph.impl != Impl.TRANSFORMER_ENGINE or te is None:
             return
         wgrad = _wgrad_in_graph_scope(ctx)
         scope = " that hold weight gradients" if wgrad else ""

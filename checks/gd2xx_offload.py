@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import t
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -53,7 +54,7 @@ class CpuOffloadingWithPerLayerGraphs(Rule):
     fix_template = "Turn off cpu_offloading or use cuda_graph_impl='full_iteration'"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.value("cpu_offloading") and ctx.graph.impl in ("local", "transformer_engine"):
+        if ctx.value("cpu_offloading") and ctx.graph.impl in (Impl.LOCAL, Impl.TRANSFORMER_ENGINE):
             yield Hit(t("cpu_offloading", "cuda_graph_impl"), {"impl": ctx.graph.impl})
 
 
@@ -140,7 +141,7 @@ class LocalGraphOffloadUnsupportedModules(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         bad = sorted(set(ctx.offload_modules) - LOCAL_OFFLOAD)
-        if _fine_grained(ctx) and ctx.graph.impl == "local" and bad:
+        if _fine_grained(ctx) and ctx.graph.impl == Impl.LOCAL and bad:
             yield Hit(t("offload_modules", "cuda_graph_impl"), {"modules": bad})
 
 
@@ -177,7 +178,7 @@ class LocalWholeLayerGraphWithOffload(Rule):
     fix_template = "List partial modules in cuda_graph_modules or turn off fine_grained_activation_offloading"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if _fine_grained(ctx) and ctx.graph.impl == "local" and not ctx.graph.modules:
+        if _fine_grained(ctx) and ctx.graph.impl == Impl.LOCAL and not ctx.graph.modules:
             yield Hit(t("fine_grained_activation_offloading", "cuda_graph_modules"))
 
 
@@ -216,8 +217,8 @@ class OffloadWithUnsupportedGraph(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         mods = set(ctx.offload_modules)
-        partial = ctx.graph.impl == "local" and bool(mods) and mods <= LOCAL_OFFLOAD and "moe" not in ctx.graph.modules
-        if _fine_grained(ctx) and ctx.graph.impl not in ("transformer_engine", "full_iteration") and not partial:
+        partial = ctx.graph.impl == Impl.LOCAL and bool(mods) and mods <= LOCAL_OFFLOAD and "moe" not in ctx.graph.modules
+        if _fine_grained(ctx) and ctx.graph.impl not in (Impl.TRANSFORMER_ENGINE, Impl.FULL_ITERATION) and not partial:
             yield Hit(t("fine_grained_activation_offloading", "cuda_graph_impl", "offload_modules"),
                       {"modules": sorted(mods), "impl": ctx.graph.impl})
 
@@ -329,7 +330,7 @@ class FullIterationOffloadWithoutInflightLimit(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         value = ctx.value("fine_grained_offloading_max_inflight_offloads")
-        if _fine_grained(ctx) and ctx.graph.impl == "full_iteration" and (value is None or value < 0):
+        if _fine_grained(ctx) and ctx.graph.impl == Impl.FULL_ITERATION and (value is None or value < 0):
             yield Hit(t("fine_grained_offloading_max_inflight_offloads", "cuda_graph_impl"), {"value": value})
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import t
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -53,7 +54,7 @@ class FullRecomputeWithPerLayerGraphs(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         granularity = ctx.recompute_granularity
-        if ctx.graph.enabled and granularity and granularity != "selective" and ctx.graph.impl != "full_iteration":
+        if ctx.graph.enabled and granularity and granularity != "selective" and ctx.graph.impl != Impl.FULL_ITERATION:
             yield Hit(t("recompute_granularity", "cuda_graph_impl"), {"granularity": granularity, "impl": ctx.graph.impl})
 
 
@@ -89,7 +90,7 @@ class MoeRecomputeWithMoeRouterGraph(Rule):
     fix_template = "Remove moe from recompute_modules or moe_router from cuda_graph_modules"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if _selective_graphed(ctx) and ctx.graph.impl == "transformer_engine" and "moe" in ctx.recompute_modules \
+        if _selective_graphed(ctx) and ctx.graph.impl == Impl.TRANSFORMER_ENGINE and "moe" in ctx.recompute_modules \
                 and "moe_router" in ctx.graph.modules:
             yield Hit(t("recompute_modules", "cuda_graph_modules", "cuda_graph_scope"))
 

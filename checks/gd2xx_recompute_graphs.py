@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from graphdoctor.checks import selective_recompute
 from graphdoctor.checks.gd2xx_moe_dispatch import graphed_runs
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -78,7 +79,7 @@ class RecomputeOnlyParameterInLocalGraph(Rule):
         modules, recompute_keys = selective
         hidden = [m for m in modules if m in CHECKPOINT_WITHOUT_OUTPUT_MODULES]
         for run in graphed_runs(ctx):
-            if run.impl != "local":
+            if run.impl != Impl.LOCAL:
                 continue
             captured = [m for m in hidden if not run.modules
                         or set(CHECKPOINT_WITHOUT_OUTPUT_MODULES[m]) & set(run.modules)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -68,7 +69,7 @@ class ExpandableSegmentsWithNcclGraphRegister(Rule):
             return
         fields = ("env.PYTORCH_CUDA_ALLOC_CONF", "env.NCCL_GRAPH_REGISTER")
         cap = ctx.facts.gpu_capability
-        if ctx.graph.impl == "transformer_engine":
+        if ctx.graph.impl == Impl.TRANSFORMER_ENGINE:
             yield Hit(fields, {"reg": reg or None, "where": "Megatron asserts this for transformer_engine graphs"})
         elif cap is None:
             yield Hit(fields, {"reg": reg or None, "where": "GPU arch unknown; unsafe before sm_100"},
@@ -164,7 +165,7 @@ class TorchLacksStaleCaptureStreamOverride(Rule):
     fix_template = "Build DDP on the shared capture stream (Megatron-LM's trainer does){or_upgrade}"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl != "full_iteration" or ctx.facts.torch_has_stale_capture_override:
+        if ctx.graph.impl != Impl.FULL_ITERATION or ctx.facts.torch_has_stale_capture_override:
             return
         since = STALE_CAPTURE_OVERRIDE_SINCE
         if since is None:
@@ -225,7 +226,7 @@ class TransformerEngineMissing(Rule):
     fix_template = "Install Transformer Engine (pip install 'graphdoctor[transformer-engine]') or use cuda_graph_impl='local'"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl != "transformer_engine":
+        if ctx.graph.impl != Impl.TRANSFORMER_ENGINE:
             return
         te = ctx.facts.te_version
         if te is None:
@@ -306,7 +307,7 @@ class TransformerEngineTooOld(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         te = ctx.facts.te_version
-        if ctx.graph.impl != "transformer_engine" or te is None:
+        if ctx.graph.impl != Impl.TRANSFORMER_ENGINE or te is None:
             return
         missing = [(need, what) for need, when, what in TE_GRAPH_GATES
                    if not ctx.facts.te_at_least(need) and _te_gate_applies(ctx, when)]
@@ -462,7 +463,7 @@ class LocalGraphsWeakRefsWithTransformerEngine(Rule):
         te = ctx.facts.te_version
         if ctx.facts.unknown.intersection(self.machine_facts):
             return  # OPTIMISTIC's TE would report: an unknown machine is "not checked" (engine._unchecked_hits)
-        if ctx.graph.impl != "local" or te is None or not ctx.facts.te_has_torch_extension:
+        if ctx.graph.impl != Impl.LOCAL or te is None or not ctx.facts.te_has_torch_extension:
             return
         legacy = "cuda_graph_impl" not in ctx.transformer and ctx.value("enable_cuda_graph")
         yield Hit(("transformer.enable_cuda_graph",) if legacy else ("transformer.cuda_graph_impl",), {"te": te})

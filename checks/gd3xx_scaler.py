@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from graphdoctor.checks import given
 from graphdoctor.checks.gd2xx_moe_dispatch import graphed_runs
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -46,15 +47,15 @@ def full_iteration_fields(ctx: CheckContext) -> tuple[str, ...] | None:
         guards = ctx.bridge.guards
         if not guards.full_iteration:
             return None
-        modules = ("model.cuda_graph_modules", "model.cuda_graph_scope") if guards.cuda_graph_impl == "local" else ()
+        modules = ("model.cuda_graph_modules", "model.cuda_graph_scope") if guards.cuda_graph_impl == Impl.LOCAL else ()
         return ("model.cuda_graph_impl", *(key for key in modules if key in guards.given))
-    if ctx.graph.impl == "full_iteration":
+    if ctx.graph.impl == Impl.FULL_ITERATION:
         legacy = ("enable_cuda_graph", "cuda_graph_modules", "cuda_graph_scope") if ctx.graph.migrated_impl else ()
         return given(ctx, "cuda_graph_impl", *legacy)
     if ctx.megatron_lm:
         return None
     # a graphdoctor run file: the impls `graphdoctor diff` runs (run.impls, or its defaults)
-    return next((run.fields for run in graphed_runs(ctx) if run.impl == "full_iteration"), None)
+    return next((run.fields for run in graphed_runs(ctx) if run.impl == Impl.FULL_ITERATION), None)
 
 
 class Fp16DynamicLossScaleInFullIteration(Rule):

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import t
 
+from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -89,7 +90,7 @@ class Fp8WeightsLoadedUnderGraphs(Rule):
         te = ctx.facts.te_version
         if "te_version" in ctx.facts.unknown or te is None:  # an unknown machine is "not checked" (rules.engine)
             return
-        if ctx.graph.impl == "none" or not ctx.value("fp8") or not ctx.value("fp8_param"):
+        if ctx.graph.impl == MEGATRON_EAGER or not ctx.value("fp8") or not ctx.value("fp8_param"):
             return
         loaded = _checkpoint_load(ctx)
         if loaded is None or not ctx.facts.te_at_least(FP8_WEIGHTS_LOAD_TE):
@@ -152,7 +153,7 @@ class Nvfp4TeGraphsAcrossEvaluation(Rule):
     fix_template = "Leave mamba out of cuda_graph_modules, train in MXFP8, or evaluate outside the training job"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl != "transformer_engine" or not ctx.value("fp4") or not ctx.training_graphs:
+        if ctx.graph.impl != Impl.TRANSFORMER_ENGINE or not ctx.value("fp4") or not ctx.training_graphs:
             return
         if str(getattr(ctx.value("fp4_recipe"), "value", ctx.value("fp4_recipe")) or "nvfp4") != "nvfp4":
             return

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import t
 
+from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -52,7 +53,7 @@ class DropoutWithLocalGraphRngShift(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         hidden, attention = ctx.value("hidden_dropout"), ctx.value("attention_dropout")
-        if ctx.graph.impl == "local" and (hidden > 0 or attention > 0):
+        if ctx.graph.impl == Impl.LOCAL and (hidden > 0 or attention > 0):
             names = [n for n, p in (("hidden_dropout", hidden), ("attention_dropout", attention)) if p > 0]
             yield Hit(t(*names), {"hidden": hidden, "attention": attention})
 
@@ -94,7 +95,7 @@ class EvalReplaysTrainingGraph(Rule):
     fix_template = "Run evaluation eagerly or switch to cuda_graph_impl='transformer_engine'"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl != "local" or (ctx.megatron is not None and ctx.megatron.script == "rl"):
+        if ctx.graph.impl != Impl.LOCAL or (ctx.megatron is not None and ctx.megatron.script == "rl"):
             return
         if ctx.megatron_lm:
             iters = ctx.arg("eval_iters")
@@ -230,5 +231,5 @@ class FullIterationWithoutWarmup(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         steps = ctx.value("cuda_graph_warmup_steps")
-        if ctx.graph.impl == "full_iteration" and steps <= 0:
+        if ctx.graph.impl == Impl.FULL_ITERATION and steps <= 0:
             yield Hit(t("cuda_graph_warmup_steps"), {"steps": steps})
