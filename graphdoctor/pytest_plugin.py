@@ -149,7 +149,7 @@ def graphdoctor_diff(request: pytest.FixtureRequest) -> Callable[..., Any]:
         pytest.skip(reason)
 
     def run(**overrides: Any) -> Any:
-        from graphdoctor.diff.run import diff
+        from graphdoctor.diff.decide import diff
         from graphdoctor.parent.stopping import Stopped, stop_children_on_signals
 
         why = skip_reason({**base, **overrides}, num_gpus)

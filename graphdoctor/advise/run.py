@@ -3,7 +3,7 @@
 The Python API behind `graphdoctor advise`: `advise(config) -> AdviseReport`. Eager runs once; every
 candidate (graphdoctor.advise.candidates) that Megatron's validation, the rule catalogue and the
 installation allow runs as a graphed child of one shared session (graphdoctor.advise.session), at
-the same time where the job plan allows, and is judged by diff's own DiffRun. A candidate that
+the same time where the job plan allows, and is judged by diff's own verdict tree. A candidate that
 differs numerically is narrowed scope by scope, then layer by layer (graphdoctor.advise.bisect).
 Results are ranked and the fastest passing one is recommended (graphdoctor.advise.rank).
 """
@@ -31,7 +31,7 @@ from graphdoctor.advise.rank import (
     exit_code,
     recommend,
 )
-from graphdoctor.advise.session import AdviseSession, CandidateRun, CandidateView, SharedEager, is_not_run
+from graphdoctor.advise.session import AdviseSession, CandidateRuns, CandidateView, SharedEager, is_not_run
 from graphdoctor.config import DiffConfig
 from graphdoctor.errors import UsageError, stopped_exit_code
 from graphdoctor.parent.children import ChildRequest, never_started, work_directory
@@ -197,7 +197,7 @@ class AdviseRun:
         eager = [ChildRequest(EAGER, cfg.dropout, Role.REFERENCE, self.session.workdir, taps=taps)]
         if cfg.dropout > 0 and to_run:
             eager.append(ChildRequest(EAGER, 0.0, Role.REFERENCE, self.session.workdir))
-        graphed = [self.view(runs[s.candidate.key]).tag(runs[s.candidate.key].request(
+        graphed = [runs[s.candidate.key].view.tag(runs[s.candidate.key].schedule.request(
             s.candidate.impl, cfg.dropout, Role.GRAPHED, taps=taps)) for s in to_run]
         self.first = [*eager, *graphed]
         first = self.session.run_many(self.first)
@@ -218,13 +218,13 @@ class AdviseRun:
             for key, result in pool.map(judge, zip(to_run, first[len(eager):], strict=True)):
                 self.results[key] = result
 
-    def judged(self, screening: Screening, run: CandidateRun, graphed: RunRecord) -> CandidateResult:
+    def judged(self, screening: Screening, run: CandidateRuns, graphed: RunRecord) -> CandidateResult:
         """diff's row for one candidate's graphed run (or not-run when the budget left it out)."""
         assert self.reference is not None
         if is_not_run(graphed) or is_not_run(self.reference):
             why = (graphed.diagnosis or self.reference.diagnosis)
             return CandidateResult(screening.candidate, NOT_RUN, reason=why.message if why else "not run")
-        result = run.judge_impl(screening.candidate.impl, self.reference, graphed)
+        result = run.tree().judge_impl(screening.candidate.impl, self.reference, graphed)
         cut = next((r for r in result.runs if is_not_run(r)), None)
         if cut is not None and cut.diagnosis is not None:
             # its control pair never ran: RNG and numerics are not told apart, so no verdict stands
@@ -261,15 +261,9 @@ class AdviseRun:
                             child_wall_s=self.session.child_wall_s, jobs=self.session.plan.reason,
                             stopped=signal_name)
 
-    def candidate_run(self, candidate: Candidate, config: DiffConfig) -> CandidateRun:
-        """A DiffRun for one candidate on the shared session."""
-        return CandidateRun(CandidateView(self.session, candidate, candidate.config(config)), self.shared)
-
-    @staticmethod
-    def view(run: CandidateRun) -> CandidateView:
-        """The candidate view a CandidateRun was made on."""
-        assert isinstance(run.session, CandidateView)
-        return run.session
+    def candidate_run(self, candidate: Candidate, config: DiffConfig) -> CandidateRuns:
+        """The runs of one candidate on the shared session, for diff's verdict tree."""
+        return CandidateRuns(CandidateView(self.session, candidate, candidate.config(config)), self.shared)
 
     def bisect_all(self, ordered: list[CandidateResult]) -> list[Bisection]:
         """Bisect, per implementation, the widest candidate that differs numerically."""
@@ -305,11 +299,11 @@ class AdviseRun:
         reference = self.reference if self.config.dropout == 0.0 else self.control_reference()
         run = self.candidate_run(candidate, config)
         try:
-            graphed = run.session.run_request(run.request(candidate.impl, 0.0, Role.GRAPHED))
+            graphed = run.view.run_request(run.schedule.request(candidate.impl, 0.0, Role.GRAPHED))
             if is_not_run(graphed) or reference is None:
                 why = graphed.diagnosis.message if graphed.diagnosis else "not run: no eager reference at dropout 0"
                 return CandidateResult(candidate, NOT_RUN, reason=why, bisection=True)
-            return CandidateResult(candidate, RAN, result=run.judge(reference, graphed), bisection=True)
+            return CandidateResult(candidate, RAN, result=run.tree().judge(reference, graphed), bisection=True)
         finally:
             run.close()
 

@@ -3,11 +3,11 @@
 `AdviseSession` is a ChildSession (the one runner: isolated children with timeouts, GPU slots, port
 retries, progress) whose requests may carry a candidate: that child then runs the candidate's
 DiffConfig (its implementation, cuda_graph_modules and graph_layers) under a name of its own. A
-`CandidateView` is one candidate's view of that session, so that diff's DiffRun judges the
-candidate exactly as `graphdoctor diff` judges an implementation (targeted re-runs, control pair,
-eager noise, culprit hunt) while every child shares the session's GPU slots and time budget.
-Eager does not depend on the scope, so the eager reference, the dropout-free control reference and
-the eager-noise run are made once and shared by every candidate.
+`CandidateView` is one candidate's view of that session, and `CandidateRuns` the runs diff's verdict tree
+asks of it, so that the tree judges the candidate exactly as `graphdoctor diff` judges an implementation
+(targeted re-runs, control pair, eager noise, culprit hunt) while every child shares the session's GPU slots
+and time budget. Eager does not depend on the scope, so the eager reference, the dropout-free control
+reference and the eager-noise run are made once and shared by every candidate.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphdoctor.advise.candidates import Candidate
-from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
-from graphdoctor.diff.run import DiffRun
+from graphdoctor.diff.decide import VerdictTree
+from graphdoctor.diff.schedule import ChildSchedule
 from graphdoctor.parent.children import ChildRequest, ChildSession
 from graphdoctor.parent.gpus import JobPlan
 from graphdoctor.parent.progress import ProgressBoard
@@ -133,48 +133,73 @@ class CandidateView(ChildSession):
 
 
 class SharedEager:
-    """The eager runs every candidate shares: control reference and eager-noise outcome."""
+    """The eager runs every candidate shares: the control reference and the eager-noise run."""
 
     def __init__(self) -> None:
         self.control_reference: RunRecord | None = None
-        self.noise: tuple[tuple[str, ...], tuple[RunRecord, ...]] | None = None
-        """(notes, runs) the eager-noise check added, once made."""
+        self.noise: dict[float, RunRecord] = {}
+        """The eager-noise run per dropout, once made."""
         self.lock = threading.Lock()
         """Held while the eager-noise run is made (candidates are judged several at a time)."""
 
 
-class CandidateRun(DiffRun):
-    """diff's DiffRun for one candidate, sharing the eager control reference and the eager-noise run
-    with the other candidates."""
+class CandidateRuns:
+    """diff's runs (graphdoctor.diff.decide.Runs) for one candidate: its own children on a ChildSchedule over
+    its view, the eager control reference and the eager-noise run shared with the other candidates."""
 
     def __init__(self, view: CandidateView, shared: SharedEager) -> None:
-        super().__init__(view)
-        self.shared_eager = shared
+        self.view = view
+        self.schedule = ChildSchedule(view)
+        self.shared = shared
 
-    def control_pair(self, impl: str, reference: RunRecord, graphed: RunRecord) -> ImplResult:
-        """DiffRun.control_pair with the control reference another candidate made, if any; the one
-        it makes serves the next candidates."""
-        if self.control_reference is None:
-            self.control_reference = self.shared_eager.control_reference
-        result = DiffRun.control_pair(self, impl, reference, graphed)
-        if self.shared_eager.control_reference is None:
-            self.shared_eager.control_reference = self.control_reference
-        return result
+    def tree(self) -> VerdictTree:
+        """diff's verdict tree for this candidate, over these runs."""
+        return VerdictTree(self.view.config, self)
 
-    def eager_noise(self, result: ImplResult, reference: RunRecord) -> ImplResult:
-        """DiffRun.eager_noise once per advise run; its notes and runs are reused afterwards."""
-        with self.shared_eager.lock:
-            if self.shared_eager.noise is None:
-                checked = DiffRun.eager_noise(self, result, reference)
-                self.shared_eager.noise = (checked.notes[len(result.notes):], checked.runs[len(result.runs):])
-                return checked
-            notes, runs = self.shared_eager.noise
-        return dataclasses.replace(result, notes=(*result.notes, *notes), runs=(*result.runs, *runs))
+    def control_reference(self) -> RunRecord:
+        """The control reference another candidate made, if any; the one made here serves the next candidates."""
+        if self.shared.control_reference is not None:
+            return self.shared.control_reference
+        made = self.schedule.control_reference()
+        if self.shared.control_reference is None:
+            self.shared.control_reference = made
+        return made
+
+    def control(self, impl: str) -> RunRecord:
+        """ChildSchedule.control."""
+        return self.schedule.control(impl)
+
+    def measure_requests(self, reference: RunRecord, graphed: RunRecord) -> list[ChildRequest]:
+        """ChildSchedule.measure_requests."""
+        return self.schedule.measure_requests(reference, graphed)
+
+    def saved(self, request: ChildRequest) -> RunRecord:
+        """ChildSchedule.saved."""
+        return self.schedule.saved(request)
+
+    def compared(self, request: ChildRequest) -> RunRecord:
+        """ChildSchedule.compared."""
+        return self.schedule.compared(request)
+
+    def eager_again(self, dropout: float) -> RunRecord:
+        """The eager-noise run, made once per advise run (per dropout) and reused afterwards."""
+        with self.shared.lock:
+            if dropout not in self.shared.noise:
+                self.shared.noise[dropout] = self.schedule.eager_again(dropout)
+            return self.shared.noise[dropout]
+
+    def tapped_pair(self, impl: str) -> tuple[RunRecord, RunRecord]:
+        """ChildSchedule.tapped_pair."""
+        return self.schedule.tapped_pair(impl)
+
+    def hunt(self, impl: str) -> RunRecord:
+        """ChildSchedule.hunt."""
+        return self.schedule.hunt(impl)
 
     def close(self) -> None:
-        """Remove this run's scratch directory."""
-        shutil.rmtree(self.ref_dir, ignore_errors=True)
+        """Remove this candidate's scratch directory (the shared session's workers outlive it)."""
+        shutil.rmtree(self.schedule.ref_dir, ignore_errors=True)
 
 
-__all__ = ["BUDGET_ERROR", "AdviseSession", "CandidateRequest", "CandidateRun", "CandidateView", "SharedEager",
+__all__ = ["BUDGET_ERROR", "AdviseSession", "CandidateRequest", "CandidateRuns", "CandidateView", "SharedEager",
            "is_not_run", "not_run_record"]

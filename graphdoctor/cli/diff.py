@@ -121,7 +121,7 @@ def diff_command(config_path: str | None, settings: tuple[str, ...], json_path: 
         from graphdoctor.errors import UsageError
 
         raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
-    from graphdoctor.diff.run import diff
+    from graphdoctor.diff.decide import diff
     from graphdoctor.parent.timeline import process_started_at
 
     started_at = process_started_at()

@@ -1,4 +1,4 @@
-"""What DiffRun asks of its ChildSession beyond run_request, for the recorded sessions of unit tests: a child
+"""What ChildSchedule asks of its ChildSession beyond run_request, for the recorded sessions of unit tests: a child
 submitted is run when its result is first read (so a test's request list holds only what the decision tree
 read, in order), cancelling is a no-op, and no gate is set."""
 

@@ -1,7 +1,7 @@
 """advise documents recorded on one H200 (fixtures/data/advise, README there): the ranking, the recommendation,
 the screening and the bisection derived again from what the reports record, the tables and the bisection
 rendered from them, and a MoE capture failure in a candidate gets diff's GD217 diagnosis (every candidate row
-goes through DiffRun.judge_impl, which adds the static findings)."""
+goes through VerdictTree.judge_impl, which adds the static findings)."""
 
 from __future__ import annotations
 

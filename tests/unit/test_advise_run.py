@@ -1,4 +1,4 @@
-"""AdviseRun's decision flow over real H200 records: eager once and every candidate through diff's DiffRun,
+"""AdviseRun's decision flow over real H200 records: eager once and every candidate through diff's verdict tree,
 the shared control reference, the time budget and --max-candidates, partial results. The session hands
 out the recorded RunRecords of fixtures/data/diff instead of starting children (no torch or Megatron is
 replaced); everything else (specs, names, deadlines, judgement, ranking) is the production code."""

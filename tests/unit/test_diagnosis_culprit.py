@@ -170,7 +170,7 @@ class HuntSession(DeferredSession):
         self.culprit_rule = culprit_rule
         self.requests: list = []
 
-    def run_request(self, request):  # noqa: ANN001, ANN201 - the session protocol of DiffRun
+    def run_request(self, request):  # noqa: ANN001, ANN201 - the session protocol of ChildSchedule
         from graphdoctor.protocol import RunRecord
 
         self.requests.append(request)
@@ -199,7 +199,7 @@ def test_hunt_replaces_a_located_gd501_by_the_culprit_rule(tmp_path: Path) -> No
 
     message, _ = _h200_item_failure()
     session = HuntSession(tmp_path, "GD502")
-    row = DiffRun(session).hunt_culprit(_failed_row(message), "local")  # type: ignore[arg-type]
+    row = DiffRun(session).tree.hunt_culprit(_failed_row(message), "local")  # type: ignore[arg-type]
     assert [r.hunt for r in session.requests] == [True]
     assert row.diagnosis is not None and row.diagnosis.rule == "GD502"
     assert row.diagnosis.fix == rule_fix("GD502")
@@ -212,7 +212,7 @@ def test_a_text_that_names_its_rule_needs_no_hunt(tmp_path: Path) -> None:
 
     implicit = "CUDA error: operation would make the legacy stream depend on a capturing blocking stream"
     session = HuntSession(tmp_path, None)
-    row = DiffRun(session).hunt_culprit(_failed_row(implicit), "local")  # type: ignore[arg-type]
+    row = DiffRun(session).tree.hunt_culprit(_failed_row(implicit), "local")  # type: ignore[arg-type]
     assert session.requests == []
     assert row.diagnosis is not None and row.diagnosis.rule == "GD503"
 
@@ -235,7 +235,7 @@ def test_a_capture_failure_gd217_predicts_needs_no_hunt(tmp_path: Path) -> None:
     session = HuntSession(tmp_path, None)
     session.config = diff_config_from(load_run_file(REPO / "fixtures" / "runfiles" / "moe_dropless_allgather.yaml"),
                                       impls="local", cuda_graph_modules="attn", dropout=0.0)
-    hunted = DiffRun(session).hunt_culprit(row, "local")  # type: ignore[arg-type]
+    hunted = DiffRun(session).tree.hunt_culprit(row, "local")  # type: ignore[arg-type]
     assert session.requests == []
     final = with_static_findings(hunted, session.config)
     assert final.diagnosis is not None and final.diagnosis.rule == "GD217"

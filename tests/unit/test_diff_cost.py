@@ -170,16 +170,18 @@ def test_the_speculative_children_of_an_implementation_that_matched_are_cancelle
     session = Recorded(config, tmp_path)
     run = DiffRun(session)  # type: ignore[arg-type]
     runnable = ["local", "full_iteration"]
-    run.first = [run.request(EAGER, 0.1, Role.REFERENCE)] + [run.request(i, 0.1, Role.GRAPHED) for i in runnable]
-    speculative = run.speculative(runnable)
+    schedule = run.schedule
+    schedule.first = ([schedule.request(EAGER, 0.1, Role.REFERENCE)]
+                      + [schedule.request(i, 0.1, Role.GRAPHED) for i in runnable])
+    speculative = schedule.speculative(runnable)
     assert {(r.impl, r.dropout, r.role) for r in speculative} == {
         (EAGER, 0.0, Role.REFERENCE), ("local", 0.0, Role.GRAPHED), ("full_iteration", 0.0, Role.GRAPHED),
         (EAGER, 0.1, Role.TAPPED), ("local", 0.1, Role.TAPPED), ("full_iteration", 0.1, Role.TAPPED)}
-    for request in [*run.first, *speculative]:
-        run.prefetch(request)
-    first = [run.obtain(r) for r in run.first]
+    for request in [*schedule.first, *speculative]:
+        schedule.prefetch(request)
+    first = [schedule.obtain(r) for r in schedule.first]
     run.prune(runnable, first[0], dict(zip(runnable, first[1:], strict=True)))
-    cancelled = {r for r, f in run._futures.items() if f in session.cancelled}
+    cancelled = {r for r, f in schedule._futures.items() if f in session.cancelled}
     assert {(r.impl, r.role) for r in cancelled} == {("full_iteration", Role.GRAPHED), ("full_iteration", Role.TAPPED)}
     assert all(r.dropout == 0.0 or r.role is Role.TAPPED for r in cancelled)
 

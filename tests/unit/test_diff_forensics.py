@@ -52,7 +52,7 @@ class RecordedSession(DeferredSession):
 
 def _forensics(session: RecordedSession, result: ImplResult, reference: RunRecord,
                graphed: RunRecord) -> ImplResult:
-    return DiffRun(session).forensics(result, reference, graphed)  # type: ignore[arg-type]
+    return DiffRun(session).tree.forensics(result, reference, graphed)  # type: ignore[arg-type]
 
 
 def test_auto_mode_runs_a_tapped_pair_after_a_divergence(tmp_path: Path) -> None:

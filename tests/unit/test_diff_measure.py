@@ -1,4 +1,4 @@
-"""DiffRun.measure: where fingerprints differ, a targeted re-run pair measures that step; the eager
+"""VerdictTree.measure: where fingerprints differ, a targeted re-run pair measures that step; the eager
 re-run runs once per (dropout, steps) however many implementations differ there. The session hands
 out records instead of starting children (no torch or Megatron is replaced)."""
 
@@ -49,19 +49,19 @@ def test_first_differing_step_is_measured_and_the_eager_rerun_is_shared(tmp_path
     diff_run = DiffRun(session)  # type: ignore[arg-type]
     reference = run(EAGER, [EQUAL, EQUAL, EQUAL])
     for impl in ("local", "full_iteration"):
-        graphed = diff_run.measure(reference, run(impl, [EQUAL, OTHER, OTHER]))
+        graphed = diff_run.tree.measure(reference, run(impl, [EQUAL, OTHER, OTHER]))
         divergence = find_divergence(reference, graphed)
         assert divergence is not None and divergence.step == 1 and divergence.measured
         assert divergence.tensor == NAMES[1] and divergence.max_abs == 0.25
     roles = [(r.impl, r.role, r.io_steps, r.stop_after) for r in session.requests]
     assert roles == [(EAGER, Role.REFERENCE, (1,), 1), ("local", Role.GRAPHED, (1,), 1),
                      ("full_iteration", Role.GRAPHED, (1,), 1)]
-    assert all(r.ref_dir == diff_run.ref_dir / "d0" for r in session.requests)
+    assert all(r.ref_dir == diff_run.schedule.ref_dir / "d0" for r in session.requests)
 
 
 def test_equal_fingerprints_start_no_rerun(tmp_path: Path) -> None:
     session = Session(tmp_path)
     reference = run(EAGER, [EQUAL, EQUAL])
     graphed = run("local", [EQUAL, EQUAL])
-    assert DiffRun(session).measure(reference, graphed) is graphed  # type: ignore[arg-type]
+    assert DiffRun(session).tree.measure(reference, graphed) is graphed  # type: ignore[arg-type]
     assert session.requests == [] and find_divergence(reference, graphed) is None

@@ -85,7 +85,7 @@ def test_no_culprit_hunt_for_an_exception_megatron_raised(tmp_path: Path) -> Non
                     phase="capture")
     row = ImplResult(impl="local", verdict=Verdict.CAPTURE_FAILED, diagnosis=diag)
     session = NoHuntSession(tmp_path)
-    assert DiffRun(session).hunt_culprit(row, "local") == row  # type: ignore[arg-type]
+    assert DiffRun(session).tree.hunt_culprit(row, "local") == row  # type: ignore[arg-type]
     assert session.requests == []
 
 

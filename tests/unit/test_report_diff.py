@@ -11,7 +11,7 @@ import pytest
 from graphdoctor.compare.verdict import judge
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import SCHEMA_VERSION, DiffReport
-from graphdoctor.diff.run import _unavailable
+from graphdoctor.diff.decide import _unavailable
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.report.diff import json_safe, render_text, write_json
 

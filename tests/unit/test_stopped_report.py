@@ -207,7 +207,7 @@ def test_the_cli_writes_the_partial_report_and_exits_128_plus_the_signal(tmp_pat
         stop.report = partial
         raise stop
 
-    monkeypatch.setattr("graphdoctor.diff.run.diff", stopped_diff)
+    monkeypatch.setattr("graphdoctor.diff.decide.diff", stopped_diff)
     out, page = tmp_path / "partial.json", tmp_path / "partial.html"
     result = CliRunner().invoke(main, ["diff", "--impl", "local", "--json", str(out), "--html", str(page)])
     assert result.exit_code == 143, result.output
@@ -227,8 +227,9 @@ def test_a_stopped_diff_run_builds_its_report_from_the_children_it_started(tmp_p
     config = DiffConfig(impls=("local",), dropout=0.0, timeout_s=120.0)
     session = ChildSession(config, tmp_path)
     run = DiffRun(session)
-    run.first = [run.request(EAGER, 0.0, Role.REFERENCE), run.request("local", 0.0, Role.GRAPHED)]
-    for request in run.first:
+    run.schedule.first = [run.schedule.request(EAGER, 0.0, Role.REFERENCE),
+                          run.schedule.request("local", 0.0, Role.GRAPHED)]
+    for request in run.schedule.first:
         spec = session.spec(request)
         _stop_while_running(tmp_path, dataclasses.replace(spec, events_path=str(tmp_path / f"run-{spec.name}.jsonl")),
                             "sleep")

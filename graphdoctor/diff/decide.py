@@ -1,31 +1,24 @@
-"""`diff(config) -> DiffReport`: run a Megatron-Core model eager and graphed side by side and judge each
-implementation; `DiffRun` is its decision tree and child schedule (advise drives the same one).
-
-Every
-child runs isolated with a timeout (graphdoctor.parent); the eager reference saves per-step tensors
-that each graphed child compares against on its GPU. With dropout on, a dropout-free control pair
-tells RNG from numerics; after a divergence a tapped pair localizes it.
-"""
+"""`diff(config) -> DiffReport` and its verdict tree: `VerdictTree` judges one implementation against the runs it
+asks of a `Runs` (diff's ChildSchedule, or advise's runs shared across candidates); `DiffRun` ties the first
+children, the tree per implementation and the report together."""
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
 import time
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from graphdoctor.compare.causes import apply_causes
 from graphdoctor.compare.forensics import analyze
-from graphdoctor.compare.prints import differing_steps, family_diff
+from graphdoctor.compare.prints import family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed, stopped_row
 from graphdoctor.config import DiffConfig
 from graphdoctor.config.child_model import run_model
 from graphdoctor.config.description import model_facts
 from graphdoctor.diff.report import DiffReport
+from graphdoctor.diff.schedule import ChildSchedule
 from graphdoctor.parent.availability import TE_INSTALL_HINT, why_unavailable
 from graphdoctor.parent.children import ChildRequest, ChildSession, never_started, work_directory
 from graphdoctor.parent.gpus import plan_jobs, visible_gpus
@@ -50,6 +43,41 @@ IMPL_NOTES = {
              "(Transformer Engine restores it), so graphed dropout masks are shifted against eager",
 }
 
+
+class Runs(Protocol):
+    """The children the verdict tree asks for beyond the first runs, named by what they are for."""
+
+    def control_reference(self) -> RunRecord:
+        """The dropout-free eager reference every control pair shares."""
+        ...
+
+    def control(self, impl: str) -> RunRecord:
+        """`impl` graphed without dropout: the graphed half of its control pair."""
+        ...
+
+    def measure_requests(self, reference: RunRecord, graphed: RunRecord) -> list[ChildRequest]:
+        """The (saving, comparing) re-run pair that measures where the fingerprints differ; [] where they do not."""
+        ...
+
+    def saved(self, request: ChildRequest) -> RunRecord:
+        """The eager half of a measuring pair."""
+        ...
+
+    def compared(self, request: ChildRequest) -> RunRecord:
+        """The graphed half of a measuring pair."""
+        ...
+
+    def eager_again(self, dropout: float) -> RunRecord:
+        """Eager once more at `dropout` (the eager-noise run)."""
+        ...
+
+    def tapped_pair(self, impl: str) -> tuple[RunRecord, RunRecord]:
+        """The tapped eager run and `impl`'s tapped run."""
+        ...
+
+    def hunt(self, impl: str) -> RunRecord:
+        """`impl` re-run with sync errors raised at their call site during capture."""
+        ...
 
 
 def _unavailable(impl: str, why: str) -> ImplResult:
@@ -109,30 +137,16 @@ def _finished(report: DiffReport, started: float, started_at: float, config: Dif
     return dataclasses.replace(report, timeline=timeline_of(report.runs(), started_at, time.time()))
 
 
-def _scratch_dir(workdir: Path, name: str) -> Path:
-    """A directory for reference tensors: /dev/shm when it has room, else the work directory."""
-    shm = Path("/dev/shm")
-    root = shm if shm.is_dir() and shutil.disk_usage(shm).free > (2 << 30) else workdir
-    return Path(tempfile.mkdtemp(prefix=f"graphdoctor-{name}-", dir=root))
-
-
 class DiffRun:
-    """One diff's decision tree, as named steps: the reference and every implementation (at once when
-    the plan allows), then per implementation the culprit hunt, the control pair, the targeted
-    re-runs that measure a divergence, the eager noise floor, forensics and hazards."""
+    """One diff: the reference and every implementation (at once when the plan allows) on its ChildSchedule,
+    then each implementation's row from the VerdictTree over that schedule."""
 
     def __init__(self, session: ChildSession, preflight: Preflight | None = None) -> None:
         self.session = session
         self.config = session.config
         self.preflight = preflight
-        self.ref_dir = _scratch_dir(session.workdir, "ref")
-        self.control_reference: RunRecord | None = None
-        self.scratch_bytes = 0
-        self.first: list[ChildRequest] = []
-        """The first children: the eager reference, then each runnable implementation (stopped_report)."""
-        self._futures: dict[ChildRequest, Future[RunRecord]] = {}
-        """Every child asked for, started or waiting for a GPU slot (obtain reads them)."""
-        self._used: set[ChildRequest] = set()
+        self.schedule = ChildSchedule(session)
+        self.tree = VerdictTree(self.config, self.schedule, preflight)
 
     def run_all(self) -> DiffReport:
         """Reference and implementations, judged; scratch directories removed afterwards.
@@ -140,49 +154,60 @@ class DiffRun:
         The first children start at once, beside the plan-time checks (graphdoctor.parent.preflight), and with
         them every child the decision tree may need next (the control pair and the tapped pair at dropout > 0):
         they take GPU slots as they free up, and those the first results rule out are cancelled."""
+        schedule, cfg = self.schedule, self.config
         try:
-            for folder in (self.config.trace_dir, self.config.snapshot_dir):
+            for folder in (cfg.trace_dir, cfg.snapshot_dir):
                 if folder:
                     Path(folder).mkdir(parents=True, exist_ok=True)
-            runnable = [impl for impl in self.config.impls if why_unavailable(impl, self.config, probe=False) is None
-                        and predicted_setup_failure(self.config, impl) is None]
-            self.first = ([self.request(EAGER, self.config.dropout, Role.REFERENCE, taps=self.config.localize is True)]
-                          + [self.request(impl, self.config.dropout, Role.GRAPHED, taps=self.config.localize is True)
-                             for impl in runnable])
+            runnable = [impl for impl in cfg.impls if why_unavailable(impl, cfg, probe=False) is None
+                        and predicted_setup_failure(cfg, impl) is None]
+            schedule.first = ([schedule.request(EAGER, cfg.dropout, Role.REFERENCE, taps=cfg.localize is True)]
+                              + [schedule.request(impl, cfg.dropout, Role.GRAPHED, taps=cfg.localize is True)
+                                 for impl in runnable])
             if self.preflight is not None:
                 self.session.gate = self.preflight.start().gate
-            for request in [*self.first, *self.speculative(runnable)]:
-                self.prefetch(request)
+            for request in [*schedule.first, *schedule.speculative(runnable)]:
+                schedule.prefetch(request)
             if self.preflight is not None:
                 try:
                     self.preflight.finish()
                 except BaseException:
-                    self.session.cancel(list(self._futures.values()))
+                    schedule.cancel_all()
                     raise
-            first = [self.obtain(request) for request in self.first]
+            first = [schedule.obtain(request) for request in schedule.first]
             reference, graphed = first[0], dict(zip(runnable, first[1:], strict=True))
             self.prune(runnable, reference, graphed)
-            results = [self.judge_impl(impl, reference, graphed.get(impl)) for impl in self.config.impls]
+            results = [self.tree.judge_impl(impl, reference, graphed.get(impl)) for impl in cfg.impls]
         finally:
             if self.preflight is not None:
                 self.preflight.abandon()
-            self.session.cancel([f for r, f in self._futures.items() if r not in self._used])
-            self.session.close()
-            shutil.rmtree(self.ref_dir, ignore_errors=True)
-        return DiffReport(config=self.config, results=tuple(results), reference=reference,
-                          control_reference=self.control_reference,
-                          child_wall_s=self.session.child_wall_s, scratch_bytes=self.scratch_bytes,
+            schedule.close()
+        return DiffReport(config=cfg, results=tuple(results), reference=reference,
+                          control_reference=self.tree.control_reference,
+                          child_wall_s=self.session.child_wall_s, scratch_bytes=schedule.scratch_bytes,
                           jobs=self.session.plan.reason)
+
+    def prune(self, runnable: list[str], reference: RunRecord, graphed: dict[str, RunRecord]) -> None:
+        """After the first runs: start the re-runs that measure each divergence, and cancel the speculative
+        children of every implementation that matched (or failed)."""
+        diverged = []
+        for impl in runnable:
+            run = graphed[impl]
+            if reference.status == "ok" and run.status == "ok" and self.tree.judge(reference, run).divergence is not None:
+                diverged.append(impl)
+                if self.config.dropout <= 0 or not self.config.bitwise:  # else the control pair decides (_dropout_row)
+                    self.schedule.prefetch_measure(reference, run)
+        self.schedule.prune(diverged)
 
     def stopped_report(self, signal_name: str) -> DiffReport:
         """The partial report of a diff stopped by `signal_name`: each implementation's row from the first
         children as the stop left them (compare.verdict.stopped_row), with its static findings."""
-        cfg = self.config
-        records = self.session.stopped_records(self.first, signal_name)
-        reference = records.get(self.first[0]) if self.first else None
+        cfg, first = self.config, self.schedule.first
+        records = self.session.stopped_records(first, signal_name)
+        reference = records.get(first[0]) if first else None
         if reference is None:
             reference = never_started(EAGER, cfg.dropout, signal_name)
-        graphed = {request.impl: records.get(request) for request in self.first[1:]}
+        graphed = {request.impl: records.get(request) for request in first[1:]}
         rows = []
         for impl in cfg.impls:
             why_not = why_unavailable(impl, cfg)
@@ -191,76 +216,22 @@ class DiffRun:
                 rtol=cfg.rtol, atol=cfg.atol)
             rows.append(with_static_findings(row, cfg))
         return DiffReport(config=cfg, results=tuple(rows), reference=reference,
-                          control_reference=self.control_reference, child_wall_s=self.session.child_wall_s,
-                          scratch_bytes=self.scratch_bytes, jobs=self.session.plan.reason, stopped=signal_name)
+                          control_reference=self.tree.control_reference, child_wall_s=self.session.child_wall_s,
+                          scratch_bytes=self.schedule.scratch_bytes, jobs=self.session.plan.reason,
+                          stopped=signal_name)
 
-    def request(self, impl: str, dropout: float, role: Role, **kwargs: Any) -> ChildRequest:
-        """A child request against this diff's scratch directory."""
-        return ChildRequest(impl, dropout, role, self.ref_dir, **kwargs)
 
-    def prefetch(self, request: ChildRequest) -> None:
-        """Start `request` as soon as a GPU slot is free (once: a second ask is the same child)."""
-        if request not in self._futures:
-            self._futures[request] = self.session.submit(request)
+class VerdictTree:
+    """One implementation's row, as named steps over its first runs: the culprit hunt, the control pair, the
+    targeted re-runs that measure a divergence, the eager noise floor, forensics and hazards. The same tree
+    judges diff's implementations and advise's candidates."""
 
-    def obtain(self, request: ChildRequest) -> RunRecord:
-        """The record of `request`: of the child already asked for, or of one started now."""
-        self.prefetch(request)
-        self._used.add(request)
-        return self._futures[request].result()
-
-    def control_requests(self, impl: str) -> list[ChildRequest]:
-        """The dropout-free control pair of `impl` (its reference is shared by every implementation)."""
-        return [self.request(EAGER, 0.0, Role.REFERENCE), self.request(impl, 0.0, Role.GRAPHED)]
-
-    def tapped_requests(self, impl: str) -> list[ChildRequest]:
-        """The tapped pair of `impl` (its eager run is shared by every implementation)."""
-        dropout = self.config.dropout
-        return [self.request(EAGER, dropout, Role.TAPPED, taps=True), self.request(impl, dropout, Role.TAPPED, taps=True)]
-
-    def speculative(self, runnable: list[str]) -> list[ChildRequest]:
-        """The children a divergence of the first runs would need next, started beside them: at dropout > 0 the
-        control pair of every implementation and, when forensics are automatic, the tapped pair."""
-        cfg = self.config
-        if cfg.dropout <= 0:
-            return []
-        wanted = [r for impl in runnable for r in self.control_requests(impl)]
-        if cfg.localize is None:
-            wanted += [r for impl in runnable for r in self.tapped_requests(impl)]
-        return list(dict.fromkeys(wanted))
-
-    def prune(self, runnable: list[str], reference: RunRecord, graphed: dict[str, RunRecord]) -> None:
-        """After the first runs: cancel the speculative children of every implementation that matched (or
-        failed), and start the re-runs that measure each divergence."""
-        diverged = []
-        for impl in runnable:
-            run = graphed[impl]
-            if reference.status == "ok" and run.status == "ok" and self.judge(reference, run).divergence is not None:
-                diverged.append(impl)
-                if self.config.dropout <= 0 or not self.config.bitwise:  # else the control pair decides (_dropout_row)
-                    self.prefetch_measure(reference, run)
-        keep = {r for impl in diverged for r in (*self.control_requests(impl), *self.tapped_requests(impl))}
-        self.session.cancel([f for r, f in self._futures.items()
-                             if r not in keep and r not in self.first and not r.targeted and r not in self._used],
-                            wait=False)
-
-    def measure_requests(self, reference: RunRecord, graphed: RunRecord) -> list[ChildRequest]:
-        """The re-run pair that measures where the fingerprints differ (measure); none where they do not."""
-        names = graphed.tensor_names or reference.tensor_names
-        steps = differing_steps(names, reference.steps, graphed.steps)
-        if not steps:
-            return []
-        io_steps = steps if not self.config.bitwise else steps[:1]
-        scratch = self.ref_dir / f"d{graphed.dropout:g}"
-        scratch.mkdir(exist_ok=True)
-        last = max(io_steps)
-        return [ChildRequest(EAGER, graphed.dropout, Role.REFERENCE, scratch, io_steps=io_steps, stop_after=last),
-                ChildRequest(graphed.impl, graphed.dropout, Role.GRAPHED, scratch, io_steps=io_steps, stop_after=last)]
-
-    def prefetch_measure(self, reference: RunRecord, graphed: RunRecord) -> None:
-        """Start the measuring pair of a divergence now, beside the rest."""
-        for request in self.measure_requests(reference, graphed):
-            self.prefetch(request)
+    def __init__(self, config: DiffConfig, runs: Runs, preflight: Preflight | None = None) -> None:
+        self.config = config
+        self.runs = runs
+        self.preflight = preflight
+        self.control_reference: RunRecord | None = None
+        """The dropout-free eager reference, once a control pair asked for it."""
 
     def judge(self, reference: RunRecord, graphed: RunRecord, **kwargs: Any) -> ImplResult:
         """judge() with this diff's warmup and tolerances."""
@@ -324,15 +295,14 @@ class DiffRun:
         scratch directory per dropout: the eager re-run runs once)."""
         if reference.status != "ok" or graphed.status != "ok":
             return graphed
-        pair = self.measure_requests(reference, graphed)
+        pair = self.runs.measure_requests(reference, graphed)
         if not pair:
             return graphed
         saving, comparing = pair
-        saved = self.obtain(saving)  # one child per (dropout, steps): obtain hands the same record to every caller
-        self.scratch_bytes = max(self.scratch_bytes, _tree_bytes(self.ref_dir))
+        saved = self.runs.saved(saving)  # one child per (dropout, steps): the same record for every caller
         if saved.status != "ok":
             return graphed
-        compared = self.obtain(comparing)
+        compared = self.runs.compared(comparing)
         measured = {s.step: s for s in compared.steps if s.step in saving.io_steps}
         if compared.status != "ok" or len(measured) != len(saving.io_steps):
             return graphed
@@ -342,10 +312,9 @@ class DiffRun:
 
     def control_pair(self, impl: str, reference: RunRecord, graphed: RunRecord) -> ImplResult:
         """Judge again with a dropout-free control pair (the control reference runs once per diff)."""
-        control_ref, control_req = self.control_requests(impl)
-        if self.control_reference is None:  # advise: another candidate's, when it made one
-            self.control_reference = self.obtain(control_ref)
-        control = self.obtain(control_req)
+        if self.control_reference is None:
+            self.control_reference = self.runs.control_reference()
+        control = self.runs.control(impl)
         # Without its reference the control run has nothing to compare against.
         control_graphed = (self.measure(self.control_reference, control)
                            if self.control_reference.status == "ok" else None)
@@ -360,7 +329,7 @@ class DiffRun:
         reference, or the control reference when dropout is on)?"""
         cfg = self.config
         base = self.control_reference if cfg.dropout > 0 and self.control_reference is not None else reference
-        again = self.obtain(self.request(EAGER, base.dropout, Role.GRAPHED))
+        again = self.runs.eager_again(base.dropout)
         if again.status != "ok":
             return result
         noise = find_divergence(base, again, rtol=cfg.rtol, atol=cfg.atol)
@@ -372,11 +341,6 @@ class DiffRun:
                            f"at step {noise.step} {noise.label}{', max abs ' + format(noise.max_abs, '.3g') if noise.measured else ''}); "
                            f"compare with --atol at or above that noise floor"))
 
-    def tapped_pair(self, impl: str) -> tuple[RunRecord, RunRecord]:
-        """The eager run with taps (once per diff, shared by every implementation) and `impl`'s."""
-        tapped_ref, tapped = self.tapped_requests(impl)
-        return self.obtain(tapped_ref), self.obtain(tapped)
-
     def forensics(self, result: ImplResult, reference: RunRecord, graphed: RunRecord) -> ImplResult:
         """Tap analysis: from the runs themselves (--localize) or, after a divergence, from an extra
         tapped pair (auto)."""
@@ -387,7 +351,7 @@ class DiffRun:
         if cfg.localize is True:
             tapped_ref, tapped = reference, graphed
         else:
-            tapped_ref, tapped = self.tapped_pair(graphed.impl)
+            tapped_ref, tapped = self.runs.tapped_pair(graphed.impl)
             result = dataclasses.replace(result, runs=(*result.runs, tapped_ref, tapped))
         problem = _tap_problem(tapped_ref, tapped)
         if problem is not None:
@@ -412,7 +376,7 @@ class DiffRun:
             return result
         if any(f.code == "GD217" for f in moe_static_findings(self.config, impl)):
             return result  # the token dispatcher's host copy: with_static_findings names it (no re-run)
-        hunt = self.obtain(self.request(impl, self.config.dropout, Role.GRAPHED, hunt=True))
+        hunt = self.runs.hunt(impl)
         found = hunt.diagnosis
         if hunt.status != "error" or found is None or found.location is None:
             return _add_note(result, "culprit hunt (sync errors raised during capture) found no "
@@ -449,10 +413,6 @@ def _with_print_diffs(reference: RunRecord, graphed: RunRecord) -> RunRecord:
     return dataclasses.replace(graphed, steps=tuple(steps))
 
 
-def _tree_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-
-
 def _with_eager_memory(result: ImplResult, reference: RunRecord) -> ImplResult:
     """The row's memory section measured against the eager reference's peaks."""
     if result.memory is None or reference.memory is None:
@@ -475,4 +435,4 @@ def _add_note(result: ImplResult, note: str) -> ImplResult:
     return dataclasses.replace(result, notes=(*result.notes, note))
 
 
-__all__ = ["DiffRun", "diff"]
+__all__ = ["DiffRun", "Runs", "VerdictTree", "diff"]
