@@ -10,7 +10,6 @@ from typing import Any, Literal
 from graphdoctor.advise.candidates import Screening
 from graphdoctor.advise.run import diff_plan, plan
 from graphdoctor.config import DiffConfig
-from graphdoctor.config.child_model import run_model
 from graphdoctor.config.description import model_facts
 from graphdoctor.parent.availability import why_unavailable
 from graphdoctor.parent.skeleton import Skeleton, build_skeleton
@@ -41,7 +40,7 @@ def make_plan(of: PlanOf, config: DiffConfig) -> Plan:
     (parent.static.refuse_before_gpu_work), the GPU itself aside."""
     cannot = why_unavailable("local", config)  # what this machine cannot build at all (TE layers without TE, ...)
     skeleton = build_skeleton(config) if cannot is None else Skeleton(not_built=cannot)
-    facts = model_facts(run_model(config))
+    facts = model_facts(config.model)
     refusals = cannot_build(config)
     if skeleton.error is not None:
         if "zero_centered_gamma" in skeleton.error:  # Megatron's own words for what missing_apex_norm predicts

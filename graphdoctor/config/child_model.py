@@ -47,11 +47,6 @@ def one_gpu(config: DiffConfig) -> DiffConfig:
                           model=model)
 
 
-def run_model(config: DiffConfig) -> ModelDescription:
-    """The run's model (config.model)."""
-    return config.model
-
-
 def te_rng_tracker(description: ModelDescription, impl: str) -> bool:
     """Megatron-LM's rule (training/arguments.py:1873-1879) for a model its parser does not see: TE's RNG tracker
     once CUDA graphs are on and Transformer Engine builds the layers or the graphs, or where the source asks."""
@@ -89,4 +84,4 @@ def child_model(config: DiffConfig, impl: str, dropout: float) -> ModelDescripti
     return child.replace(te_rng_tracker=te_rng_tracker(child, impl))
 
 
-__all__ = ["ONE_GPU", "child_model", "one_gpu", "run_model", "te_rng_tracker"]
+__all__ = ["ONE_GPU", "child_model", "one_gpu", "te_rng_tracker"]

@@ -89,17 +89,6 @@ def check_placement(config: PlacedRun) -> None:
         raise UsageError("placement: sequence_parallel needs tensor_model_parallel_size > 1, got 1")
 
 
-def check_gpu_count(nproc_per_node: int, num_visible: int) -> None:
-    """Refuse more processes per child than visible GPUs (nproc_per_node 1 runs anywhere).
-
-    Raises:
-        UsageError: nproc_per_node > num_visible.
-    """
-    if nproc_per_node > 1 and nproc_per_node > num_visible:
-        raise UsageError(f"placement: nproc_per_node {nproc_per_node} needs {nproc_per_node} GPUs, "
-                         f"{num_visible} visible")
-
-
 LOCAL_LAYER_SPECS: tuple[str | None, ...] = (None, "local")
 """layer_spec values that select megatron-core's local GPT spec (get_gpt_layer_local_spec)."""
 
@@ -111,5 +100,5 @@ default `fp8=False` (transformer_layer.py:633, :766; moe/experts.py:883; ssm/gat
 `FP8GlobalStateManager` (random.py:693), which is imported only with Transformer Engine (random.py:87)."""
 
 
-__all__ = ["LOCAL_LAYER_SPECS", "RECOMPUTE_NEEDING_TE", "PlacedRun", "check_gpu_count", "check_placement",
+__all__ = ["LOCAL_LAYER_SPECS", "RECOMPUTE_NEEDING_TE", "PlacedRun", "check_placement",
            "data_parallel_size"]

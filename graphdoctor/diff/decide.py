@@ -15,8 +15,6 @@ from graphdoctor.compare.prints import family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed, stopped_row
 from graphdoctor.config import DiffConfig
-from graphdoctor.config.child_model import run_model
-from graphdoctor.config.description import model_facts
 from graphdoctor.diff.report import DiffReport
 from graphdoctor.diff.schedule import ChildSchedule
 from graphdoctor.parent.availability import TE_INSTALL_HINT, why_unavailable
@@ -123,17 +121,14 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
         run = DiffRun(session, preflight)
         # stopped: the children are ended already; the partial report says how far they got
         with partial_report_on_stop(lambda signal_name: _finished(run.stopped_report(signal_name), started,
-                                                                  started_at, config)):
+                                                                  started_at, preflight)):
             report = run.run_all()
-    return _finished(report, started, started_at, config, preflight)
+    return _finished(report, started, started_at, preflight)
 
 
-def _finished(report: DiffReport, started: float, started_at: float, config: DiffConfig,
-              preflight: Preflight | None = None) -> DiffReport:
+def _finished(report: DiffReport, started: float, started_at: float, preflight: Preflight) -> DiffReport:
     """The report with its wall time, model facts and timeline (finished now)."""
-    model = preflight.model() if preflight is not None else None
-    report = dataclasses.replace(report, wall_s=time.perf_counter() - started,
-                                 model=model if model is not None else model_facts(run_model(config)))
+    report = dataclasses.replace(report, wall_s=time.perf_counter() - started, model=preflight.model())
     return dataclasses.replace(report, timeline=timeline_of(report.runs(), started_at, time.time()))
 
 

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 
 from graphdoctor.config import DiffConfig
-from graphdoctor.config.placement import check_gpu_count
+from graphdoctor.errors import UsageError
 from graphdoctor.parent.runner import run_isolated
 
 NVIDIA_SMI_TIMEOUT_S = 30.0
@@ -28,6 +28,17 @@ CORES_PER_CHILD = 2
 
 MAX_CHILDREN_PER_GPU = 8
 """Most children planned on one GPU at a time (their timed steps take turns: graphdoctor.child.gpu_turn)."""
+
+
+def check_gpu_count(nproc_per_node: int, num_visible: int) -> None:
+    """Refuse more processes per child than visible GPUs (nproc_per_node 1 runs anywhere).
+
+    Raises:
+        UsageError: nproc_per_node > num_visible.
+    """
+    if nproc_per_node > 1 and nproc_per_node > num_visible:
+        raise UsageError(f"placement: nproc_per_node {nproc_per_node} needs {nproc_per_node} GPUs, "
+                         f"{num_visible} visible")
 
 
 def cpu_slots() -> int:

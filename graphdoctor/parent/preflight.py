@@ -70,9 +70,12 @@ class Preflight:
         """The static findings of `impl`'s row (None: not made here, make them now)."""
         return self._findings.get(impl) if self._done() else None
 
-    def model(self) -> dict[str, Any] | None:
-        """The model's facts (None: not made here, make them now)."""
-        return self._model if self._done() else None
+    def model(self) -> dict[str, Any]:
+        """The model's facts: those the thread made, else made now (raising what model_facts raises)."""
+        from graphdoctor.config.description import model_facts
+
+        made = self._model if self._done() else None
+        return made if made is not None else model_facts(self.config.model)
 
     def _done(self) -> bool:
         """Waits for the thread, if it was started; whether it was."""

@@ -9,6 +9,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from graphdoctor.compare.phases import phases_summary
+from graphdoctor.config.impl import Impl
 from graphdoctor.report.html_page import table
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ def _fmt(value: float | None) -> str:
 def phase_lines(report: DiffReport) -> list[str]:
     """`phases` line per run (steps per phase, evaluations, first replays after one, the checkpoint and
     the resume), then one line per evaluation with eager's loss and each implementation's (`=` where bitwise equal)."""
-    runs = [("eager", report.reference)] + [(r.impl, r.runs[0]) for r in report.results if r.runs]
+    runs = [(Impl.EAGER, report.reference)] + [(r.impl, r.runs[0]) for r in report.results if r.runs]
     lines = []
     for name, run in runs:
         summary = phases_summary(run)
