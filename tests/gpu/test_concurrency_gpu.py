@@ -65,9 +65,15 @@ def test_a_gpu_whose_memory_another_process_holds_is_environment_failed_after_on
     """Another user's process holds all but 1.5 GiB of the GPU: the eager reference's set-up runs out of memory
     (or NCCL's does), is retried once when the diff's other child has finished, fails again, and the diff says
     environment-failed with exit code 2, never reference-failed, and prints no traceback."""
-    hog = subprocess.Popen([sys.executable, "-c", HOG, str(3 << 29), "400"], stdout=subprocess.PIPE, text=True)
+    hog_err = tmp_path / "hog.stderr"
+    with hog_err.open("w") as err:
+        hog = subprocess.Popen([sys.executable, "-c", HOG, str(3 << 29), "400"], stdout=subprocess.PIPE, stderr=err,
+                               text=True)
     try:
-        assert hog.stdout is not None and hog.stdout.readline().startswith("held")
+        assert hog.stdout is not None
+        held = hog.stdout.readline()
+        _keep("h200_environment_hog.txt", held + hog_err.read_text())
+        assert held.startswith("held"), (held, hog.poll(), hog_err.read_text()[-2000:])
         report = tmp_path / "report.json"
         argv = [sys.executable, "-m", "graphdoctor", "diff", *SMALL, "--impl", "full_iteration", "--dropout", "0",
                 "--hidden-size", "4096", "--num-attention-heads", "32", "--vocab-size", "128256", "--seq-length",
