@@ -3,7 +3,7 @@
 # (the device tool returns at most 8 files): every part writes under /tmp/gd-call/<part>, and at the end, or
 # when the call's own deadline passes, everything is packed into $OUT/call.tgz and each part's summary printed.
 #   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/device_call.sh SECONDS PART[@GPU] ...
-# PART: core | i15 | i20 | i33 | i34 | i35 | i42 | i43 | i45 | i49 | te | moe-te | i30 (tests/gpu/run_acceptance.sh parts),
+# PART: core | i15 | i20 | i33 | i34 | i35 | i42 | i43 | i45 | i45b | i49 | te | moe-te | i30 (tests/gpu/run_acceptance.sh parts),
 # readme (`graphdoctor diff --json` with the defaults: the README's main job), te-removed (the TE GPU tests with
 # GRAPHDOCTOR_EXPECT_TE=1 where TE is not staged: passes only when they fail naming transformer_engine), mg-a | mg-b | mg-c | mg-te | mg-a+b (the parts of
 # tests/gpu/run_multi_gpu_acceptance.sh; they take every visible GPU), advise-core | advise-moe | advise-te
@@ -40,7 +40,7 @@ start_part() {  # part, gpu
             export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} GRAPHDOCTOR_EXPECT_TE=1 ;;
     esac
     case "$part" in
-        core|i15|i20|i33|i34|i35|i42|i43|i45|i49|te|moe-te|i30) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
+        core|i15|i20|i33|i34|i35|i42|i43|i45|i45b|i49|te|moe-te|i30) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
         readme) "${pin[@]}" timeout "$inner" graphdoctor diff --json "$dir/readme.json" > "$dir/readme.txt" 2>&1
                 echo "readme: exit $?" >> "$dir/summary.txt" ;;  # the README's main job, with the defaults
         te-removed) GRAPHDOCTOR_EXPECT_TE=1 "${pin[@]}" timeout "$inner" python -m pytest -q -p no:cacheprovider \
