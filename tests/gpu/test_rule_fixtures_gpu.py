@@ -51,6 +51,8 @@ class DiffCase:
     """Entry points of the good fixture."""
     at_line: tuple[str, ...]
     """Rules whose cause or diagnosis carries the bad fixture's marked line; empty where the rule names no line."""
+    bad_args: tuple[str, ...] = ()
+    """Flags of the bad fixture's run only (the run file of a model the bad fixture needs)."""
 
 
 DIFF_CASES: dict[str, DiffCase] = {
@@ -58,7 +60,11 @@ DIFF_CASES: dict[str, DiffCase] = {
     # Megatron's runner replays the training graph, so the line's cause is GD402; GD514 is the evaluation's note.
     "GD514": DiffCase(("--impl", "local", *SCHEDULE), ("layer_spec",), ("layer_spec",), ("GD402", "GD514")),
     # The note names the capture step and the tracker key; the values come from Megatron's tracker, not a line.
-    "GD515": DiffCase(("--impl", "local"), ("layer_spec",), ("forward_step",), ()),
+    # The bad fixture is Megatron's own MoE router (drop-and-pad, aux and z-loss), whose capture-step values the
+    # H200 recorded (fixtures/data/moe/h200_drop_pad_local_capture_tracker.json); the good one, a dense model that
+    # records its statistic in the loss function, outside the graphed layers.
+    "GD515": DiffCase(("--impl", "local"), ("layer_spec",), ("forward_step",), (),
+                      bad_args=("--config", "fixtures/runfiles/moe_drop_pad.yaml")),
     "GD518": DiffCase(("--impl", "local"), ("layer_spec", "forward_step"), ("layer_spec", "forward_step"), ("GD518",)),
     "GD519": DiffCase(("--impl", "local"), ("layer_spec",), ("layer_spec",), ("GD519",)),
     "GD520": DiffCase(("--impl", "local", "--num-microbatches", "4"), ("forward_step",), ("forward_step",),
@@ -114,7 +120,8 @@ def run_diff(stem: str, case: DiffCase, entries: tuple[str, ...], workdir: Path,
     """`graphdoctor diff` of one fixture on the small model: its JSON report."""
     out = workdir / f"{stem}.json"
     flags = [arg for entry in entries for arg in (f"--{entry.replace('_', '-')}", f"fixtures.rules.{stem}:{entry}")]
-    cmd = [sys.executable, "-m", "graphdoctor.cli", "diff", *DIFF_MODEL, *case.args, *flags, *extra,
+    own = case.bad_args if stem.endswith("_bad") else ()
+    cmd = [sys.executable, "-m", "graphdoctor.cli", "diff", *DIFF_MODEL, *case.args, *own, *flags, *extra,
            "--timeout", str(timeout_s), "--json", str(out), "--workdir", str(workdir / stem), "-q"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=4 * (timeout_s + 30), check=False)
     _keep(stem, proc, out)
