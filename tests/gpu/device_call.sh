@@ -10,7 +10,8 @@
 # (tests/gpu/run_advise_acceptance.sh), scale (tests/benchmarks/diff_scale.py at default,0.5b,1.3b),
 # schedule-cost (diff_scale.py --sizes schedule: issue 20's schedule with and without comparison), holders-cost
 # (tests/benchmarks/holders_cost.py at 24x1024 and 32x2048, or GD_HOLDERS_SIZES="24 1024 2,..." (layers width
-# repeats): issue 42's watch, alone on the GPU).
+# repeats): issue 42's watch, alone on the GPU), cost (tests/benchmarks/diff_cost.py at GD_COST_SIZES, default
+# "default,0.54b": bare runs one after another and side by side, each diff, each first child against its bare twin).
 # te, moe-te, i30, i35, i43, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
 # the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
@@ -59,6 +60,9 @@ start_part() {  # part, gpu
                        --hidden-size "$2" --repeats "$3" > "$dir/holders_cost_$1x$2.json" 2> "$dir/holders_cost_$1x$2.log"
                    echo "holders-cost $1x$2: exit $? $(grep -E '^(local|full_iteration):' "$dir/holders_cost_$1x$2.log" | tr '\n' ' ')" >> "$dir/summary.txt"
                done ;;
+        cost) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_cost.py --sizes "${GD_COST_SIZES:-default,0.54b}" \
+                   --out "$dir/diff_cost.json" > "$dir/diff_cost.txt" 2>&1
+              echo "cost: exit $?" >> "$dir/summary.txt" ;;  # issue 49's columns and issue 44's ratios, alone on the GPU
         schedule-cost) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_scale.py --sizes schedule \
                    --out "$dir/schedule.json" > "$dir/summary.txt" 2>&1; echo "schedule-cost: exit $?" >> "$dir/summary.txt" ;;
         *) echo "unknown part $part" > "$dir/summary.txt" ;;
