@@ -10,12 +10,8 @@ from collections.abc import Iterator
 
 from graphdoctor.checks import rewritten, t
 
-from graphdoctor.config.graph_settings import (
-    ALLOWED_INFERENCE_SCOPES,
-    IMPLS,
-    INFERENCE_SCOPES,
-)
-from graphdoctor.config.impl import MEGATRON_EAGER, Impl
+from graphdoctor.config.graph_settings import ALLOWED_INFERENCE_SCOPES, INFERENCE_SCOPES
+from graphdoctor.config.impl import MEGATRON_EAGER, MEGATRON_IMPLS, Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
 from graphdoctor.rules.finding import FixAvailability, Severity
@@ -256,7 +252,7 @@ class UnknownCudaGraphImpl(Rule):
     fix_template = "Set cuda_graph_impl to one of none, local, transformer_engine, full_iteration"
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
-        if ctx.graph.impl not in IMPLS:
+        if ctx.graph.impl not in MEGATRON_IMPLS:
             yield Hit(t("cuda_graph_impl"), {"impl": ctx.value("cuda_graph_impl")})
 
 
@@ -294,7 +290,7 @@ class InvalidInferenceGraphScope(Rule):
 
     def detect(self, ctx: CheckContext) -> Iterator[Hit]:
         impl, scope = ctx.graph.impl, ctx.graph.inference_scope
-        if impl not in IMPLS:
+        if impl not in MEGATRON_IMPLS:
             return
         allowed = ", ".join(sorted(ALLOWED_INFERENCE_SCOPES[impl]))
         if scope is None or scope not in ALLOWED_INFERENCE_SCOPES[impl]:

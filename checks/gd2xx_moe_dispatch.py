@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from graphdoctor.checks import given
 
-from graphdoctor.config.diff_config import DEFAULT_IMPLS
+from graphdoctor.config.diff_config import IMPLS
 from graphdoctor.config.impl import Impl
 from graphdoctor.rules.base import Hit, Rule
 from graphdoctor.rules.context import CheckContext
@@ -33,9 +33,6 @@ ALLTOALL_HOST_COPY = "megatron/core/transformer/moe/token_dispatcher.py:695"
 ALLTOALL_SYNC_ASSERT = "megatron/core/transformer/moe/token_dispatcher.py:612"
 """`cuda_sync_point must be after cuda_dtoh_point.`: a capacity factor without padding syncs before
 permutation 1, but whole-layer graphs move the host copies to before_ep_alltoall (:460-465)."""
-
-DIFF_DEFAULT_IMPLS: tuple[str, ...] = DEFAULT_IMPLS
-"""`graphdoctor diff`'s implementations when a run file's `run:` names none (DiffConfig.impls)."""
 
 
 
@@ -84,10 +81,10 @@ def graphed_runs(ctx: CheckContext) -> list[GraphedRun]:
         else:
             modules = tuple(_run_list(ctx.run.get("cuda_graph_modules")))
             where = ("run.cuda_graph_modules",) if "cuda_graph_modules" in ctx.run else ()
-        impls = _run_list(ctx.run["impls"]) if "impls" in ctx.run else list(DIFF_DEFAULT_IMPLS)
+        impls = _run_list(ctx.run["impls"]) if "impls" in ctx.run else list(IMPLS)
         declared = ("run.impls",) if "impls" in ctx.run else ()
         for impl in impls:
-            if impl == ctx.graph.impl or impl not in DIFF_DEFAULT_IMPLS:
+            if impl == ctx.graph.impl or impl not in IMPLS:
                 continue
             if impl == Impl.FULL_ITERATION:
                 runs.append(GraphedRun(impl, (), declared))

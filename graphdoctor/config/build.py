@@ -131,5 +131,5 @@ def padded_vocab_size(description: ModelDescription, tensor_model_parallel_size:
     return -(-vocab // divisor) * divisor
 
 
-__all__ = ["MEGATRON_SPEC_PREFIX", "build_model", "child_transformer_config", "described_transformer_config", "layer_spec", "model_config",
-           "padded_vocab_size", "transformer_config", "uses_te_layers"]
+__all__ = ["MEGATRON_SPEC_PREFIX", "build_model", "child_transformer_config", "described_transformer_config",
+           "layer_spec", "model_config", "padded_vocab_size", "transformer_config", "uses_te_layers"]

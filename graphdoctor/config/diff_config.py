@@ -13,7 +13,6 @@ from graphdoctor.config.codec import encode
 from graphdoctor.config.description import TRANSFORMER_CLASSES, ModelDescription
 from graphdoctor.config.entry_points import BUILTIN_LAYER_SPECS, check_entry_point
 from graphdoctor.config.fp8 import fp8_fields, initialisation
-from graphdoctor.config.graph_settings import GRAPHED_IMPLS as IMPLS
 from graphdoctor.config.graph_settings import MODULE_NAMES as CUDA_GRAPH_MODULES
 from graphdoctor.config.impl import GRAPHED, Impl
 from graphdoctor.config.placement import check_placement
@@ -39,15 +38,16 @@ reference)."""
 RUN_OWNED_FIELDS: frozenset[str] = frozenset({*RUN_OWNED_NAMES, *GRAPH_FIELDS})
 """TransformerConfig fields a child takes from DiffConfig and its own request (dropout, impl), never from
 `transformer:`: the twins, the graph settings, the dropouts (`dropout`) and the precision flags (`dtype`)."""
-DEFAULT_IMPLS: tuple[str, ...] = tuple(impl.value for impl in GRAPHED)
-"""The graphed implementations diff compares against eager unless told (DiffConfig.impls), as plain names."""
+IMPLS: tuple[str, ...] = tuple(impl.value for impl in GRAPHED)
+"""The graphed implementations diff runs (config.impl.GRAPHED, as plain names): DiffConfig.impls' choices and its
+default, every one compared against eager."""
 
 
 @dataclass(kw_only=True, slots=True)
 class DiffConfig:
     """Everything one `graphdoctor diff` needs; the same object drives the CLI and the Python API."""
 
-    impls: tuple[str, ...] = DEFAULT_IMPLS
+    impls: tuple[str, ...] = IMPLS
     """Graphed implementations to compare against eager."""
 
     num_layers: int = 4
@@ -467,5 +467,5 @@ def _check_impls(impls: tuple[str, ...]) -> None:
         raise UsageError(f"impls: got duplicates in {list(impls)!r}, expected each implementation once")
 
 
-__all__ = ["CUDA_GRAPH_MODULES", "DEFAULT_IMPLS", "DTYPES", "GRAPH_FIELDS", "IMPLS", "RUN_OWNED_FIELDS",
+__all__ = ["CUDA_GRAPH_MODULES", "DTYPES", "GRAPH_FIELDS", "IMPLS", "RUN_OWNED_FIELDS",
            "STARTUP_VARIABLES", "TRANSFORMER_TWINS", "DiffConfig"]

@@ -10,15 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from graphdoctor.config.impl import GRAPHED, MEGATRON_EAGER, MEGATRON_IMPLS, Impl
+from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.errors import UsageError
 from graphdoctor.inputs import describe
 from graphdoctor.suggest import did_you_mean
 
-GRAPHED_IMPLS: tuple[str, ...] = GRAPHED
-"""The graph implementations, in the order graphdoctor reports them (config.impl)."""
-IMPLS: tuple[str, ...] = MEGATRON_IMPLS
-"""TransformerConfig.cuda_graph_impl's values in megatron-core 0.19.2 ("none": eager)."""
 MODULE_NAMES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 """Values TransformerConfig.cuda_graph_modules accepts in megatron-core 0.19.2."""
 DEPRECATED_MODULES: dict[str, tuple[str, str]] = {
@@ -193,8 +189,6 @@ __all__ = [
     "graph_choice",
     "ALLOWED_INFERENCE_SCOPES",
     "DEPRECATED_MODULES",
-    "GRAPHED_IMPLS",
-    "IMPLS",
     "INFERENCE_SCOPES",
     "MODULE_NAMES",
     "GraphSettings",

@@ -29,15 +29,6 @@ class Impl(StrEnum):
         """Whether it graphs modules (cuda_graph_modules applies), not the whole iteration or nothing."""
         return self in (Impl.LOCAL, Impl.TRANSFORMER_ENGINE)
 
-    @classmethod
-    def from_megatron(cls, value: str) -> Impl:
-        """The implementation of a cuda_graph_impl value (`none`: the eager reference).
-
-        Raises:
-            ValueError: a value Megatron does not have.
-        """
-        return cls.EAGER if value == MEGATRON_EAGER else cls(value)
-
 
 MEGATRON_EAGER = "none"
 """TransformerConfig.cuda_graph_impl of the eager reference."""
