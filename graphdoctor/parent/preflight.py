@@ -70,11 +70,13 @@ class Preflight:
         """The static findings of `impl`'s row (None: not made here, make them now)."""
         return self._findings.get(impl) if self._done() else None
 
-    def model(self) -> dict[str, Any]:
-        """The model's facts: those the thread made, else made now (raising what model_facts raises)."""
+    def model(self, *, wait: bool = True) -> dict[str, Any]:
+        """The model's facts: those the thread made (waiting for it unless `wait` is False), else made now (raising
+        what model_facts raises)."""
         from graphdoctor.config.description import model_facts
 
-        made = self._model if self._done() else None
+        finished = self._done() if wait else self._thread.ident is not None and not self._thread.is_alive()
+        made = self._model if finished else None
         return made if made is not None else model_facts(self.config.model)
 
     def _done(self) -> bool:
