@@ -3,7 +3,7 @@
 # (the device tool returns at most 8 files): every part writes under /tmp/gd-call/<part>, and at the end, or
 # when the call's own deadline passes, everything is packed into $OUT/call.tgz and each part's summary printed.
 #   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/device_call.sh SECONDS PART[@GPU] ...
-# PART: core | i15 | i20 | i33 | i34 | i35 | i42 | i43 | i45 | i45b | i49 | te | moe-te | i30 (tests/gpu/run_acceptance.sh parts),
+# PART: core | i15 | i20 | i33 | i34 | i35 | i42 | i43 | i45 | i45b | i49 | i49te | te | moe-te | i30 (tests/gpu/run_acceptance.sh parts),
 # readme (`graphdoctor diff --json` with the defaults: the README's main job), te-removed (the TE GPU tests with
 # GRAPHDOCTOR_EXPECT_TE=1 where TE is not staged: passes only when they fail naming transformer_engine), mg-a | mg-b | mg-c | mg-te | mg-a+b (the parts of
 # tests/gpu/run_multi_gpu_acceptance.sh; they take every visible GPU), advise-core | advise-moe | advise-te
@@ -12,7 +12,7 @@
 # (tests/benchmarks/holders_cost.py at 24x1024 and 32x2048, or GD_HOLDERS_SIZES="24 1024 2,..." (layers width
 # repeats): issue 42's watch, alone on the GPU), cost (tests/benchmarks/diff_cost.py at GD_COST_SIZES, default
 # "default,0.54b": bare runs one after another and side by side, each diff, each first child against its bare twin).
-# te, moe-te, i30, i35, i43, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
+# te, moe-te, i30, i35, i43, i49te, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
 # the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
 set -u
@@ -37,11 +37,11 @@ start_part() {  # part, gpu
     local pin=()
     [ -n "$gpu" ] && pin=(env CUDA_VISIBLE_DEVICES="$gpu")
     case "$part" in  # Transformer Engine only where a part needs it (tests/gpu/te_env.sh installs it in /tmp/te-site)
-        te|moe-te|i30|i35|i43|advise-te|advise-moe|mg-te|mg-*+te*|mg-te+*)
+        te|moe-te|i30|i35|i43|i49te|advise-te|advise-moe|mg-te|mg-*+te*|mg-te+*)
             export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} GRAPHDOCTOR_EXPECT_TE=1 ;;
     esac
     case "$part" in
-        core|i15|i20|i33|i34|i35|i42|i43|i45|i45b|i49|te|moe-te|i30) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
+        core|i15|i20|i33|i34|i35|i42|i43|i45|i45b|i49|i49te|te|moe-te|i30) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
         readme) "${pin[@]}" timeout "$inner" graphdoctor diff --json "$dir/readme.json" > "$dir/readme.txt" 2>&1
                 echo "readme: exit $?" >> "$dir/summary.txt" ;;  # the README's main job, with the defaults
         te-removed) GRAPHDOCTOR_EXPECT_TE=1 "${pin[@]}" timeout "$inner" python -m pytest -q -p no:cacheprovider \

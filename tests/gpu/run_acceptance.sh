@@ -3,7 +3,7 @@
 # log written under $OUT as it goes (a call that hits its time limit still returns what finished).
 # Transformer Engine groups run only when it imports (stage it first: ../shared/device/README.md).
 #   source .whl/gpu-env.sh && [bash tests/gpu/te_env.sh && PYTHONPATH=/tmp/te-site:$PYTHONPATH] \
-#       bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|i33|te|moe-te|i30|i35|i43|i45|i45b|i49]
+#       bash tests/gpu/run_acceptance.sh [SECONDS] [all|core|i15|i20|i33|te|moe-te|i30|i35|i43|i45|i45b|i49|i49te]
 # (tests/gpu/device_call.sh does the TE path for the TE parts only.) Parts, one device call each (10-minute
 # limit): `core` (diff, forensics, probes, memory, count, launches, report: about 4 minutes), `i15` (MoE,
 # forward_step forms, diagnoses, clean-model probes, memory site, launch line), `i20` (evaluation,
@@ -17,7 +17,7 @@
 # MoE Megatron-Bridge recipe dump and a Megatron container YAML, `diff --fit --num-layers 2`, one after another), `i45`
 # (issue 45: six diffs at once and one after another, alone on the GPU: about 8 minutes on an H100), `i45b` (a GPU
 # whose memory another process holds, the plugin under pytest-xdist), `i49` (issue 49: every runtime rule's fixtures/rules/GD5xx_bad.py
-# and _good.py through check --probe or diff; TE rows run where TE imports, two-rank rows skip on one GPU). Run `core`
+# and _good.py through check --probe or diff; TE rows run where TE imports, two-rank rows skip on one GPU), `i49te` (its TE rows, GD511 and GD521, where TE imports). Run `core`
 # and `i15` where TE does not import: tests marked `without_te` skip where it does. `all` runs every part in one call.
 # Exit status: 0 when every group passed, 1 when any failed, timed out or was left out (named on the last line).
 set -u
@@ -92,9 +92,12 @@ if [ "$part" = moe-te ]; then  # issue 15's Transformer Engine rows: MoE router/
     run moe_te tests/gpu/test_moe_gpu.py tests/gpu/test_probes_clean_gpu.py -k "transformer_engine or [te-" &
 fi
 te_import=$(python -c "import transformer_engine.pytorch" 2>&1 | tail -1)
-if { [ "$part" = all ] || [ "$part" = te ]; } && [ -n "$te_import" ]; then
+if { [ "$part" = all ] || [ "$part" = te ] || [ "$part" = i49te ]; } && [ -n "$te_import" ]; then
     # Left out, never silently: a part that asked for TE where it does not import fails the script.
-    echo "te: left out: Transformer Engine does not import here ($te_import); stage it (tests/gpu/te_env.sh)" >> "$out/summary.txt"
+    echo "${part/all/te}: left out: Transformer Engine does not import here ($te_import); stage it (tests/gpu/te_env.sh)" >> "$out/summary.txt"
+fi
+if [ "$part" = i49te ] && [ -z "$te_import" ]; then  # issue 49's TE rows: GD511 and GD521's fixtures
+    run rule_fixtures_te tests/gpu/test_rule_fixtures_gpu.py -k "GD511 or GD521" &
 fi
 if { [ "$part" = all ] || [ "$part" = te ]; } && [ -z "$te_import" ]; then
     # TE alone last: its diffs are the slowest and share the GPU's timing turns with everything else.
