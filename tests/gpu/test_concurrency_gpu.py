@@ -83,6 +83,8 @@ def test_a_gpu_whose_memory_another_process_holds_is_environment_failed_after_on
     finally:
         hog.kill()
         hog.wait()
+        if hog.stdout is not None:
+            hog.stdout.close()
     said = proc.stdout + proc.stderr
     _keep("h200_environment_failed.txt", said)
     assert proc.returncode == 2, said
