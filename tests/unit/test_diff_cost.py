@@ -247,3 +247,37 @@ def test_the_cost_benchmark_pairs_each_first_child_with_its_bare_twin() -> None:
                                          (bare["startup_s"] + bare["setup_s"]), 3)
     broken = [{**bare, "returncode": 1}]
     assert bench.twins(broken, run["children"]) == []  # a failed bare process is no twin
+
+
+H100_COST = COST.with_name("h100_diff_cost.json")
+"""tests/benchmarks/diff_cost.py at the default size on an H100 (2026-12-06): the bare runs one after another and
+side by side, and each first child against its bare twin."""
+
+
+def test_the_h100_cost_columns_are_derived_again_from_its_recorded_runs() -> None:
+    """Every ratio and twin the benchmark printed on the H100 is what its own functions give on the processes it
+    recorded: the bare sum and slowest from the bare processes (each exited 0), the side-by-side wall from their
+    one shared run, each diff's three ratios, and each first child paired with its bare twin."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("diff_cost", COST.parents[3] / "tests/benchmarks/diff_cost.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    (row,) = json.loads(H100_COST.read_text())
+    assert row["size"] == "default" and row["bare_failed"] == [] and row["left_out"] == []
+    bare = row["bare"]
+    assert [b["impl"] for b in bare] == ["eager", *row["impls"]]
+    assert all(b["returncode"] == 0 for b in bare + row["bare_together"]["runs"])
+    assert row["bare_s"] == pytest.approx(sum(b["process_s"] for b in bare), abs=0.011)
+    assert row["bare_slowest_s"] == max(b["process_s"] for b in bare)
+    assert row["bare_together_s"] == row["bare_together"]["wall_s"]
+    assert row["bare_together_s"] < row["bare_s"]  # side by side beats one after another on one GPU
+    assert {d["flags"] for d in row["diffs"]} == {"defaults", "dropout0"}
+    for run in row["diffs"]:
+        assert run["exit_code"] == 0
+        for key, base in (("ratio", "bare_s"), ("ratio_together", "bare_together_s"), ("ratio_slowest", "bare_slowest_s")):
+            assert run[key] == round(run["process_s"] / row[base], 3), (run["flags"], key)
+        assert run["twins"] == bench.twins(bare, run["children"])
+        assert [t["impl"] for t in run["twins"]] == ["eager", *row["impls"]]
+        assert all(t["setup_ratio"] > 0 and t["train_ratio"] > 0 for t in run["twins"])
