@@ -31,6 +31,7 @@ def codes(out: str) -> dict[str, str]:
 
 
 def test_the_te_example_is_a_configuration_megatron_accepts() -> None:
+    """Smoke test by design: Megatron's TransformerConfig raises on a configuration it rejects."""
     import yaml
 
     with warnings.catch_warnings():
