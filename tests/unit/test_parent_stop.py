@@ -80,6 +80,12 @@ def _ours(token: str, but: int | None = None) -> list[str]:
     return found
 
 
+def _default_stop_signals() -> None:
+    """In the parent's process before exec: SIGTERM, SIGHUP and SIGINT as a terminal would deliver them."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, launched: bool, *, pool: bool = False) -> tuple[subprocess.Popen[bytes], str, list[str]]:
     """The parent, once its child's processes are all up: (parent, token, their `pid command`)."""
     token = f"gd-stop-{uuid.uuid4().hex}"
@@ -90,10 +96,10 @@ def _start(tmp_path: Path, launched: bool, *, pool: bool = False) -> tuple[subpr
     parent_script = tmp_path / "parent.py"
     parent_script.write_text(PARENT)
     how = "launched" if launched else "pool" if pool else "one"
-    # SIGINT at its default (a CI shell starts background jobs with it ignored, which the parent would keep)
+    # Every stop signal at its default: a CI shell starts background jobs with SIGINT ignored, and a suite run under
+    # nohup hands down SIGHUP ignored; the parent keeps an ignored signal ignored, as nohup asks.
     parent = subprocess.Popen([sys.executable, "-P", str(parent_script), str(child), str(ready), how],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_default_stop_signals)
     expected = ([Path(f"{ready}.w{i}.0") for i in range(2)] if pool else
                 [Path(f"{ready}.{r}") for r in range(2 if launched else 1)])
     deadline = time.monotonic() + 90
