@@ -197,7 +197,7 @@ class AdviseRun:
         eager = [ChildRequest(EAGER, cfg.dropout, Role.REFERENCE, self.session.workdir, taps=taps)]
         if cfg.dropout > 0 and to_run:
             eager.append(ChildRequest(EAGER, 0.0, Role.REFERENCE, self.session.workdir))
-        graphed = [runs[s.candidate.key].view.tag(runs[s.candidate.key].schedule.request(
+        graphed = [runs[s.candidate.key].view.tag(runs[s.candidate.key].request(
             s.candidate.impl, cfg.dropout, Role.GRAPHED, taps=taps)) for s in to_run]
         self.first = [*eager, *graphed]
         first = self.session.run_many(self.first)
@@ -299,7 +299,7 @@ class AdviseRun:
         reference = self.reference if self.config.dropout == 0.0 else self.control_reference()
         run = self.candidate_run(candidate, config)
         try:
-            graphed = run.view.run_request(run.schedule.request(candidate.impl, 0.0, Role.GRAPHED))
+            graphed = run.view.run_request(run.request(candidate.impl, 0.0, Role.GRAPHED))
             if is_not_run(graphed) or reference is None:
                 why = graphed.diagnosis.message if graphed.diagnosis else "not run: no eager reference at dropout 0"
                 return CandidateResult(candidate, NOT_RUN, reason=why, bisection=True)

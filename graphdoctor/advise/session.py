@@ -143,13 +143,13 @@ class SharedEager:
         """Held while the eager-noise run is made (candidates are judged several at a time)."""
 
 
-class CandidateRuns:
-    """diff's runs (graphdoctor.diff.decide.Runs) for one candidate: its own children on a ChildSchedule over
-    its view, the eager control reference and the eager-noise run shared with the other candidates."""
+class CandidateRuns(ChildSchedule):
+    """diff's runs (graphdoctor.diff.decide.Runs) for one candidate: a ChildSchedule over its view, whose eager
+    control reference and eager-noise run are shared with the other candidates."""
 
     def __init__(self, view: CandidateView, shared: SharedEager) -> None:
+        super().__init__(view)
         self.view = view
-        self.schedule = ChildSchedule(view)
         self.shared = shared
 
     def tree(self) -> VerdictTree:
@@ -160,45 +160,21 @@ class CandidateRuns:
         """The control reference another candidate made, if any; the one made here serves the next candidates."""
         if self.shared.control_reference is not None:
             return self.shared.control_reference
-        made = self.schedule.control_reference()
+        made = super().control_reference()
         if self.shared.control_reference is None:
             self.shared.control_reference = made
         return made
-
-    def control(self, impl: str) -> RunRecord:
-        """ChildSchedule.control."""
-        return self.schedule.control(impl)
-
-    def measure_requests(self, reference: RunRecord, graphed: RunRecord) -> list[ChildRequest]:
-        """ChildSchedule.measure_requests."""
-        return self.schedule.measure_requests(reference, graphed)
-
-    def saved(self, request: ChildRequest) -> RunRecord:
-        """ChildSchedule.saved."""
-        return self.schedule.saved(request)
-
-    def compared(self, request: ChildRequest) -> RunRecord:
-        """ChildSchedule.compared."""
-        return self.schedule.compared(request)
 
     def eager_again(self, dropout: float) -> RunRecord:
         """The eager-noise run, made once per advise run (per dropout) and reused afterwards."""
         with self.shared.lock:
             if dropout not in self.shared.noise:
-                self.shared.noise[dropout] = self.schedule.eager_again(dropout)
+                self.shared.noise[dropout] = super().eager_again(dropout)
             return self.shared.noise[dropout]
 
-    def tapped_pair(self, impl: str) -> tuple[RunRecord, RunRecord]:
-        """ChildSchedule.tapped_pair."""
-        return self.schedule.tapped_pair(impl)
-
-    def hunt(self, impl: str) -> RunRecord:
-        """ChildSchedule.hunt."""
-        return self.schedule.hunt(impl)
-
     def close(self) -> None:
-        """Remove this candidate's scratch directory (the shared session's workers outlive it)."""
-        shutil.rmtree(self.schedule.ref_dir, ignore_errors=True)
+        """Remove this candidate's scratch directory (the shared session and its workers outlive it)."""
+        shutil.rmtree(self.ref_dir, ignore_errors=True)
 
 
 __all__ = ["BUDGET_ERROR", "AdviseSession", "CandidateRequest", "CandidateRuns", "CandidateView", "SharedEager",
