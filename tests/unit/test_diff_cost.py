@@ -222,16 +222,22 @@ def test_a_refusal_beside_the_children_shuts_their_gate_and_ends_a_waiting_child
     assert not Path(f"{preflight.gate}.go").exists()
 
 
-def test_the_cost_benchmark_pairs_each_first_child_with_its_bare_twin() -> None:
-    """tests/benchmarks/diff_cost.py on the recorded H200 rows: each first child (eager reference, each graphed
-    run) is set against the bare process of its implementation, and transformer_engine, which the bare script
-    refuses, is left out of both sides."""
+def _benchmark() -> Any:
+    """tests/benchmarks/diff_cost.py as a module (it is a script, not a package member)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("diff_cost", COST.parents[3] / "tests/benchmarks/diff_cost.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_cost_benchmark_pairs_each_first_child_with_its_bare_twin() -> None:
+    """tests/benchmarks/diff_cost.py on the recorded H200 rows: each first child (eager reference, each graphed
+    run) is set against the bare process of its implementation, and transformer_engine, which the bare script
+    refuses, is left out of both sides."""
+    bench = _benchmark()
     assert bench.runnable_impls("local,full_iteration,transformer_engine") == (
         ["local", "full_iteration"], ["transformer_engine"])
     row = json.loads(COST.read_text())[1]
@@ -258,12 +264,7 @@ def test_the_h100_cost_columns_are_derived_again_from_its_recorded_runs() -> Non
     """Every ratio and twin the benchmark printed on the H100 is what its own functions give on the processes it
     recorded: the bare sum and slowest from the bare processes (each exited 0), the side-by-side wall from their
     one shared run, each diff's three ratios, and each first child paired with its bare twin."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("diff_cost", COST.parents[3] / "tests/benchmarks/diff_cost.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark()
     (row,) = json.loads(H100_COST.read_text())
     assert row["size"] == "default" and row["bare_failed"] == [] and row["left_out"] == []
     bare = row["bare"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from graphdoctor.parent.stopping import Stopped
+from graphdoctor.parent.stopping import STOP_SIGNALS, Stopped
 from graphdoctor.protocol.processes import PARENT_PID_ENV
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
@@ -81,8 +81,8 @@ def _ours(token: str, but: int | None = None) -> list[str]:
 
 
 def _default_stop_signals() -> None:
-    """In the parent's process before exec: SIGTERM, SIGHUP and SIGINT as a terminal would deliver them."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    """In the parent's process before exec: every stop signal as a terminal would deliver it."""
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
 
 
