@@ -312,6 +312,12 @@ class DiffConfig:
             if module not in CUDA_GRAPH_MODULES:
                 raise UsageError(f"cuda_graph_modules: got {module!r}, expected one of "
                                  f"{', '.join(CUDA_GRAPH_MODULES)}")
+        if self.cuda_graph_modules and not any(Impl(impl).per_module for impl in self.impls):
+            # Megatron's TransformerConfig refuses the pair: full_iteration graphs the whole step, not modules.
+            raise UsageError(f"cuda_graph_modules: got {', '.join(self.cuda_graph_modules)} with only "
+                             f"{', '.join(self.impls)}, which graphs the whole training step (Megatron requires "
+                             f"cuda_graph_modules empty with cuda_graph_impl full_iteration); expected an --impl of "
+                             f"local or transformer_engine beside it, or no --cuda-graph-modules")
         if not isinstance(self.graph_layers, (list, tuple)):
             raise UsageError(f"graph_layers: got {self.graph_layers!r}, expected a list of layer indices")
         self.graph_layers = tuple(self.graph_layers)

@@ -106,3 +106,21 @@ def test_the_child_never_lets_the_eager_reference_build_graphs(monkeypatch: pyte
     monkeypatch.setattr(diff_config, "RUN_OWNED_FIELDS", frozenset())
     with pytest.raises(UsageError, match="the eager reference would build CUDA graphs .*'full_iteration'"):
         transformer_config(config.replace(), "eager", 0.0)  # the model derived again without the guard
+
+
+def test_modules_with_only_full_iteration_are_refused_as_megatron_refuses_them(tmp_path: Path) -> None:
+    """`--impl full_iteration --cuda-graph-modules moe` graphs the whole step and would drop the modules without a
+    word; Megatron's TransformerConfig refuses the pair, and so does the diff (exit 2, one line). Beside local or
+    transformer_engine the modules apply to those and full_iteration runs whole."""
+    with pytest.raises(UsageError, match="cuda_graph_modules: got moe with only full_iteration"):
+        DiffConfig(impls=("full_iteration",), cuda_graph_modules=("moe",))
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    with pytest.raises(AssertionError, match="cuda_graph_modules must be empty"):
+        TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, cuda_graph_impl="full_iteration",
+                          cuda_graph_modules=["moe"])
+    mixed = DiffConfig(impls=("local", "full_iteration"), cuda_graph_modules=("mlp",))
+    assert _graphs(mixed, "local")[2] == ["mlp"] and _graphs(mixed, "full_iteration")[2] == []
+    result = CliRunner().invoke(main, ["diff", "--impl", "full_iteration", "--cuda-graph-modules", "moe"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "cuda_graph_modules: got moe" in result.output
