@@ -209,8 +209,10 @@ def placement_line(cfg: DiffConfig) -> str:
                                  ("distributed optimizer", cfg.use_distributed_optimizer)) if on]
     if cfg.ddp_bucket_size is not None:
         ddp.append(f"bucket {cfg.ddp_bucket_size}")
+    ep = f", EP {cfg.expert_model_parallel_size}" if cfg.expert_model_parallel_size > 1 else ""
     return (f"  {cfg.nproc_per_node} processes per run: TP {cfg.tensor_model_parallel_size}, PP "
-            f"{cfg.pipeline_model_parallel_size}, DP {data_parallel_size(cfg)}{', ' if ddp else ''}{', '.join(ddp)}; "
+            f"{cfg.pipeline_model_parallel_size}{ep}, DP {data_parallel_size(cfg)}{', ' if ddp else ''}"
+            f"{', '.join(ddp)}; "
             f"every rank compared (tensors named rank<r>:), memory and launch figures printed are rank 0's "
             f"(every rank's in --json: runs[].ranks)")
 

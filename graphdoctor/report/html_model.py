@@ -63,7 +63,8 @@ class RunInfo:
                             config.model_provider or config.layer_spec)
         tp = config.transformer.get("tensor_model_parallel_size", config.tensor_model_parallel_size)
         pp = config.transformer.get("pipeline_model_parallel_size", config.pipeline_model_parallel_size)
-        parallelism = f"world size {env.world_size if env else 1}, TP {tp}, PP {pp}"
+        ep = config.transformer.get("expert_model_parallel_size", config.expert_model_parallel_size)
+        parallelism = f"world size {env.world_size if env else 1}, TP {tp}, PP {pp}" + (f", EP {ep}" if ep > 1 else "")
         return cls(model, parallelism, str(config.dtype or "?"), float(config.dropout), config.steps,
                    config.cuda_graph_warmup_steps, _tolerance(float(config.rtol), float(config.atol)),
                    str(env.torch if env and env.torch else "?"),

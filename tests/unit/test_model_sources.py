@@ -186,10 +186,13 @@ def test_a_hybrid_line_without_mamba_ssm_is_unavailable_in_one_line() -> None:
 
 def test_expert_parallel_placements_are_refused_in_one_line() -> None:
     from graphdoctor.config import DiffConfig
+    from graphdoctor.report.diff import placement_line
 
     moe = {"num_moe_experts": 4, "moe_router_topk": 2}
     placed = DiffConfig(nproc_per_node=2, expert_model_parallel_size=2, transformer=moe)
     assert placed.expert_model_parallel_size == 2
+    assert placement_line(placed).startswith("  2 processes per run: TP 1, PP 1, EP 2, DP 2;")
+    assert "EP" not in placement_line(DiffConfig(nproc_per_node=2, transformer=moe))
     with pytest.raises(UsageError, match=r"expert_model_parallel_size 4 x expert_tensor_parallel_size 1 = 4 does not "
                                          r"divide the 2 ranks of a pipeline stage"):
         DiffConfig(nproc_per_node=2, expert_model_parallel_size=4, transformer=moe)
