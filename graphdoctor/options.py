@@ -126,7 +126,7 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            "returning the transformer layer ModuleSpec.", "SPEC", default_text="local"),
     Option("cuda-graph-modules", "cuda_graph_modules", str,
            "Comma-separated cuda_graph_modules for local and transformer_engine (attn, mlp, "
-           "moe_router, moe_preprocess, ...); empty: whole layer.", "LIST",
+           "moe_router, moe_preprocess, ...; refused where only full_iteration runs); empty: whole layer.", "LIST",
            default_text="whole layer"),
     Option("model-provider", "model_provider", str,
            "pkg.mod:fn(config, vocab_size=, max_sequence_length=, ...) returning the model.",
