@@ -183,7 +183,7 @@ class DiffRun:
         return DiffReport(config=cfg, results=tuple(results), reference=reference,
                           control_reference=self.tree.control_reference,
                           child_wall_s=self.session.child_wall_s, scratch_bytes=schedule.scratch_bytes,
-                          jobs=self.session.plan.reason)
+                          jobs=self.session.jobs_line)
 
     def prune(self, runnable: list[str], reference: RunRecord, graphed: dict[str, RunRecord]) -> None:
         """After the first runs: start the re-runs that measure each divergence, and cancel the speculative
@@ -215,7 +215,7 @@ class DiffRun:
             rows.append(with_static_findings(row, cfg))
         return DiffReport(config=cfg, results=tuple(rows), reference=reference,
                           control_reference=self.tree.control_reference, child_wall_s=self.session.child_wall_s,
-                          scratch_bytes=self.schedule.scratch_bytes, jobs=self.session.plan.reason,
+                          scratch_bytes=self.schedule.scratch_bytes, jobs=self.session.jobs_line,
                           stopped=signal_name)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import queue
 import shutil
 import tempfile
 import threading
@@ -25,7 +24,7 @@ from graphdoctor.config.entry_points import entry_point_modules
 from graphdoctor.errors import GraphDoctorError
 from graphdoctor.parent.environment import environment_cause, environment_failed
 from graphdoctor.parent.fold import record_from_events
-from graphdoctor.parent.gpus import JobPlan, cpu_slots
+from graphdoctor.parent.gpus import JobPlan, child_bytes, cpu_slots
 from graphdoctor.parent.launch import fold_launch, launch_env, multi_gpu_placement, run_launched, under_user_torchrun
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.resume import checkpoint_dir, clear_checkpoint, first_process, resumed_process, saves, stitched
@@ -39,6 +38,7 @@ from graphdoctor.parent.runner import (
     run_isolated,
     with_port_retries,
 )
+from graphdoctor.parent.sizing import ChildMemory, SlotPool, resize
 from graphdoctor.parent.slots import HostTurn, physical_gpus
 from graphdoctor.protocol.events import (
     read_events,
@@ -147,7 +147,7 @@ class MemoryGrant:
     graphdoctor.parent.slots), taken on a thread of its own while the child starts and imports, then given by
     opening the child's memory gate (graphdoctor.protocol.gate)."""
 
-    def __init__(self, slots: queue.Queue[str | None], gate: Path, host: HostTurn | None = None) -> None:
+    def __init__(self, slots: SlotPool, gate: Path, host: HostTurn | None = None) -> None:
         self.gate = gate
         self.granted = threading.Event()
         """Set once the slot is held and the gate open (the child's time limit counts from here)."""
@@ -237,15 +237,16 @@ class ChildSession:
         """Every child started, in order, with the request it serves (stopped_records reads them)."""
         self.finished: dict[str, RunRecord] = {}
         """The record of every child that ended (failing, timed out or stopped too), by name."""
-        self._slots: queue.Queue[str | None] = queue.Queue()
-        devices: list[str | None] = list(self.plan.gpus) or [None]
-        for i in range(max(self.plan.jobs, 1)):
-            self._slots.put(devices[i % len(devices)])
+        self._slots = SlotPool(list(self.plan.gpus) or [None], self.plan.jobs)
+        self.memory = ChildMemory(child_bytes(config), config.nproc_per_node)
+        """Each child's memory need: the first estimate, then what the children that ended measured."""
+        self.resized: str | None = None
+        """What the last measured figure made of the memory slots (the report's jobs line ends with it)."""
         self.gate: str | None = None
         """The gate every child started from now on waits at before its first step (graphdoctor.parent.preflight)."""
         self._pool: ThreadPoolExecutor | None = None
         self._cancels: dict[Future[RunRecord], threading.Event] = {}
-        self.starts = max(self.plan.jobs, cpu_slots()) if self.memory_gated else max(self.plan.jobs, 1)
+        self.starts = max(self.plan.most, cpu_slots()) if self.memory_gated else max(self.plan.jobs, 1)
         """Children alive at once: with memory gates, more than hold GPU memory (the others import meanwhile)."""
         self._starts = threading.Semaphore(self.starts)
         self.num_gates = 0
@@ -374,13 +375,23 @@ class ChildSession:
             self._slots.put(device)
 
     def host_turn(self, request: ChildRequest, device: str | None) -> HostTurn:
-        """The child's claim on the machine-wide budget of its GPUs (graphdoctor.parent.slots): its memory
-        estimate (its share of it per GPU for a multi-GPU child), told as the child it is."""
-        from graphdoctor.parent.gpus import child_bytes
+        """The child's claim on the machine-wide budget of its GPUs (graphdoctor.parent.slots): its memory need
+        per GPU (the estimate, or what the children that ended measured), told as the child it is."""
+        need = self.memory.need()
+        return HostTurn.on(physical_gpus(device), need.bytes, f"{request.impl} {request.describe()}", self.note,
+                           need.headroom)
 
-        nproc = max(1, self.config.nproc_per_node)
-        return HostTurn.on(physical_gpus(device), child_bytes(self.config) // nproc,
-                           f"{request.impl} {request.describe()}", self.note)
+    def measured(self, record: RunRecord) -> None:
+        """An ended child's memory figures: a raised need re-sizes a shared GPU's memory slots (sizing.resize)."""
+        need = self.memory.observe(record)
+        if need is not None and self.memory_gated and self.plan.total_bytes:
+            self.resized = resize(self._slots, need, self.plan, self.memory.measured_by)
+            self.note(f"children: {self.resized}")
+
+    @property
+    def jobs_line(self) -> str:
+        """The plan's reason, and what measurement made of it."""
+        return self.plan.reason + (f"; {self.resized}" if self.resized else "")
 
     def _run_gated(self, request: ChildRequest, cancel: threading.Event | None, attempt: int = 0) -> RunRecord:
         """run_request with a memory gate: the child starts once a process slot is free; its memory slot is
@@ -429,6 +440,7 @@ class ChildSession:
                     self._idle.notify_all()
             with self._lock:
                 self.finished[spec.name] = record
+            self.measured(record)
             if self.board is not None:
                 self.board.child_finished(spec.name, record.status, record.wall_s)
             return record
@@ -478,8 +490,8 @@ class ChildSession:
             self.board.note(text)
 
     def run_many(self, requests: list[ChildRequest]) -> list[RunRecord]:
-        """Run several independent requests, up to plan.jobs at a time; results in request order."""
-        if self.plan.jobs <= 1 or len(requests) <= 1:
+        """Run independent requests, plan.jobs at a time (more once memory is measured); results in request order."""
+        if self.plan.most <= 1 or len(requests) <= 1:
             return [self.run_request(r) for r in requests]
         return [future.result() for future in [self.submit(r) for r in requests]]
 

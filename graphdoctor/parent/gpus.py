@@ -70,6 +70,18 @@ class JobPlan:
     """Several children may use one GPU at a time (they then take turns for their timed steps)."""
     reason: str
     """One line: why this many at a time."""
+    ceiling: int = 0
+    """Most children at a time once a child's measured memory allows more than `jobs` (--jobs, else what the
+    CPUs drive: graphdoctor.parent.sizing); 0: `jobs` stays."""
+    total_bytes: int = 0
+    """The shared GPU's memory (0: unknown or not shared)."""
+    used_bytes: int = 0
+    """What other processes used of it when the plan was made."""
+
+    @property
+    def most(self) -> int:
+        """The most children this plan may ever run at once."""
+        return max(self.jobs, self.ceiling)
 
 
 def _smi_rows(*args: str) -> list[tuple[str, ...]] | None:
@@ -164,12 +176,14 @@ def num_parameters(config: DiffConfig) -> int:
     return 2 * config.vocab_size * h + positions + layers * (attention + feed_forward) + norm
 
 
-def child_bytes(config: DiffConfig) -> int:
-    """A generous estimate of one child's peak GPU memory: weights, fp32 main_grads, Adam state (and fp32 master
-    weights in bf16/fp16), activations twice over (graph pools keep a copy), a context. On the H200 (bf16) the
-    processes held up to 32 GiB at 0.54 B (8 x 2048, seq 2048, mbs 2; estimate 26 GiB) and 47-60 GiB at 1.08 B
-    (4 x 4096, seq 4096; estimate 45 GiB), so MEMORY_HEADROOM stays: five 0.54 B children at once ran out of memory."""
-    params = num_parameters(config)
+def child_bytes(config: DiffConfig, parameters: int | None = None) -> int:
+    """A generous first estimate of one child's peak GPU memory, before any child measured it
+    (graphdoctor.parent.sizing): weights, fp32 main_grads, Adam state (and fp32 master weights in bf16/fp16),
+    activations twice over (graph pools keep a copy), a context. `parameters`: the count the skeleton built
+    (graphdoctor.parent.skeleton), else num_parameters. On the H200 (bf16) the processes held up to 32 GiB at
+    0.54 B (8 x 2048, seq 2048, mbs 2; estimate 26 GiB) and 47-60 GiB at 1.08 B (4 x 4096, seq 4096; estimate
+    45 GiB), so MEMORY_HEADROOM stays: five 0.54 B children at once ran out of memory."""
+    params = num_parameters(config) if parameters is None else parameters
     per_param = 16 if config.dtype == "fp32" else 18
     width = 4 if config.dtype == "fp32" else 2
     s, b, h = config.seq_length, config.micro_batch_size, config.hidden_size
@@ -178,8 +192,10 @@ def child_bytes(config: DiffConfig) -> int:
     return params * per_param + 2 * activations * config.num_microbatches + CONTEXT_BYTES
 
 
-def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None) -> JobPlan:
-    """How many children of this diff run at once (config.jobs: 0 decides, N asks for N).
+def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None, *, parameters: int | None = None) -> JobPlan:
+    """How many children of this diff run at once (config.jobs: 0 decides, N asks for N and is the ceiling). On one
+    GPU the first estimate (child_bytes, of `parameters` where the skeleton counted them) sizes the first children;
+    the session re-sizes from the first measured child, up to the ceiling (graphdoctor.parent.sizing).
 
     Raises:
         UsageError: a multi-GPU child needs more GPUs than are visible.
@@ -195,7 +211,7 @@ def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None) -> JobPlan:
         jobs = config.jobs or len(gpus)
         return JobPlan(jobs, tuple(g.device_id for g in gpus), jobs > len(gpus),
                        f"{jobs} children at a time over {len(gpus)} GPUs")
-    need = child_bytes(config)
+    need = child_bytes(config, parameters)
     if not gpus or not gpus[0].total_bytes:
         if config.jobs:
             return JobPlan(config.jobs, (), True, f"{config.jobs} children at a time (--jobs; GPU memory unknown)")
@@ -203,12 +219,15 @@ def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None) -> JobPlan:
     gpu = gpus[0]
     free = int(gpu.total_bytes * MEMORY_HEADROOM) - gpu.used_bytes
     fits = max(1, free // need) if need else 1
-    jobs = min(config.jobs or cpu_slots(), fits)
+    ceiling = config.jobs or cpu_slots()
+    jobs = min(ceiling, fits)
+    sizes = dict(ceiling=ceiling, total_bytes=gpu.total_bytes, used_bytes=gpu.used_bytes)
     if jobs == 1:
-        return JobPlan(1, (), False, f"children run in series: one needs about {need / 2**30:.0f} GiB of "
-                                     f"the GPU's {free / 2**30:.0f} GiB free")
+        return JobPlan(1, (gpu.device_id,), True, f"one child at a time until one has measured its memory: the "
+                       f"estimate is about {need / 2**30:.0f} GiB of the GPU's {free / 2**30:.0f} GiB free", **sizes)
     return JobPlan(jobs, (gpu.device_id,), True, f"{jobs} children at a time on one GPU (about "
-                                                 f"{need / 2**30:.0f} GiB each of {free / 2**30:.0f} GiB free)")
+                                                 f"{need / 2**30:.0f} GiB each of {free / 2**30:.0f} GiB free)",
+                   **sizes)
 
 
 def plan_multi_gpu(config: DiffConfig, gpus: list[Gpu]) -> JobPlan:

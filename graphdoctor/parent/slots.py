@@ -206,8 +206,10 @@ class HostSlots:
                 os.close(fd)
         return found
 
-    def try_take(self, need_bytes: int, what: str) -> Slot | Busy:
-        """A slot for a child that needs `need_bytes` of GPU memory, or why there is none now."""
+    def try_take(self, need_bytes: int, what: str, headroom: float = MEMORY_HEADROOM) -> Slot | Busy:
+        """A slot for a child that needs `need_bytes` of GPU memory, or why there is none now (beside other holders,
+        the need must fit in `headroom` of the GPU's total: MEMORY_HEADROOM for an estimate, more for a measured
+        figure, graphdoctor.parent.sizing)."""
         free: tuple[int, int] | None = None
         held: list[Holder] = []
         for index in range(self.limit):
@@ -228,7 +230,7 @@ class HostSlots:
         if memory is not None:
             total, used = memory
             reserved = sum(h.bytes for h in held)
-            if total and max(used, reserved) + need_bytes > total * MEMORY_HEADROOM:
+            if total and max(used, reserved) + need_bytes > total * headroom:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
                 return Busy(tuple(held), memory=True)
@@ -239,12 +241,13 @@ class HostSlots:
         return Slot(self.device, index, fd)
 
     def take(self, need_bytes: int, what: str, *, cancelled: Callable[[], bool] = lambda: False,
-             waiting: Callable[[str], None] | None = None, poll_s: float = POLL_S) -> Slot | None:
+             waiting: Callable[[str], None] | None = None, poll_s: float = POLL_S,
+             headroom: float = MEMORY_HEADROOM) -> Slot | None:
         """Wait for a slot (try_take, every `poll_s`), telling `waiting` why whenever that changes; None when
         `cancelled()` turns true first."""
         said = ""
         while True:
-            got = self.try_take(need_bytes, what)
+            got = self.try_take(need_bytes, what, headroom)
             if isinstance(got, Slot):
                 return got
             if cancelled():
@@ -266,27 +269,29 @@ class HostTurn:
         need_bytes: the child's memory estimate on each of them.
         what: the child, as its slot file names it.
         waiting: told why the child waits, whenever that changes.
+        headroom: share of each GPU's memory the holders may plan to use (HostSlots.try_take).
     """
 
     def __init__(self, hosts: list[HostSlots], need_bytes: int, what: str,
-                 waiting: Callable[[str], None] | None = None) -> None:
+                 waiting: Callable[[str], None] | None = None, headroom: float = MEMORY_HEADROOM) -> None:
         self._hosts = sorted(hosts, key=lambda h: h.device)
-        self._need, self._what, self._waiting = need_bytes, what, waiting
+        self._need, self._what, self._waiting, self._headroom = need_bytes, what, waiting, headroom
         self._taken: list[Slot] = []
 
     @classmethod
     def on(cls, devices: list[str], need_bytes: int, what: str,
-           waiting: Callable[[str], None] | None = None) -> HostTurn:
+           waiting: Callable[[str], None] | None = None, headroom: float = MEMORY_HEADROOM) -> HostTurn:
         """The claim on these GPUs (nvidia-smi names), their memory read by nvidia-smi."""
         from graphdoctor.parent.gpus import gpu_memory
 
         return cls([HostSlots(d, memory=functools.partial(gpu_memory, d)) for d in devices], need_bytes, what,
-                   waiting)
+                   waiting, headroom)
 
     def take(self, cancelled: Callable[[], bool] = lambda: False) -> bool:
         """Wait for a slot on each GPU; False (nothing held) when `cancelled()` turns true first."""
         for host in self._hosts:
-            slot = host.take(self._need, self._what, cancelled=cancelled, waiting=self._waiting)
+            slot = host.take(self._need, self._what, cancelled=cancelled, waiting=self._waiting,
+                             headroom=self._headroom)
             if slot is None:
                 self.release()
                 return False

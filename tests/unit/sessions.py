@@ -35,6 +35,10 @@ class DeferredSession:
 
     gate: str | None = None
 
+    @property
+    def jobs_line(self) -> str:
+        return self.plan.reason  # type: ignore[attr-defined, no-any-return]
+
     def submit(self, request: Any) -> Deferred:
         return Deferred(self.run_request, request)  # type: ignore[attr-defined]
 

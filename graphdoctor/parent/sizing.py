@@ -1,0 +1,174 @@
+"""How much GPU memory one child of a session needs, from measurement: a first estimate before any child ran
+(graphdoctor.parent.gpus.child_bytes: the parameters, with optimizer state and activations bounded from the config),
+then the figure the children that ended measured (their allocator's peak, graph pools included, plus the memory a
+process holds outside the allocator), with a margin. The session sizes its memory slots from it
+(graphdoctor.parent.children.SlotPool)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+from graphdoctor.parent.gpus import MEMORY_HEADROOM, JobPlan
+from graphdoctor.protocol.record import RunRecord
+
+OUTSIDE_ALLOCATOR_BYTES = 2 << 30
+"""What a child's process holds on the GPU outside torch's caching allocator: the CUDA context with its loaded
+kernels, NCCL's and cuBLAS's own buffers. The allocator's figures cannot see it; nvidia-smi counts it."""
+
+MEASURED_MARGIN = 1.10
+"""Over the largest measured child: the children of one diff differ (a graphed child's pools, a tapped child's
+saved tensors, the eager reference's smaller peak) and the allocator may fragment differently beside others."""
+
+MEASURED_HEADROOM = 0.95
+"""Share of a GPU's memory that children sized from a measured figure may plan to use (the margin above stands
+for what the estimate's MEMORY_HEADROOM stood for)."""
+
+
+def measured_bytes(record: RunRecord) -> int | None:
+    """The GPU memory one ended child needed, by its own figures: the largest of its reserved bytes while its
+    graphs were alive, the allocator's peak reserved, and its peak allocated plus its graph pools' reserved bytes
+    (the pools hold memory the peak allocated may not show), plus OUTSIDE_ALLOCATOR_BYTES; None where the child
+    reported no memory figures (it failed before its end event)."""
+    figures: list[int] = []
+    if record.end_reserved_bytes:
+        figures.append(int(record.end_reserved_bytes))
+    pools = 0
+    if record.memory is not None:
+        if record.memory.stats.peak_reserved_bytes:
+            figures.append(record.memory.stats.peak_reserved_bytes)
+        if record.memory.report is not None:
+            pools = sum(p.reserved_bytes for p in record.memory.report.graph_pools)
+    if record.peak_allocated_bytes:
+        figures.append(int(record.peak_allocated_bytes) + pools)
+    if not figures:
+        return None
+    return max(figures) + OUTSIDE_ALLOCATOR_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """One child's memory need as the session plans it now."""
+
+    bytes: int
+    """Per child (per GPU it uses)."""
+    measured: bool
+    """From an ended child's figures (MEASURED_MARGIN included); False: the first estimate."""
+    headroom: float
+    """Share of the GPU's memory children sized from this figure may plan to use."""
+
+    def fits(self, total_bytes: int, used_bytes: int, ceiling: int) -> int:
+        """Children that fit beside `used_bytes` (other processes) in `headroom` of a GPU of `total_bytes`: at
+        least 1, at most `ceiling`."""
+        room = int(total_bytes * self.headroom) - used_bytes
+        return max(1, min(ceiling, room // self.bytes if self.bytes > 0 else ceiling))
+
+
+class ChildMemory:
+    """A session's need per child: the first estimate until a child ends with memory figures, then the largest
+    measured figure so far times MEASURED_MARGIN (thread-safe; children end on the session's worker threads).
+
+    Args:
+        estimate: the first estimate (graphdoctor.parent.gpus.child_bytes).
+        num_processes: processes of each child (its need is shared out over their GPUs).
+    """
+
+    def __init__(self, estimate: int, num_processes: int = 1) -> None:
+        self._lock = threading.Lock()
+        self._estimate = int(estimate)
+        self._nproc = max(1, num_processes)
+        self._largest: int | None = None
+        """The largest measured figure so far, per GPU (margin not included)."""
+        self.measured_by: str | None = None
+        """The child whose figure sizes the session now (None: the estimate still does)."""
+
+    @property
+    def estimate(self) -> int:
+        """The first estimate, per child."""
+        return self._estimate
+
+    def need(self) -> Need:
+        """Per child and per GPU: the measured figure with its margin, else the estimate."""
+        with self._lock:
+            if self._largest is None:
+                return Need(bytes=self._estimate // self._nproc, measured=False, headroom=MEMORY_HEADROOM)
+            return Need(bytes=int(self._largest * MEASURED_MARGIN), measured=True, headroom=MEASURED_HEADROOM)
+
+    def observe(self, record: RunRecord) -> Need | None:
+        """Take an ended child's figures; the new need where they raised the session's measured figure (or gave
+        its first), else None. A multi-GPU child's figures are its rank 0's: already per GPU."""
+        found = measured_bytes(record)
+        if found is None:
+            return None
+        with self._lock:
+            if self._largest is not None and found <= self._largest:
+                return None
+            self._largest = found
+            self.measured_by = record.name or record.impl
+        return self.need()
+
+
+class SlotPool:
+    """A session's memory slots: one device entry (None: the child's default device) per child that may hold GPU
+    memory at once, taken while a child runs and given back after; resize() grows or shrinks the pool as the need is
+    measured (a slot in use when the pool shrinks is dropped when it comes back).
+
+    Args:
+        devices: the GPUs the entries are spread over, round-robin ([None]: the default device).
+        size: entries at first (at least 1).
+    """
+
+    def __init__(self, devices: list[str | None], size: int) -> None:
+        self._devices = devices or [None]
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._size = 0
+        self._surplus = 0
+        """Entries to drop as they come back (the pool shrank while they were in use)."""
+        self.resize(size)
+
+    @property
+    def size(self) -> int:
+        """Children that may hold GPU memory at once now."""
+        with self._lock:
+            return self._size
+
+    def get(self) -> str | None:
+        """Wait for a free entry and take it."""
+        return self._queue.get()
+
+    def put(self, device: str | None) -> None:
+        """Give an entry back (dropped while the pool is larger than its size)."""
+        with self._lock:
+            if self._surplus:
+                self._surplus -= 1
+                return
+        self._queue.put(device)
+
+    def resize(self, size: int) -> None:
+        """Hold `size` entries from now on (at least 1)."""
+        size = max(1, size)
+        with self._lock:
+            for index in range(self._size, size):
+                if self._surplus:
+                    self._surplus -= 1
+                else:
+                    self._queue.put(self._devices[index % len(self._devices)])
+            for _ in range(size, self._size):
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    self._surplus += 1
+            self._size = size
+
+
+def resize(pool: SlotPool, need: Need, plan: JobPlan, measured_by: str | None) -> str:
+    """Size a shared GPU's pool for `need`, up to the plan's ceiling; the line that says so."""
+    jobs = need.fits(plan.total_bytes, plan.used_bytes, plan.most)
+    pool.resize(jobs)
+    return f"{jobs} at a time once {measured_by} measured about {need.bytes / 2**30:.1f} GiB per child"
+
+
+__all__ = ["MEASURED_HEADROOM", "MEASURED_MARGIN", "OUTSIDE_ALLOCATOR_BYTES", "ChildMemory", "Need", "SlotPool",
+           "measured_bytes", "resize"]

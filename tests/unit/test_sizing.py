@@ -1,0 +1,142 @@
+"""Concurrency from measured memory (graphdoctor/parent/sizing.py): the first estimate sizes the first children, an
+ended child's own figures re-size the rest, with the figures of a recorded H200 diff of a full-width 2-layer
+Llama-3 8B launch line (seq 8192, bf16): its estimate ran the children in series, its children measured 44-46 GiB."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.parent.children import ChildRequest, ChildSession
+from graphdoctor.parent.gpus import MEMORY_HEADROOM, Gpu, child_bytes, plan_jobs
+from graphdoctor.parent.sizing import (
+    MEASURED_HEADROOM,
+    MEASURED_MARGIN,
+    OUTSIDE_ALLOCATOR_BYTES,
+    ChildMemory,
+    SlotPool,
+    measured_bytes,
+)
+from graphdoctor.parent.slots import RUNTIME_ENV, Busy, HostSlots, Slot
+from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.spec import Role
+
+REPO = Path(__file__).resolve().parents[2]
+LLAMA = REPO / "fixtures" / "data" / "diff" / "h200_llama3_8b_line_schema2.json"
+GIB = 1 << 30
+H200 = Gpu(device_id="0", total_bytes=143771 << 20, used_bytes=4 << 20)
+"""An idle H200 as nvidia-smi reports it (memory.total 143771 MiB)."""
+
+
+@pytest.fixture(scope="module")
+def llama() -> dict:
+    return json.loads(LLAMA.read_text(encoding="utf-8"))
+
+
+def _records(report: dict) -> tuple[RunRecord, RunRecord]:
+    """The eager reference and the transformer_engine child of the recorded diff."""
+    return RunRecord.from_dict(report["reference"]), RunRecord.from_dict(report["impls"][0]["runs"][0])
+
+
+def test_a_childs_figures_are_its_largest_reserved_or_peak_plus_graph_pools(llama: dict) -> None:
+    eager, graphed = _records(llama)
+    # eager: reserved 45566918656 (= its peak reserved), peak allocated 39933444096, no graph pools
+    assert measured_bytes(eager) == 45566918656 + OUTSIDE_ALLOCATOR_BYTES
+    # transformer_engine: reserved 46217035776, but peak allocated 39933444096 plus its pool's 7639924736 is more
+    assert measured_bytes(graphed) == 39933444096 + 7639924736 + OUTSIDE_ALLOCATOR_BYTES
+
+
+def test_a_child_without_memory_figures_measures_nothing() -> None:
+    assert measured_bytes(RunRecord(impl="local", dropout=0.0, status="error")) is None
+
+
+def test_the_largest_measured_figure_with_its_margin_replaces_the_estimate(llama: dict) -> None:
+    eager, graphed = _records(llama)
+    memory = ChildMemory(100 * GIB)
+    assert (memory.need().bytes, memory.need().measured, memory.need().headroom) == (100 * GIB, False,
+                                                                                      MEMORY_HEADROOM)
+    first = memory.observe(eager)
+    assert first is not None and first.measured and first.headroom == MEASURED_HEADROOM
+    assert first.bytes == int(measured_bytes(eager) * MEASURED_MARGIN)  # type: ignore[operator]
+    larger = memory.observe(graphed)
+    assert larger is not None and larger.bytes == int(measured_bytes(graphed) * MEASURED_MARGIN)  # type: ignore[operator]
+    assert memory.observe(eager) is None  # a smaller figure changes nothing
+    assert memory.measured_by == graphed.name or graphed.impl
+
+
+def test_a_multi_gpu_childs_estimate_is_shared_out_but_its_rank_figures_are_per_gpu(llama: dict) -> None:
+    eager, _ = _records(llama)
+    memory = ChildMemory(100 * GIB, num_processes=2)
+    assert memory.need().bytes == 50 * GIB
+    measured = memory.observe(eager)
+    assert measured is not None and measured.bytes == int(measured_bytes(eager) * MEASURED_MARGIN)  # type: ignore[operator]
+
+
+def test_the_recorded_llama_diff_ran_in_series_and_its_measured_children_fit_two_at_a_time(llama: dict) -> None:
+    config = DiffConfig.from_dict(llama["config"])
+    assert llama["jobs"].startswith("children run in series: one needs about 117 GiB")
+    plan = plan_jobs(config.replace(jobs=4), [H200])
+    assert (plan.jobs, plan.gpus, plan.shared, plan.most) == (1, ("0",), True, 4)
+    assert plan.reason.startswith("one child at a time until one has measured its memory: the estimate is about "
+                                  f"{child_bytes(config) / GIB:.0f} GiB")
+    memory = ChildMemory(child_bytes(config))
+    assert memory.need().fits(plan.total_bytes, plan.used_bytes, plan.most) == 1
+    _, graphed = _records(llama)
+    need = memory.observe(graphed)
+    assert need is not None and need.fits(plan.total_bytes, plan.used_bytes, plan.most) == 2
+    assert need.fits(plan.total_bytes, plan.used_bytes, 1) == 1  # --jobs stays the ceiling
+
+
+def test_jobs_one_still_runs_in_series_without_re_sizing() -> None:
+    plan = plan_jobs(DiffConfig(jobs=1), [H200])
+    assert (plan.jobs, plan.shared, plan.most) == (1, False, 1)
+
+
+def test_the_pool_grows_at_once_and_shrinks_as_slots_in_use_come_back() -> None:
+    pool = SlotPool(["0"], 1)
+    first = pool.get()
+    pool.resize(3)
+    assert pool.size == 3 and [pool.get(), pool.get()] == ["0", "0"]
+    pool.resize(1)  # all three in use: each one that comes back is dropped until one is left
+    pool.put(first)
+    pool.put("0")
+    assert pool._queue.qsize() == 0
+    pool.put("0")
+    assert pool._queue.qsize() == 1 and pool.size == 1
+
+
+def test_a_session_re_sizes_its_memory_slots_from_the_first_measured_child(llama: dict, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "runtime"))
+    config = DiffConfig.from_dict(llama["config"]).replace(jobs=4)
+    session = ChildSession(config, tmp_path, plan=plan_jobs(config, [H200]))
+    assert session.memory_gated and session._slots.size == 1 and session.starts >= 4
+    _, graphed = _records(llama)
+    session.measured(graphed)
+    assert session._slots.size == 2
+    assert session.jobs_line.endswith(f"; 2 at a time once {graphed.name or graphed.impl} measured about "
+                                      f"{int(measured_bytes(graphed) * MEASURED_MARGIN) / GIB:.1f} GiB per child")  # type: ignore[operator]
+    turn = session.host_turn(ChildRequest(impl="local", dropout=0.0, role=Role.GRAPHED, ref_dir=tmp_path), "0")
+    assert (turn._need, turn._headroom) == (session.memory.need().bytes, MEASURED_HEADROOM)
+    assert turn._need < child_bytes(config)
+
+
+def test_an_ungated_session_keeps_its_plan(llama: dict, tmp_path: Path) -> None:
+    session = ChildSession(DiffConfig(), tmp_path)
+    _, graphed = _records(llama)
+    session.measured(graphed)
+    assert session._slots.size == 1 and session.resized is None
+
+
+def test_a_measured_need_may_use_more_of_the_gpu_beside_other_holders(tmp_path: Path) -> None:
+    slots = HostSlots("0", memory=lambda: (H200.total_bytes, 0), root=tmp_path, limit=4)
+    need = 55 * GIB
+    first = slots.try_take(need, "eager reference")
+    assert isinstance(first, Slot)
+    assert isinstance(slots.try_take(need, "local graphed", MEMORY_HEADROOM), Slot)  # 110 GiB < 0.85 of 140
+    assert isinstance(slots.try_take(need, "local tapped", MEMORY_HEADROOM), Busy)
+    second = slots.try_take(10 * GIB, "full_iteration graphed", MEASURED_HEADROOM)  # 120 GiB < 0.95 of 140
+    assert isinstance(second, Slot)
