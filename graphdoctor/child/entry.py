@@ -20,6 +20,7 @@ from typing import Any
 
 from graphdoctor.protocol.events import Error, EventWriter, Phase, RunEnv, Started, Taps, Teardown
 from graphdoctor.protocol.processes import spawned_at
+from graphdoctor.protocol.seconds import StageClock
 from graphdoctor.protocol.spec import ChildSpec
 
 EXIT_OK = 0
@@ -101,6 +102,10 @@ class ChildRun:
     """perf_counter() when the last step finished (teardown times count from it)."""
     setup: Any = None
     """The MegatronSetup once built (teardown releases its graphs)."""
+    entered_at: float = 0.0
+    """time.time() when run() began (the interpreter's start-up ends there)."""
+    clock: StageClock | None = None
+    """The seconds of each start-up and set-up stage (the end event carries them)."""
 
     def train(self, state: Any) -> None:
         """Everything from the model build to the end event."""
@@ -111,25 +116,32 @@ class ChildRun:
         from graphdoctor.child.observers import make_observers
 
         waited_s = 0.0
+        clock = self.clock = self.clock or StageClock()
+        preload()
+        spawned = spawned_at()
+        if self.entered_at:
+            clock.add("imports", time.time() - self.entered_at)
+            if spawned is not None:
+                clock.add("interpreter", self.entered_at - spawned)
         if self.spec.memory_gate:
             from graphdoctor.protocol.gate import wait_at_gate
 
-            preload()
             waited_s += wait_at_gate(self.spec.memory_gate, self.spec.config.timeout_s)
         started = time.perf_counter()
-        spawned = spawned_at()
         startup_s = max(0.0, time.time() - spawned - waited_s) if spawned is not None else 0.0
         if self.spec.config.deterministic:
             deterministic_algorithms()
-        setup = self.setup = build_setup(self.spec)
+        setup = self.setup = build_setup(self.spec, clock)
         if self.spec.resumed:
             from graphdoctor.child.checkpoint import resume_run
 
             resume_run(self.spec, setup, state, self.events.emit)
         self.names.update({id(m): strip_wrappers(n) for n, m in setup.model.named_modules()})
-        observers = make_observers(self.spec, setup.model, self.names, setup=setup)
+        with clock.stage("observers"):
+            observers = make_observers(self.spec, setup.model, self.names, setup=setup)
         observers_at, attach_s = time.perf_counter(), sum(o.seconds for o in observers)
-        taps = self._install_taps(setup)
+        with clock.stage("taps"):
+            taps = self._install_taps(setup)
         if self.spec.gate:
             from graphdoctor.protocol.gate import wait_at_gate
 
@@ -154,7 +166,8 @@ class ChildRun:
                                     setup_s=observers_at - started - attach_s, waited_s=waited_s,
                                     startup_s=startup_s, observers=seconds,
                                     hooks={o.name: o.hooks_s for o in observers},
-                                    watched={o.name: o.watched for o in observers if o.watched}))
+                                    watched={o.name: o.watched for o in observers if o.watched},
+                                    stages=dict(clock.seconds)))
 
     def _install_taps(self, setup: Any) -> Any:
         if not self.spec.taps:
@@ -217,8 +230,8 @@ PRELOADED: tuple[str, ...] = (
     "megatron.core.process_groups_config", "graphdoctor.config.build",
     "graphdoctor.child.megatron_setup", "graphdoctor.child.observers", "graphdoctor.child.taps",
 )
-"""What a child imports before it waits at its memory gate: the seconds of Megatron's imports are spent while
-other children hold the GPU memory (graphdoctor.parent.children)."""
+"""What a child imports before its set-up (the `imports` stage), and so before it waits at its memory gate: the
+seconds of Megatron's imports are spent while other children hold the GPU memory (graphdoctor.parent.children)."""
 
 
 def preload() -> None:
@@ -243,7 +256,7 @@ def _close_taps(taps: Any) -> Any:
 
 def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float, startup_s: float,
                observers: dict[str, float], waited_s: float, hooks: dict[str, float],
-               watched: dict[str, dict[str, int]]) -> Any:
+               watched: dict[str, dict[str, int]], stages: dict[str, float]) -> Any:
     """Peak and reserved while the graphs (and their pools) are alive; allocated once they are not."""
     import torch
 
@@ -254,7 +267,7 @@ def _end_event(setup: Any, *, train_s: float, compare_s: float, setup_s: float, 
     reserved = int(torch.cuda.memory_reserved())
     delete_te_graphs(setup.te_helper)
     return End(train_s=train_s, compare_s=compare_s, setup_s=setup_s, startup_s=startup_s, observers=observers,
-               hooks=hooks, watched=watched,
+               hooks=hooks, watched=watched, stages=stages,
                waited_s=waited_s,
                peak_allocated_bytes=peak,
                end_reserved_bytes=reserved, end_allocated_bytes=int(torch.cuda.memory_allocated()))
@@ -270,6 +283,7 @@ def _align(spec: ChildSpec) -> Callable[[], None]:
 
 def run(spec_path: str) -> int:
     """Run one child; always leaves an `end` or `error` event behind (unless killed)."""
+    entered_at = time.time()
     from graphdoctor.child.distributed import die_with_launcher, rank_spec
 
     with open(spec_path, encoding="utf-8") as fh:
@@ -294,7 +308,7 @@ def run(spec_path: str) -> int:
 
     events.emit(Started(env=run_env(spec)))
     events.emit(Phase(phase="setup"))
-    child = ChildRun(spec=spec, events=events, names={})
+    child = ChildRun(spec=spec, events=events, names={}, entered_at=entered_at)
     state = LoopState()
     try:
         child.train(state)

@@ -27,6 +27,7 @@ from graphdoctor.config.description import ModelDescription
 from graphdoctor.config.entry_points import resolve_entry_point
 from graphdoctor.config.impl import Impl
 from graphdoctor.errors import MissingDependencyError
+from graphdoctor.protocol.seconds import StageClock
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Placement
 
 
@@ -268,50 +269,64 @@ def require_transformer_engine(model: ModelDescription, impl: str) -> None:
             raise MissingDependencyError(f"transformer_engine is not importable ({why})")
 
 
-def build_setup(spec: ChildSpec) -> Setup:
-    """Everything up to the first step, in Megatron-LM's order."""
+def build_setup(spec: ChildSpec, clock: StageClock | None = None) -> Setup:
+    """Everything up to the first step, in Megatron-LM's order; `clock` times each stage (STAGE_NAMES)."""
     from megatron.core.full_cuda_graph import FullCudaGraphWrapper
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    stage = (clock or StageClock()).stage
     config, impl = spec.config, spec.impl
-    model_description = spec.model if spec.model is not None else child_model(config, impl, spec.dropout)
-    require_transformer_engine(model_description, impl)
-    init_distributed(spec.placement, config)
-    if impl == Impl.TRANSFORMER_ENGINE:
-        # Megatron-LM's initialize.py:288 leaves the legacy default stream for this impl; on it,
-        # TE's backward capture fails with cudaErrorStreamCaptureImplicit (AccumulateGrad work on
-        # the blocking legacy stream meets the capturing stream).
-        torch.cuda.set_stream(torch.cuda.Stream())
-    seed_everything(config.seed, impl, model_description.te_rng_tracker)
-    if impl == Impl.TRANSFORMER_ENGINE:
-        init_microbatches(config, spec.placement)
-    tconfig = build.described_transformer_config(model_description, impl)
-    model = build_model(config, model_description, tconfig)
-    if impl == Impl.LOCAL:
-        restrict_graph_layers(config, model)
-    model = rank_setup.sync_hooks(tconfig, wrap_ddp(impl, tconfig, model, config), config)
-    optimizer = build_optimizer(config.dtype, tconfig, model, distributed=config.use_distributed_optimizer,
-                                loss_scale=config.loss_scale)
-    forward_backward = get_forward_backward_func()
-    if impl == Impl.FULL_ITERATION:
-        forward_backward = FullCudaGraphWrapper(
-            forward_backward, cuda_graph_warmup_steps=tconfig.cuda_graph_warmup_steps)
-    te_helper = None
-    if impl == Impl.TRANSFORMER_ENGINE:
-        from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
-
-        # Built after model and optimizer, as Megatron-LM's trainer does (training.py:3714-3721).
-        te_helper = TECudaGraphHelper(
-            model=[model], config=tconfig, seq_length=config.seq_length,
-            micro_batch_size=config.micro_batch_size, optimizers=[optimizer])
-        restrict_graph_layers(config, model, te_helper)
-    forward_step = default_forward_step
-    if config.forward_step:
-        forward_step = resolve_entry_point(config.forward_step, "forward_step")
-    forward_step = checked_forward_step(forward_step, forward_step_name(config.forward_step))
+    with stage("megatron_args"):
+        model_description = spec.model if spec.model is not None else child_model(config, impl, spec.dropout)
+        require_transformer_engine(model_description, impl)
+    with stage("distributed"):
+        init_distributed(spec.placement, config)
+        if impl == Impl.TRANSFORMER_ENGINE:
+            # Megatron-LM's initialize.py:288 leaves the legacy default stream for this impl; on it,
+            # TE's backward capture fails with cudaErrorStreamCaptureImplicit (AccumulateGrad work on
+            # the blocking legacy stream meets the capturing stream).
+            torch.cuda.set_stream(torch.cuda.Stream())
+        seed_everything(config.seed, impl, model_description.te_rng_tracker)
+        if impl == Impl.TRANSFORMER_ENGINE:
+            init_microbatches(config, spec.placement)
+    with stage("megatron_args"):
+        tconfig = build.described_transformer_config(model_description, impl)
+    with stage("model"):
+        model = build_model(config, model_description, tconfig)
+        if impl == Impl.LOCAL:
+            restrict_graph_layers(config, model)
+    with stage("ddp"):
+        model = rank_setup.sync_hooks(tconfig, wrap_ddp(impl, tconfig, model, config), config)
+    with stage("optimizer"):
+        optimizer = build_optimizer(config.dtype, tconfig, model, distributed=config.use_distributed_optimizer,
+                                    loss_scale=config.loss_scale)
+    with stage("graphs"):
+        forward_backward, te_helper = _graph_wrappers(config, impl, tconfig, model, optimizer,
+                                                      get_forward_backward_func(), FullCudaGraphWrapper)
+        forward_step = default_forward_step
+        if config.forward_step:
+            forward_step = resolve_entry_point(config.forward_step, "forward_step")
+        forward_step = checked_forward_step(forward_step, forward_step_name(config.forward_step))
     return Setup(model=model, optimizer=optimizer, config=tconfig,
                  forward_backward=forward_backward, forward_step=forward_step,
                  te_helper=te_helper)
+
+
+def _graph_wrappers(config: DiffConfig, impl: str, tconfig: Any, model: Any, optimizer: Any,
+                    forward_backward: Callable[..., Any], wrapper: Any) -> tuple[Callable[..., Any], Any]:
+    """(forward_backward, TECudaGraphHelper or None): wrapped by FullCudaGraphWrapper for full_iteration; the
+    helper built after model and optimizer for transformer_engine, as Megatron-LM's trainer does
+    (training.py:3714-3721)."""
+    if impl == Impl.FULL_ITERATION:
+        return wrapper(forward_backward, cuda_graph_warmup_steps=tconfig.cuda_graph_warmup_steps), None
+    if impl != Impl.TRANSFORMER_ENGINE:
+        return forward_backward, None
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+    te_helper = TECudaGraphHelper(model=[model], config=tconfig, seq_length=config.seq_length,
+                                  micro_batch_size=config.micro_batch_size, optimizers=[optimizer])
+    restrict_graph_layers(config, model, te_helper)
+    return forward_backward, te_helper
 
 
 def decoder_layers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:

@@ -72,7 +72,7 @@ def child_seconds(end: End | None, teardown: tuple[RankExit, ...], ended: Proces
                         observers=dict(end.observers), hooks=dict(end.hooks), watched=dict(end.watched),
                         compare_s=end.compare_s,
                         teardown_s=max((t.teardown_s for t in teardown), default=0.0),
-                        started_at=ended.started_at, ended_at=ended.ended_at)
+                        started_at=ended.started_at, ended_at=ended.ended_at, stages=dict(end.stages))
 
 
 def _outcome(spec: ChildSpec, logs: dict[int, EventLog], end: End | None, error: Error | None,

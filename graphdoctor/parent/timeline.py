@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.seconds import STAGE_NAMES
 
 
 def process_started_at() -> float:
@@ -125,12 +126,27 @@ def observer_costs(runs: Iterable[RunRecord]) -> list[ObserverCost]:
     return sorted(costs, key=lambda c: -c.mean_s)
 
 
+def stage_costs(runs: Iterable[RunRecord]) -> dict[str, float]:
+    """Each start-up and set-up stage's mean seconds over the children that timed it, in STAGE_NAMES order (a
+    stage this version does not name last)."""
+    spent: dict[str, list[float]] = {}
+    for run in runs:
+        for name, seconds in (run.seconds.stages if run.seconds is not None else {}).items():
+            spent.setdefault(name, []).append(seconds)
+    order = [*STAGE_NAMES, *sorted(set(spent) - set(STAGE_NAMES))]
+    return {name: sum(spent[name]) / len(spent[name]) for name in order if name in spent}
+
+
 def cost_line(timeline: Timeline | None, runs: list[RunRecord], jobs: str) -> str:
-    """One line: children and how they ran, the parent's own seconds, what each observer cost a child."""
+    """One line: children and how they ran, the parent's own seconds, where a child's start-up and set-up went,
+    what each observer cost a child."""
     parts = [f"{len(runs)} children ({jobs})" if jobs else f"{len(runs)} children"]
     if timeline is not None and timeline.before_first_child_s is not None:
         parts.append(f"parent {timeline.before_first_child_s:.1f} s before the first, "
                      f"{timeline.after_last_child_s or 0.0:.1f} s after the last")
+    stages = {name: s for name, s in stage_costs(runs).items() if s >= 0.05}
+    if stages:
+        parts.append("start-up and set-up per child: " + ", ".join(f"{n} {s:.1f} s" for n, s in stages.items()))
     costs = [c for c in observer_costs(runs) if c.mean_s >= 0.05]
     if costs:
         parts.append("observers per child: " + ", ".join(
@@ -138,5 +154,6 @@ def cost_line(timeline: Timeline | None, runs: list[RunRecord], jobs: str) -> st
     return "cost: " + "; ".join(parts)
 
 
-__all__ = ["ObserverCost", "Timeline", "cost_line", "observer_costs", "process_started_at", "timeline_of",
+__all__ = ["ObserverCost", "Timeline", "cost_line", "observer_costs", "process_started_at", "stage_costs",
+           "timeline_of",
            "unique_runs"]

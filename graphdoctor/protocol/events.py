@@ -235,6 +235,8 @@ class End:
     """Reserved bytes while the graphs were alive."""
     end_allocated_bytes: int | None = None
     """Allocated bytes after the graphs were released."""
+    stages: dict[str, float] = field(default_factory=dict)
+    """Seconds of each start-up and set-up stage (graphdoctor.protocol.seconds.STAGE_NAMES)."""
 
 
 @dataclass(frozen=True, slots=True)

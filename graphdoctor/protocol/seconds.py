@@ -3,11 +3,43 @@ its process started and ended (the diff's timeline: docs/diff.md, "What a diff c
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 OBSERVER_NAMES: tuple[str, ...] = ("memory", "launches", "phases", "none_mask", "witness", "holders")
 """The observers a child can attach (graphdoctor.child.observers), as the seconds name them."""
+
+STAGE_NAMES: tuple[str, ...] = ("interpreter", "imports", "megatron_args", "distributed", "model", "ddp", "optimizer",
+                                "graphs", "observers", "taps")
+"""A child's start-up and set-up stages, in order, as the seconds name them: `interpreter` (spawn to the child's
+entry), `imports` (torch and Megatron, the memory gate's wait taken out), `megatron_args` (the child's model
+description and Megatron's TransformerConfig), `distributed` (process group, model-parallel groups, seeds),
+`model` (Megatron's builder, weights initialised, moved to the GPU), `ddp` (Megatron DDP), `optimizer`
+(get_megatron_optimizer), `graphs` (FullCudaGraphWrapper or TECudaGraphHelper, the forward step), `observers`
+(attached) and `taps` (installed)."""
+
+
+class StageClock:
+    """Seconds of each named stage of a child's set-up (STAGE_NAMES), added up when a stage runs twice."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        """Count `seconds` to stage `name`."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + max(0.0, seconds)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the block as stage `name` (counted even when it raises)."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - began)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +72,8 @@ class ChildSeconds:
     """time.time() when the parent started the process (0.0: unknown)."""
     ended_at: float = 0.0
     """time.time() when the parent saw it exit."""
+    stages: dict[str, float] = field(default_factory=dict)
+    """Of start-up and set-up, the seconds of each stage (STAGE_NAMES) the child timed."""
 
     @property
     def observers_s(self) -> float:
@@ -52,7 +86,8 @@ class ChildSeconds:
                 "train_s": self.train_s,
                 "observers": dict(self.observers), "observers_s": self.observers_s, "hooks": dict(self.hooks),
                 "watched": {k: dict(v) for k, v in self.watched.items()}, "compare_s": self.compare_s,
-                "teardown_s": self.teardown_s, "started_at": self.started_at, "ended_at": self.ended_at}
+                "teardown_s": self.teardown_s, "started_at": self.started_at, "ended_at": self.ended_at,
+                "stages": dict(self.stages)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChildSeconds:
@@ -66,7 +101,8 @@ class ChildSeconds:
                    watched={str(k): {str(n): int(c) for n, c in (v or {}).items()}
                             for k, v in (data.get("watched") or {}).items()},
                    compare_s=float(data.get("compare_s", 0.0)), teardown_s=float(data.get("teardown_s", 0.0)),
-                   started_at=float(data.get("started_at", 0.0)), ended_at=float(data.get("ended_at", 0.0)))
+                   started_at=float(data.get("started_at", 0.0)), ended_at=float(data.get("ended_at", 0.0)),
+                   stages={str(k): float(v) for k, v in (data.get("stages") or {}).items()})
 
     def plus(self, other: ChildSeconds) -> ChildSeconds:
         """Two processes of one run (a checkpoint's first process and the resumed one), added; the timeline
@@ -80,7 +116,9 @@ class ChildSeconds:
             hooks={n: self.hooks.get(n, 0.0) + other.hooks.get(n, 0.0) for n in sorted({*self.hooks, *other.hooks})},
             watched={**self.watched, **other.watched},
             compare_s=self.compare_s + other.compare_s, teardown_s=self.teardown_s + other.teardown_s,
-            started_at=self.started_at or other.started_at, ended_at=other.ended_at or self.ended_at)
+            started_at=self.started_at or other.started_at, ended_at=other.ended_at or self.ended_at,
+            stages={n: self.stages.get(n, 0.0) + other.stages.get(n, 0.0)
+                    for n in dict.fromkeys([*self.stages, *other.stages])})
 
 
-__all__ = ["OBSERVER_NAMES", "ChildSeconds"]
+__all__ = ["OBSERVER_NAMES", "STAGE_NAMES", "ChildSeconds", "StageClock"]
