@@ -132,6 +132,8 @@ class ChildRun:
         if self.spec.config.deterministic:
             deterministic_algorithms()
         setup = self.setup = build_setup(self.spec, clock)
+        if setup.weights is not None:
+            self.events.emit(setup.weights)
         if self.spec.resumed:
             from graphdoctor.child.checkpoint import resume_run
 

@@ -53,6 +53,9 @@ class Setup:
     te_helper: Any = None
     """TECudaGraphHelper for transformer_engine (None otherwise)."""
 
+    weights: Any = None
+    """The Weights event of a gpu_init run (graphdoctor.child.weights); None with CPU initialisation."""
+
 
 def init_distributed(place: Placement, config: DiffConfig | None = None) -> None:
     """Process group (NCCL) and model-parallel groups, from the child's placement and the run's expert-parallel
@@ -292,7 +295,9 @@ def build_setup(spec: ChildSpec, clock: StageClock | None = None) -> Setup:
     with stage("megatron_args"):
         tconfig = build.described_transformer_config(model_description, impl)
     with stage("model"):
+        recorder = _gpu_init(config, tconfig)
         model = build_model(config, model_description, tconfig)
+        weights = None if recorder is None else reseed(model, recorder, config.seed)
         if impl == Impl.LOCAL:
             restrict_graph_layers(config, model)
     with stage("ddp"):
@@ -309,7 +314,31 @@ def build_setup(spec: ChildSpec, clock: StageClock | None = None) -> Setup:
         forward_step = checked_forward_step(forward_step, forward_step_name(config.forward_step))
     return Setup(model=model, optimizer=optimizer, config=tconfig,
                  forward_backward=forward_backward, forward_step=forward_step,
-                 te_helper=te_helper)
+                 te_helper=te_helper, weights=weights)
+
+
+def _gpu_init(config: DiffConfig, tconfig: Any) -> Any:
+    """With gpu_init: the model is built on the GPU (use_cpu_initialization off) with its init methods recorded
+    (graphdoctor.child.weights.InitRecorder); None otherwise, or for FP8 primary weights, which TE initialises on
+    the GPU already (graphdoctor.config.fp8.FP8_WEIGHTS_ON_GPU) inside its own quantized tensors."""
+    if not config.gpu_init or getattr(tconfig, "fp8_param", False):
+        return None
+    from graphdoctor.child.weights import InitRecorder
+
+    tconfig.use_cpu_initialization = False
+    recorder = InitRecorder()
+    recorder.install(tconfig)
+    return recorder
+
+
+def reseed(model: torch.nn.Module, recorder: Any, seed: int) -> Any:
+    """The recorded tensors filled again from their own seeds, before DDP moves the parameters into its buffers;
+    the Weights event of what was done and the weights' digest."""
+    from graphdoctor.child.weights import model_ranks, seeded_initialisation, weights_digest
+    from graphdoctor.protocol.events import Weights
+
+    done = seeded_initialisation(model, recorder, seed, model_ranks())
+    return Weights(digest=weights_digest(model), num_seeded=done.num_tensors, unseeded=done.unseeded)
 
 
 def _graph_wrappers(config: DiffConfig, impl: str, tconfig: Any, model: Any, optimizer: Any,

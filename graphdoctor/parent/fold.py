@@ -25,6 +25,7 @@ from graphdoctor.protocol.events import (
     Step,
     Taps,
     Tensors,
+    Weights,
 )
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.seconds import ChildSeconds
@@ -60,6 +61,7 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
         end_allocated_bytes=end.end_allocated_bytes if end else None, teardown=teardown,
         checkpoints=tuple(log.of(Checkpoint)), seconds=child_seconds(end, teardown, ended),
         fp8_layouts=tuple(e.names for e in sorted(log.of(Fp8Layout), key=lambda e: e.index)),
+        weights=log.first(Weights),
     )
 
 

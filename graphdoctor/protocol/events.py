@@ -251,6 +251,19 @@ class Phase:
 
 
 @dataclass(frozen=True, slots=True)
+class Weights:
+    """The weights a gpu_init child built (graphdoctor.child.weights): equal digests, equal weights."""
+
+    kind: ClassVar[str] = "weights"
+    digest: str
+    """A bitwise digest of every parameter after initialisation, in name order."""
+    num_seeded: int = 0
+    """Tensors filled again from their own seed."""
+    unseeded: tuple[str, ...] = ()
+    """Parameters that no recorded init method filled and that are not constant (may differ between children)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """The run's Megatron distributed checkpoint was saved (after `iteration` training steps) or
     loaded by the resumed process (--save-at, --resume)."""
@@ -283,10 +296,10 @@ class Teardown:
 
 
 Event = (Started | Tensors | Step | Eval | Capture | Memory | Launches | Taps | Hazard | Error | End | Phase
-         | Teardown | Checkpoint | Fp8Layout)
+         | Teardown | Checkpoint | Fp8Layout | Weights)
 EVENT_TYPES: dict[str, type[Any]] = {
     cls.kind: cls for cls in (Started, Tensors, Step, Eval, Capture, Memory, Launches, Taps, Hazard, Error, End,
-                              Phase, Teardown, Checkpoint, Fp8Layout)
+                              Phase, Teardown, Checkpoint, Fp8Layout, Weights)
 }
 
 
@@ -337,6 +350,8 @@ def decode(line: str) -> Event:
             data["frames"] = tuple((str(f), int(n), str(fn)) for f, n, fn in data.get("frames", ()))
         if cls in (Tensors, Fp8Layout):
             data["names"] = tuple(str(n) for n in data["names"])
+        if cls is Weights:
+            data["unseeded"] = tuple(str(n) for n in data.get("unseeded", ()))
         if cls is Hazard:
             return Hazard.from_dict(data)
         event: Event = cls(**data)
@@ -417,6 +432,7 @@ __all__ = [
     "Taps",
     "Teardown",
     "Tensors",
+    "Weights",
     "decode",
     "encode",
     "read_events",

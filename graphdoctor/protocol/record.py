@@ -11,7 +11,7 @@ from typing import Any
 
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
-from graphdoctor.protocol.events import Checkpoint, Hazard, RunEnv
+from graphdoctor.protocol.events import Checkpoint, Hazard, RunEnv, Weights
 from graphdoctor.protocol.seconds import ChildSeconds
 from graphdoctor.protocol.spec import impl_name
 from graphdoctor.protocol.steps import StepRecord
@@ -107,6 +107,8 @@ class RunRecord:
     fp8_layouts: tuple[tuple[str, ...], ...] = ()
     """The FP8 state tensors (`module:what`) of each FP8 layout the run's steps fingerprinted, by layout index
     (StepPrints.fp8_layout); empty without FP8 state."""
+    weights: Weights | None = None
+    """The weights a gpu_init child built: their digest and what was seeded (None: CPU initialisation)."""
     ranks: tuple[RunRecord, ...] = ()
     """A multi-GPU run's records of every rank, in rank order (empty for one process). This record is
     then their fold (graphdoctor.parent.ranks): rank 0's figures, the deciding rank's status, every
@@ -139,6 +141,9 @@ class RunRecord:
             **{key: getattr(self, key) for key in END_MEMORY_FIELDS},
             "seconds": self.seconds.to_dict() if self.seconds else None,
             "fp8_layouts": [list(names) for names in self.fp8_layouts],
+            "weights": None if self.weights is None else {"digest": self.weights.digest,
+                                                          "num_seeded": self.weights.num_seeded,
+                                                          "unseeded": list(self.weights.unseeded)},
             "ranks": [r.to_dict() for r in self.ranks],
         }
 
@@ -170,8 +175,16 @@ class RunRecord:
                                          seconds=float(c["seconds"])) for c in data.get("checkpoints", ())),
             seconds=ChildSeconds.from_dict(data["seconds"]) if isinstance(data.get("seconds"), dict) else None,
             fp8_layouts=tuple(tuple(str(n) for n in names) for names in data.get("fp8_layouts", ())),
+            weights=_weights(data.get("weights")),
             ranks=tuple(cls.from_dict(r) for r in data.get("ranks", ())),
         )
+
+
+def _weights(data: Any) -> Weights | None:
+    if not isinstance(data, dict):
+        return None
+    return Weights(digest=str(data.get("digest", "")), num_seeded=int(data.get("num_seeded", 0)),
+                   unseeded=tuple(str(n) for n in data.get("unseeded", ())))
 
 
 __all__ = ["END_MEMORY_FIELDS", "ENVIRONMENT_FAILED", "RunRecord"]

@@ -43,7 +43,10 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 """The sizes of issue 32 (h200-findings.md section 7), as flags both sides take."""
 
-FLAG_SETS: dict[str, list[str]] = {"defaults": [], "dropout0": ["--dropout", "0"]}
+GPU_INIT = str(Path(__file__).resolve().parents[2] / "fixtures" / "runfiles" / "gpu_init.yaml")
+FLAG_SETS: dict[str, list[str]] = {"defaults": [], "dropout0": ["--dropout", "0"],
+                                   "gpu_init": ["--config", GPU_INIT],
+                                   "gpu_init_dropout0": ["--config", GPU_INIT, "--dropout", "0"]}
 
 TIMEOUT_S = 900.0
 
