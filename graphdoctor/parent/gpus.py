@@ -224,10 +224,20 @@ def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None, *, parameters: 
     sizes = dict(ceiling=ceiling, total_bytes=gpu.total_bytes, used_bytes=gpu.used_bytes)
     if jobs == 1:
         return JobPlan(1, (gpu.device_id,), True, f"one child at a time until one has measured its memory: the "
-                       f"estimate is about {need / 2**30:.0f} GiB of the GPU's {free / 2**30:.0f} GiB free", **sizes)
+                       f"estimate is about {need / 2**30:.0f} GiB of {_room(gpu, free)}", **sizes)
     return JobPlan(jobs, (gpu.device_id,), True, f"{jobs} children at a time on one GPU (about "
                                                  f"{need / 2**30:.0f} GiB each of {free / 2**30:.0f} GiB free)",
                    **sizes)
+
+
+def _room(gpu: Gpu, free: int) -> str:
+    """The memory children may plan to use on `gpu` (`free`: within MEMORY_HEADROOM), in words. Where other
+    processes hold more than the headroom leaves, it says what they hold rather than a negative figure."""
+    if free > 0:
+        return f"the GPU's {free / 2**30:.0f} GiB free"
+    left = max(0, gpu.total_bytes - gpu.used_bytes)
+    return (f"the GPU's {left / 2**30:.1f} GiB free: other processes hold {gpu.used_bytes / 2**30:.1f} GiB of "
+            f"{gpu.total_bytes / 2**30:.1f} GiB")
 
 
 def plan_multi_gpu(config: DiffConfig, gpus: list[Gpu]) -> JobPlan:

@@ -140,3 +140,14 @@ def test_a_measured_need_may_use_more_of_the_gpu_beside_other_holders(tmp_path: 
     assert isinstance(slots.try_take(need, "local tapped", MEMORY_HEADROOM), Busy)
     second = slots.try_take(10 * GIB, "full_iteration graphed", MEASURED_HEADROOM)  # 120 GiB < 0.95 of 140
     assert isinstance(second, Slot)
+
+
+def test_a_gpu_other_processes_fill_is_said_as_what_they_hold_not_a_negative_free() -> None:
+    """A GPU whose memory another process holds beyond the headroom (the H100 environment test: 77.7 of 79.6 GiB)
+    plans one child at a time and says what is free and what others hold, never a negative figure."""
+    hogged = Gpu(device_id="0", total_bytes=81559 << 20, used_bytes=79565 << 20)
+    plan = plan_jobs(DiffConfig(hidden_size=4096, num_attention_heads=32, vocab_size=128256, seq_length=4096),
+                     [hogged])
+    assert plan.jobs == 1
+    assert "-" not in plan.reason.split("GiB of", 1)[1], plan.reason
+    assert "1.9 GiB free: other processes hold 77.7 GiB of 79.6 GiB" in plan.reason, plan.reason
