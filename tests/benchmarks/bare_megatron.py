@@ -10,6 +10,14 @@ synthetic batches (graphdoctor/child/batches.py) with the same step (graphdoctor
 children of `graphdoctor diff --impl local,full_iteration` can be set against it: startup_s (imports), setup_s,
 train_s, step_ms, peak memory, losses. Nothing here imports graphdoctor; where a value is one of graphdoctor's
 defaults, the comment names it.
+
+`--megatron-args LINE` takes Megatron-LM flags of the model, as `graphdoctor diff --megatron-args` does, for what
+diff's own flags cannot say (GQA, SwiGLU, RMSNorm, RoPE, MoE): the child then builds the model Megatron-LM's parser
+describes (graphdoctor/config/from_megatron.py), and this script builds the same by hand: the TransformerConfig
+fields megatron/training/argument_utils.py core_transformer_config_from_args sets for the flags LINE_FLAGS reads
+(megatron_lm_fields), the GPTModelConfig the line gives (vocabulary padded, embeddings tied unless untied, the
+position embedding). It reads only those flags and refuses any other, so no setting of a line is left out here.
+transformer_config() and gpt_model() need no GPU (tests/unit/test_bare_sizes.py builds both on the CPU).
 """
 
 import time
@@ -25,6 +33,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
+import shlex  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
@@ -43,12 +52,16 @@ from megatron.core.distributed import (  # noqa: E402
 )
 from megatron.core.full_cuda_graph import FullCudaGraphWrapper, get_shared_capture_stream  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
+from megatron.core.models.gpt.gpt_layer_specs import (  # noqa: E402
+    get_gpt_decoder_block_spec,
+    get_gpt_layer_local_spec,
+)
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed  # noqa: E402
 from megatron.core.transformer.module import Float16Module  # noqa: E402
+from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 MEGATRON_IMPL = {"eager": "none", "local": "local", "full_iteration": "full_iteration"}
@@ -56,28 +69,105 @@ MEGATRON_IMPL = {"eager": "none", "local": "local", "full_iteration": "full_iter
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The run's settings; every default is graphdoctor's DiffConfig default (graphdoctor/config/diff_config.py)."""
+    """The run's settings; every default is graphdoctor's DiffConfig default (graphdoctor/config/diff_config.py), and
+    with --megatron-args what diff takes from the line where its own flags do not say (Megatron-LM's defaults)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--impl", choices=tuple(MEGATRON_IMPL), default="eager", help="eager: cuda_graph_impl none")
     p.add_argument("--num-layers", type=int, default=4, help="transformer layers")
     p.add_argument("--hidden-size", type=int, default=256, help="hidden size")
     p.add_argument("--num-attention-heads", type=int, default=8, help="attention heads")
-    p.add_argument("--ffn-hidden-size", type=int, default=None, help="None: 4 x hidden size")
+    p.add_argument("--ffn-hidden-size", type=int, default=None,
+                   help="None: the line's, else 4 x hidden size (Megatron-LM's SwiGLU rule with --swiglu)")
     p.add_argument("--seq-length", type=int, default=128, help="tokens per sequence")
     p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per micro-batch")
     p.add_argument("--num-microbatches", type=int, default=1, help="micro-batches per step")
-    p.add_argument("--vocab-size", type=int, default=1024, help="vocabulary (not padded)")
+    p.add_argument("--vocab-size", type=int, default=1024, help="vocabulary (padded only with --megatron-args)")
     p.add_argument("--steps", type=int, default=8, help="training steps")
     p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: Float16Module")
     p.add_argument("--seed", type=int, default=1234, help="model init, RNG tracker and batches")
-    p.add_argument("--cuda-graph-warmup-steps", type=int, default=2, help="eager steps before capture")
+    p.add_argument("--cuda-graph-warmup-steps", type=int, default=None,
+                   help="eager steps before capture; None: 2 (DiffConfig's), 3 with --megatron-args (Megatron-LM's)")
+    p.add_argument("--megatron-args", metavar="LINE", default=None,
+                   help="Megatron-LM model flags, as diff's --megatron-args (only those LINE_FLAGS reads)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the measurements here as one JSON object")
-    args = p.parse_args(argv)
+    args = p.parse_args(_line_joined(argv))
+    args.line = None if args.megatron_args is None else parse_line(args.megatron_args, p)
+    line = args.line
+    if args.ffn_hidden_size is None:  # diff's flags sit over the line, the line over Megatron-LM's defaults
+        args.ffn_hidden_size = line.ffn_hidden_size if line is not None else None
     if args.ffn_hidden_size is None:
-        args.ffn_hidden_size = 4 * args.hidden_size
+        # Megatron-LM's validate_args: SwiGLU keeps the parameters of a 4 x hidden MLP, rounded down to 64
+        swiglu = line is not None and line.swiglu
+        args.ffn_hidden_size = int(4 * args.hidden_size * 2 / 3 / 64) * 64 if swiglu else 4 * args.hidden_size
+    if args.cuda_graph_warmup_steps is None:
+        args.cuda_graph_warmup_steps = 2 if line is None else line.cuda_graph_warmup_steps
     return args
+
+
+def _line_joined(argv: list[str]) -> list[str]:
+    """`--megatron-args LINE` as `--megatron-args=LINE`: argparse reads a value that starts with `--` and has no
+    space (a line of one flag) as a flag of its own."""
+    out: list[str] = []
+    rest = iter(argv)
+    for arg in rest:
+        out.append(f"{arg}={next(rest, '')}" if arg == "--megatron-args" else arg)
+    return out
+
+
+LINE_FLAGS: tuple[str, ...] = (
+    "--group-query-attention", "--num-query-groups", "--ffn-hidden-size", "--swiglu", "--normalization",
+    "--position-embedding-type", "--rotary-base", "--max-position-embeddings", "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear", "--transformer-impl", "--no-masked-softmax-fusion", "--no-rope-fusion",
+    "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--cuda-graph-warmup-steps", "--num-experts",
+    "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-router-load-balancing-type",
+    "--moe-aux-loss-coeff", "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
+)
+"""The Megatron-LM flags --megatron-args may hold here (line_parser: their Megatron-LM defaults)."""
+
+
+def line_parser() -> argparse.ArgumentParser:
+    """LINE_FLAGS with Megatron-LM's spellings, types and defaults (megatron/training/arguments.py); any other flag
+    is refused, since this script would build without it what diff's child builds with it."""
+    p = argparse.ArgumentParser(prog="--megatron-args", add_help=False, allow_abbrev=False)
+    p.add_argument("--group-query-attention", action="store_true")
+    p.add_argument("--num-query-groups", type=int, default=1)
+    p.add_argument("--ffn-hidden-size", type=int, default=None)
+    p.add_argument("--swiglu", action="store_true")
+    p.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
+    p.add_argument("--position-embedding-type", choices=("learned_absolute", "rope"), default="learned_absolute")
+    p.add_argument("--rotary-base", type=int, default=10000)
+    # Megatron-LM asks for it; GPTModelBuilder sizes the model from seq_length, so it changes nothing built here
+    p.add_argument("--max-position-embeddings", type=int, default=None)
+    p.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    p.add_argument("--disable-bias-linear", action="store_true")
+    p.add_argument("--transformer-impl", choices=("local", "transformer_engine"), default="transformer_engine")
+    p.add_argument("--no-masked-softmax-fusion", dest="masked_softmax_fusion", action="store_false")
+    p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
+    p.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion", action="store_false")
+    p.add_argument("--no-persist-layer-norm", dest="persist_layer_norm", action="store_false")
+    p.add_argument("--cuda-graph-warmup-steps", type=int, default=3)
+    p.add_argument("--num-experts", type=int, default=None)
+    p.add_argument("--moe-router-topk", type=int, default=2)
+    p.add_argument("--moe-ffn-hidden-size", type=int, default=None)
+    p.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall"), default="allgather")
+    p.add_argument("--moe-router-load-balancing-type", choices=("aux_loss", "seq_aux_loss", "none"),
+                   default="aux_loss")
+    p.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    p.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
+    return p
+
+
+def parse_line(text: str, outer: argparse.ArgumentParser) -> argparse.Namespace:
+    """The flags of one --megatron-args LINE (split as a shell splits it); `outer` reports a refusal (exit 2)."""
+    line, unknown = line_parser().parse_known_args(shlex.split(text))
+    if unknown:
+        outer.error(f"--megatron-args: {' '.join(unknown)}: not a flag this script reads (LINE_FLAGS)")
+    if line.transformer_impl != "local":
+        outer.error("--megatron-args: this script builds Megatron's local layers; add --transformer-impl local")
+    return line
 
 
 def params_dtype(dtype: str) -> torch.dtype:
@@ -85,10 +175,11 @@ def params_dtype(dtype: str) -> torch.dtype:
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
-    """The TransformerConfig of a default diff child: DiffConfig._builtin_model's fields with the child's graph_fields
-    (graphdoctor/config/diff_config.py, builtin.py); every other field is Megatron's default."""
+    """The TransformerConfig of a diff child: DiffConfig._builtin_model's fields with the child's graph_fields
+    (graphdoctor/config/diff_config.py, builtin.py), every other field Megatron's default; with --megatron-args the
+    fields Megatron-LM's parser gives the line over them (megatron_lm_fields). Needs no GPU."""
     precision: dict[str, Any] = {"bf16": True} if args.dtype == "bf16" else {}  # builtin.DTYPE_FIELDS
-    return TransformerConfig(
+    fields: dict[str, Any] = dict(
         num_layers=args.num_layers, hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
         ffn_hidden_size=args.ffn_hidden_size,  # graphdoctor leaves it unset: __post_init__ makes it 4 x hidden
         use_cpu_initialization=True,  # DiffConfig._builtin_model
@@ -100,22 +191,87 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         params_dtype=params_dtype(args.dtype), **precision,
         transformer_impl="local",  # DiffConfig._builtin_model: DiffConfig.layer_spec None -> Megatron's local spec
     )
+    if args.line is not None:
+        fields.update(megatron_lm_fields(args))
+    return TransformerConfig(**fields)
 
 
-def build_model(args: argparse.Namespace, config: TransformerConfig) -> torch.nn.Module:
-    """GPTModel as Megatron's GPTModelBuilder.build_model builds it from graphdoctor's GPTModelConfig(vocab_size,
-    seq_length) (megatron/training/models/gpt.py; every other GPTModelConfig field its default)."""
-    spec = get_gpt_layer_local_spec(normalization=config.normalization)  # default_layer_spec for local layers
-    model = GPTModel(
-        config=config, transformer_layer_spec=spec, mtp_block_spec=None,
-        vocab_size=args.vocab_size,  # should_pad_vocab False: not padded
+def megatron_lm_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The TransformerConfig fields of a --megatron-args line that differ from TransformerConfig's own defaults:
+    core_transformer_config_from_args (megatron/training/argument_utils.py) copies every argument named like a
+    field, so Megatron-LM's argument defaults land where the line sets nothing (the fusions on, softmax in the
+    input dtype), and the flags LINE_FLAGS reads land where it does."""
+    line = args.line
+    fields: dict[str, Any] = {
+        # Megatron-LM's argument defaults, for any line
+        "attention_softmax_in_fp32": False, "bias_dropout_fusion": True, "deallocate_pipeline_outputs": True,
+        "pipeline_dtype": params_dtype(args.dtype), "tensor_parallel_num_weight_shards": 1,
+        "expert_tensor_parallel_num_weight_shards": 1, "cp_comm_type": "p2p", "inference_sampling_seed": args.seed,
+        "bias_activation_fusion": True,  # --bias-swiglu-fusion / --bias-gelu-fusion, on unless turned off
+        # the flags LINE_FLAGS reads
+        "masked_softmax_fusion": line.masked_softmax_fusion, "apply_rope_fusion": line.apply_rope_fusion,
+        "gradient_accumulation_fusion": line.gradient_accumulation_fusion,
+        "persist_layer_norm": line.persist_layer_norm, "normalization": line.normalization,
+        "num_query_groups": line.num_query_groups if line.group_query_attention else None,
+        "add_bias_linear": not line.disable_bias_linear, "transformer_impl": line.transformer_impl,
+    }
+    if line.swiglu:
+        fields.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
+    if line.num_experts is not None:
+        fields.update(num_moe_experts=line.num_experts, moe_router_topk=line.moe_router_topk,
+                      moe_ffn_hidden_size=line.moe_ffn_hidden_size or args.ffn_hidden_size,
+                      moe_token_dispatcher_type=line.moe_token_dispatcher_type,
+                      moe_router_load_balancing_type=line.moe_router_load_balancing_type,
+                      moe_aux_loss_coeff=line.moe_aux_loss_coeff,
+                      moe_expert_capacity_factor=line.moe_expert_capacity_factor,
+                      moe_pad_expert_input_to_capacity=line.moe_pad_expert_input_to_capacity)
+    return fields
+
+
+def layer_spec(config: TransformerConfig) -> Any:
+    """Megatron's GPTModelBuilder default_layer_spec for local layers (megatron/training/models/gpt.py), the
+    spec a diff child's model gets (DiffConfig.layer_spec None): the decoder block spec for MoE, else the local
+    layer spec."""
+    if config.num_moe_experts is not None:
+        return get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=config.normalization,
+                                          qk_l2_norm=config.qk_l2_norm, vp_stage=None)
+    return get_gpt_layer_local_spec(
+        config.num_moe_experts, config.moe_grouped_gemm, config.qk_layernorm, config.multi_latent_attention,
+        config.experimental_attention_variant, normalization=config.normalization, use_kitchen=config.use_kitchen,
+        use_kitchen_attention=config.use_kitchen_attention, kitchen_attention_backend=config.kitchen_attention_backend)
+
+
+def padded_vocab_size(args: argparse.Namespace) -> int:
+    """graphdoctor's model: the vocabulary as given (should_pad_vocab False); a line's: padded to a multiple of
+    Megatron-LM's --make-vocab-size-divisible-by 128 (one tensor-parallel rank), as GPTModelBuilder pads it."""
+    if args.line is None:
+        return int(args.vocab_size)
+    return -(-args.vocab_size // 128) * 128
+
+
+def gpt_model(args: argparse.Namespace, config: TransformerConfig) -> GPTModel:
+    """GPTModel as Megatron's GPTModelBuilder.build_model builds it from the child's GPTModelConfig
+    (megatron/training/models/gpt.py): graphdoctor's (vocab_size, seq_length, every other field its default) or a
+    line's (the vocabulary padded, embeddings tied unless untied, its position embedding). Not moved to a GPU."""
+    line = args.line
+    return GPTModel(
+        config=config, transformer_layer_spec=layer_spec(config), mtp_block_spec=None,
+        vocab_size=padded_vocab_size(args),
         max_sequence_length=args.seq_length, fp16_lm_cross_entropy=False, parallel_output=True,
-        share_embeddings_and_output_weights=False,  # GPTModelConfig's default (GPTModel's own is True)
-        position_embedding_type="learned_absolute", rotary_percent=1.0, rotary_base=10000, rope_scaling=False,
+        # GPTModelConfig's default False for graphdoctor's model (GPTModel's own is True); Megatron-LM ties them
+        # unless --untie-embeddings-and-output-weights
+        share_embeddings_and_output_weights=line is not None and not line.untie_embeddings_and_output_weights,
+        position_embedding_type="learned_absolute" if line is None else line.position_embedding_type,
+        rotary_percent=1.0, rotary_base=10000 if line is None else line.rotary_base, rope_scaling=False,
         rope_scaling_factor=8.0, seq_len_interpolation_factor=None, scatter_embedding_sequence_parallel=True,
         pre_process=True, post_process=True, pg_collection=ProcessGroupCollection.use_mpu_process_groups(),
         vp_stage=None,
-    ).cuda(torch.cuda.current_device())
+    )
+
+
+def build_model(args: argparse.Namespace, config: TransformerConfig) -> torch.nn.Module:
+    """gpt_model on this process's GPU, Float16Module-wrapped for bf16."""
+    model = gpt_model(args, config).cuda(torch.cuda.current_device())
     return Float16Module(config, model) if args.dtype == "bf16" else model
 
 
@@ -222,12 +378,15 @@ def main(argv: list[str]) -> int:
         # Megatron-LM's train_step reduction of "lm loss" ([sum, count] summed over micro-batches, then sum / count)
         total = torch.stack([r["lm loss"].float() for r in reports]).sum(dim=0)
         losses.append(float(total[0] / total[1]))
+        if config.num_moe_experts is not None:  # child/megatron_setup.py clear_moe_metrics, after every step
+            get_moe_metrics_tracker().clear()
     torch.cuda.synchronize()
     train_s = time.perf_counter() - train_began
 
     result = {"impl": args.impl, "startup_s": startup_s, "setup_s": setup_s, "train_s": train_s,
               "step_ms": step_ms, "losses": losses, "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-              "num_parameters": num_parameters, "config": {k: v for k, v in vars(args).items() if k != "json"},
+              "num_parameters": num_parameters,
+              "config": {k: v for k, v in vars(args).items() if k not in ("json", "line")},
               "wall_s": time.time() - STARTED}
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -11,13 +11,16 @@ size this runs, on the GPU:
 3. `graphdoctor diff` as a user runs it (the CLI, its own process) with each flag set (the defaults, and
    `--dropout 0`), with --json: the diff seconds, from the command's start to its exit.
 It prints each diff's ratio to the bare runs one after another, to the bare runs side by side and to the slowest
-bare run, the parent's own seconds before its first child and after its last, and each first child (eager
-reference, graphed runs) against its bare twin: start-up plus set-up, and training. Implementations the bare
-script cannot run (transformer_engine) are left out of both sides, and a bare process that fails makes the size's
-row say so instead of counting its seconds.
+bare run, the parent's own seconds before its first child and after its last, whether the diff's children started
+from equal weights (the gpu_init digests its report carries), and each first child (eager reference, graphed runs)
+against its bare twin: start-up plus set-up, and training. Implementations the bare script cannot run
+(transformer_engine) are left out of both sides, and a bare process that fails makes the size's row say so instead
+of counting its seconds; bare processes that fail only side by side (too large to share the GPU) leave out the
+side-by-side ratio.
 
     python tests/benchmarks/diff_cost.py --help
     python tests/benchmarks/diff_cost.py --sizes default,0.54b,1.08b --out cost.json
+    python tests/benchmarks/diff_cost.py --sizes llama3-8b-2l,mixtral-8x7b-2l --flags defaults,gpu_init --out cost.json
 """
 
 from __future__ import annotations
@@ -34,14 +37,42 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
+FULL_WIDTH: dict[str, Any] = {"num-layers": 2, "hidden-size": 4096, "num-attention-heads": 32, "seq-length": 4096,
+                              "micro-batch-size": 1, "dtype": "bf16", "cuda-graph-warmup-steps": 2}
+"""Two layers of a 7-8 B model at full width, in diff's own flags; warm-up 2 as at the other sizes (a launch line
+alone would take Megatron-LM's 3)."""
+
+LLAMA3_LINE = ("--group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 --swiglu --normalization RMSNorm "
+               "--position-embedding-type rope --rotary-base 500000 --max-position-embeddings 4096 "
+               "--untie-embeddings-and-output-weights --disable-bias-linear --transformer-impl local "
+               "--no-masked-softmax-fusion --no-rope-fusion --no-gradient-accumulation-fusion --no-persist-layer-norm")
+"""Llama-3 8B's layer as Megatron-LM flags (what diff's own flags cannot say: GQA 32/8, SwiGLU 14336, RMSNorm, RoPE
+base 500000, untied embeddings, no linear bias), on Megatron's local layers; the four --no-* flags turn off fused
+kernels that need Apex, Megatron-LM's compiled softmax or Transformer Engine (`graphdoctor diff --plan` refuses the
+line without them where those are missing, and bare_megatron.py builds no more than the local layers)."""
+
+MIXTRAL_LINE = (LLAMA3_LINE.replace("--rotary-base 500000", "--rotary-base 1000000")
+                + " --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 14336 --moe-token-dispatcher-type alltoall"
+                " --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.01 --moe-expert-capacity-factor 1.0"
+                " --moe-pad-expert-input-to-capacity")
+"""Mixtral 8x7B's layer: Llama-3's attention and norms, RoPE base 1e6, 8 experts of ffn 14336 routed top-2 with
+Mixtral's aux loss (0.01), alltoall dispatch. Drop-and-pad (capacity factor 1.0, padded), not Mixtral's dropless
+routing: dropless dispatch reads token counts on the host and fails capture under local and full_iteration (GD217,
+docs/moe.md), so neither side could graph it; drop-and-pad keeps every weight and shape."""
+
 SIZES: dict[str, dict[str, Any]] = {
     "default": {},
     "0.54b": {"num-layers": 8, "hidden-size": 2048, "num-attention-heads": 16, "seq-length": 2048,
               "micro-batch-size": 2, "dtype": "bf16", "vocab-size": 32000},
     "1.08b": {"num-layers": 4, "hidden-size": 4096, "num-attention-heads": 32, "seq-length": 4096,
               "micro-batch-size": 1, "dtype": "bf16", "vocab-size": 32000},
+    "llama3-8b-2l": {**FULL_WIDTH, "vocab-size": 128256, "megatron-args": LLAMA3_LINE},
+    "mixtral-8x7b-2l": {**FULL_WIDTH, "vocab-size": 32000, "megatron-args": MIXTRAL_LINE},
 }
-"""The sizes of issue 32 (h200-findings.md section 7), as flags both sides take."""
+"""The sizes of issue 32 (h200-findings.md section 7) and the full-width two-layer Llama-3 8B (1.49 B parameters)
+and Mixtral 8x7B (3.16 B) of issue 44, as flags both sides take: diff's own, and where those cannot say it a
+Megatron-LM line (`--megatron-args`, which diff resolves with Megatron-LM's parser and bare_megatron.py reads
+by hand)."""
 
 GPU_INIT = str(Path(__file__).resolve().parents[2] / "fixtures" / "runfiles" / "gpu_init.yaml")
 FLAG_SETS: dict[str, list[str]] = {"defaults": [], "dropout0": ["--dropout", "0"],
@@ -52,14 +83,26 @@ TIMEOUT_S = 900.0
 
 
 def size_flags(size: str) -> list[str]:
+    """The size's flags, one argument each (a launch line stays one): the same list for both sides."""
     return [part for key, value in SIZES[size].items() for part in (f"--{key}", str(value))]
+
+
+def bare_argv(size: str, impl: str, dropout: float, steps: int, result: Path) -> list[str]:
+    """The command of one bare process."""
+    return [sys.executable, str(HERE / "bare_megatron.py"), "--impl", impl, "--steps", str(steps),
+            "--dropout", str(dropout), "--json", str(result), *size_flags(size)]
+
+
+def diff_argv(size: str, flags: list[str], impls: str, report_path: Path) -> list[str]:
+    """The command of one `graphdoctor diff`."""
+    return [sys.executable, "-m", "graphdoctor", "diff", "--impl", impls, "--json", str(report_path), "-q",
+            *size_flags(size), *flags]
 
 
 def bare_run(size: str, impl: str, dropout: float, steps: int, out: Path) -> dict[str, Any]:
     """One bare process; its own JSON plus the process wall seen from here."""
     result = out / f"bare-{size}-{impl}.json"
-    argv = [sys.executable, str(HERE / "bare_megatron.py"), "--impl", impl, "--steps", str(steps),
-            "--dropout", str(dropout), "--json", str(result), *size_flags(size)]
+    argv = bare_argv(size, impl, dropout, steps, result)
     began = time.time()
     ended = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     wall = time.time() - began
@@ -76,8 +119,7 @@ def bare_together(size: str, impls: list[str], dropout: float, steps: int, out: 
     began = time.time()
     for impl in impls:
         result = out / f"bare-together-{size}-{impl}.json"
-        argv = [sys.executable, str(HERE / "bare_megatron.py"), "--impl", impl, "--steps", str(steps),
-                "--dropout", str(dropout), "--json", str(result), *size_flags(size)]
+        argv = bare_argv(size, impl, dropout, steps, result)
         procs.append((impl, result, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
     runs = []
     for impl, result, proc in procs:
@@ -117,8 +159,7 @@ def twins(bare: list[dict[str, Any]], children: list[dict[str, Any]]) -> list[di
 def diff_run(size: str, flags: list[str], impls: str, out: Path, name: str) -> dict[str, Any]:
     """`graphdoctor diff` as its own process; the report plus the seconds seen from here."""
     report_path = out / f"diff-{size}-{name}.json"
-    argv = [sys.executable, "-m", "graphdoctor", "diff", "--impl", impls, "--json", str(report_path), "-q",
-            *size_flags(size), *flags]
+    argv = diff_argv(size, flags, impls, report_path)
     began = time.time()
     ended = subprocess.run(argv, capture_output=True, text=True, timeout=4 * TIMEOUT_S, check=False)
     exited = time.time()
@@ -134,6 +175,8 @@ def diff_run(size: str, flags: list[str], impls: str, out: Path, name: str) -> d
         "after_last_child_s": round(exited - last, 2) if last else None,
         "report_after_last_child_s": timeline.get("after_last_child_s"),
         "verdicts": {r["impl"]: r["verdict"] for r in report.get("impls", ())},
+        "weights_equal": weights_equal(report),
+        "weights_reported": sum(isinstance(r.get("weights"), dict) for r in runs),
         "observers": report.get("observers"),
         "children": [{"name": r.get("name"), "wall_s": round(float(r.get("wall_s", 0.0)), 2),
                       **{k: (round(v, 2) if isinstance(v, float) else v)
@@ -155,6 +198,14 @@ def _runs(report: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r.get("seconds") or {}).get("started_at", 0.0))
 
 
+def weights_equal(report: dict[str, Any]) -> bool | None:
+    """Whether every child of the diff started from the same weights, as its report says: the digests of the
+    children that initialised them on the GPU (gpu_init: each run record's `weights.digest`,
+    graphdoctor/protocol/record.py); None when no record carries one (CPU initialisation, or no report)."""
+    digests = {str(run["weights"].get("digest")) for run in _runs(report) if isinstance(run.get("weights"), dict)}
+    return len(digests) == 1 if digests else None
+
+
 BARE_IMPLS = ("local", "full_iteration")
 """The graphed implementations bare_megatron.py runs (it refuses transformer_engine: exit 2)."""
 
@@ -163,6 +214,30 @@ def runnable_impls(requested: str) -> tuple[list[str], list[str]]:
     """(the implementations both sides run, those left out): what the bare script can run."""
     impls = [i for i in requested.split(",") if i]
     return [i for i in impls if i in BARE_IMPLS], [i for i in impls if i not in BARE_IMPLS]
+
+
+def _figure(value: float | None, width: int, digits: int) -> str:
+    return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
+
+
+def summary_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The summary table: per size and flag set the bare seconds (one after another, side by side, the slowest),
+    the diff's seconds and ratios, the parent's seconds before its first child and after its last, whether the
+    children's weights were equal (`-`: no digests in the report) and the verdicts."""
+    size_w = max([len("size"), *(len(row["size"]) for row in results)])
+    flags_w = max([len("flags"), *(len(run["flags"]) for row in results for run in row["diffs"])])
+    lines = [f"{'size':<{size_w}}  bare: sum  together  slowest  {'flags':<{flags_w}}  diff s   /sum  /together  "
+             f"/slowest  before  after  weights  verdicts"]
+    for row in results:
+        for run in row["diffs"]:
+            weights = {True: "equal", False: "DIFFER", None: "-"}[run.get("weights_equal")]
+            lines.append(
+                f"{row['size']:<{size_w}}  {_figure(row['bare_s'], 9, 1)} {_figure(row['bare_together_s'], 9, 1)} "
+                f"{_figure(row['bare_slowest_s'], 8, 1)}  {run['flags']:<{flags_w}}  {_figure(run['process_s'], 6, 1)} "
+                f"{_figure(run['ratio'], 6, 2)} {_figure(run['ratio_together'], 10, 2)} "
+                f"{_figure(run['ratio_slowest'], 9, 2)} {_figure(run['before_first_child_s'] or 0, 7, 1)} "
+                f"{_figure(run['after_last_child_s'] or 0, 6, 1)}  {weights:<7}  {run['verdicts']}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,22 +259,29 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.sizes.split(","):
         bare = [bare_run(size, impl, 0.1, args.steps, work) for impl in ["eager", *impls]]
         together = bare_together(size, ["eager", *impls], 0.1, args.steps, work)
-        broken = [b["impl"] for b in [*bare, *together["runs"]] if b["returncode"] != 0]
+        broken = [b["impl"] for b in bare if b["returncode"] != 0]
+        crowded = [b["impl"] for b in together["runs"] if b["returncode"] != 0]
         row: dict[str, Any] = {"size": size, "impls": impls, "left_out": left_out, "bare": bare,
-                               "bare_together": together, "bare_failed": broken, "diffs": []}
+                               "bare_together": together, "bare_failed": broken, "bare_together_failed": crowded,
+                               "diffs": []}
         if broken:  # a failed process's seconds are no bare run's: nothing to compare against
             print(f"{size}: bare processes failed: {', '.join(broken)}", file=sys.stderr)
             failed = True
             results.append(row)
             continue
+        if crowded:
+            # Each ran alone, so the size runs; side by side they did not fit (at full width several processes
+            # outgrow one GPU's memory, where diff runs its children one at a time): no side-by-side wall.
+            print(f"{size}: bare processes failed side by side: {', '.join(crowded)}; no /together ratio",
+                  file=sys.stderr)
         bare_s = sum(b["process_s"] for b in bare)
         slowest_s = max(b["process_s"] for b in bare)
-        row.update(bare_s=round(bare_s, 2), bare_slowest_s=round(slowest_s, 2),
-                   bare_together_s=together["wall_s"])
+        together_s = None if crowded else together["wall_s"]
+        row.update(bare_s=round(bare_s, 2), bare_slowest_s=round(slowest_s, 2), bare_together_s=together_s)
         for name in args.flags.split(","):
             run = diff_run(size, FLAG_SETS[name], ",".join(impls), work, name)
             run["ratio"] = round(run["process_s"] / bare_s, 3)
-            run["ratio_together"] = round(run["process_s"] / together["wall_s"], 3)
+            run["ratio_together"] = round(run["process_s"] / together_s, 3) if together_s else None
             run["ratio_slowest"] = round(run["process_s"] / slowest_s, 3)
             run["twins"] = twins(bare, run["children"])
             row["diffs"].append(run)
@@ -207,14 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(row)
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print("\nsize     bare: sum  together  slowest  flags     diff s  /sum  /together  /slowest  before  after  "
-          "verdicts")
-    for row in results:
-        for run in row["diffs"]:
-            print(f"{row['size']:<8} {row['bare_s']:>9.1f} {row['bare_together_s']:>9.1f} {row['bare_slowest_s']:>8.1f}"
-                  f"  {run['flags']:<9} {run['process_s']:>6.1f} {run['ratio']:>5.2f} {run['ratio_together']:>10.2f} "
-                  f"{run['ratio_slowest']:>9.2f} {run['before_first_child_s'] or 0:>7.1f} "
-                  f"{run['after_last_child_s'] or 0:>6.1f}  {run['verdicts']}")
+    print("\n" + "\n".join(summary_lines(results)))
     print("\neach first child against its bare twin (start-up + set-up, training):")
     for row in results:
         for run in row["diffs"]:
