@@ -119,11 +119,12 @@ class DiffConfig:
     """FP8 primary weights (Megatron-LM's --fp8-param-gather, TransformerConfig.fp8_param): the model is built
     under Transformer Engine's fp8_model_init; needs the distributed optimizer (Megatron-LM's validate_args)."""
 
-    gpu_init: bool = False
+    gpu_init: bool = True
     """Initialise the weights on the GPU (graphdoctor.child.weights): Megatron's own init methods, each tensor filled
     again from a seed of its own (the seed, its name, this rank), so every child starts from the same weights
-    whatever RNG tracker its graphs need; False: on the CPU from the seed (Megatron's use_cpu_initialization). FP8
-    primary weights are initialised on the GPU either way."""
+    whatever RNG tracker its graphs need; False (run file `run: {gpu_init: false}`): on the CPU from the seed
+    (Megatron's use_cpu_initialization), minutes at full width. FP8 primary weights are initialised on the GPU
+    either way."""
 
     steps: int = 8
     """Training steps per run; each step sees a different batch."""

@@ -14,6 +14,7 @@ from graphdoctor.compare.forensics import analyze
 from graphdoctor.compare.prints import family_diff
 from graphdoctor.compare.rng_verdict import apply_forensics
 from graphdoctor.compare.verdict import ImplResult, find_divergence, judge, reference_failed, stopped_row
+from graphdoctor.compare.weights import weights_disagree
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff.report import DiffReport
 from graphdoctor.diff.schedule import ChildSchedule
@@ -265,7 +266,7 @@ class VerdictTree:
         if result.verdict == Verdict.NUMERIC_DIVERGENCE:
             result = self.eager_noise(result, reference)
         result = self.forensics(result, reference, graphed)
-        return apply_causes(result, graphed)
+        return apply_causes(_with_weights_check(result, reference, graphed), graphed)
 
     def _dropout_row(self, impl: str, reference: RunRecord, graphed: RunRecord) -> tuple[ImplResult, RunRecord]:
         """A bitwise row at dropout > 0: the fingerprints decide whether it diverged, and a divergence goes to the
@@ -416,6 +417,16 @@ def _with_eager_memory(result: ImplResult, reference: RunRecord) -> ImplResult:
     if result.memory is None or reference.memory is None:
         return result
     return dataclasses.replace(result, memory=result.memory.against_eager(reference.memory.stats))
+
+
+def _with_weights_check(result: ImplResult, reference: RunRecord, graphed: RunRecord) -> ImplResult:
+    """The row with a note where its runs did not start from the same weights (their digests,
+    graphdoctor.compare.weights): no comparison of such runs says anything about the graphs."""
+    disagree = weights_disagree([reference, graphed, *result.runs])
+    if disagree is None:
+        return result
+    return _add_note(result, f"weights: {disagree}; runs that start from different weights differ whatever the "
+                             "graphs do, so this row's comparison does not hold")
 
 
 def _tap_problem(reference: RunRecord, graphed: RunRecord) -> str | None:

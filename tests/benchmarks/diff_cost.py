@@ -20,7 +20,7 @@ side-by-side ratio.
 
     python tests/benchmarks/diff_cost.py --help
     python tests/benchmarks/diff_cost.py --sizes default,0.54b,1.08b --out cost.json
-    python tests/benchmarks/diff_cost.py --sizes llama3-8b-2l,mixtral-8x7b-2l --flags defaults,gpu_init --out cost.json
+    python tests/benchmarks/diff_cost.py --sizes llama3-8b-2l,mixtral-8x7b-2l --flags dropout0,defaults --out cost.json
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ and Mixtral 8x7B (3.16 B) of issue 44, as flags both sides take: diff's own, and
 Megatron-LM line (`--megatron-args`, which diff resolves with Megatron-LM's parser and bare_megatron.py reads
 by hand)."""
 
-GPU_INIT = str(Path(__file__).resolve().parents[2] / "fixtures" / "runfiles" / "gpu_init.yaml")
+CPU_INIT = str(Path(__file__).resolve().parents[2] / "fixtures" / "runfiles" / "cpu_init.yaml")
 FLAG_SETS: dict[str, list[str]] = {"defaults": [], "dropout0": ["--dropout", "0"],
-                                   "gpu_init": ["--config", GPU_INIT],
-                                   "gpu_init_dropout0": ["--config", GPU_INIT, "--dropout", "0"]}
+                                   "cpu_init": ["--config", CPU_INIT],
+                                   "cpu_init_dropout0": ["--config", CPU_INIT, "--dropout", "0"]}
 
 TIMEOUT_S = 900.0
 
@@ -200,7 +200,7 @@ def _runs(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def weights_equal(report: dict[str, Any]) -> bool | None:
     """Whether every child of the diff started from the same weights, as its report says: the digests of the
-    children that initialised them on the GPU (gpu_init: each run record's `weights.digest`,
+    children that initialised them on the GPU (the default, gpu_init: each run record's `weights.digest`,
     graphdoctor/protocol/record.py); None when no record carries one (CPU initialisation, or no report)."""
     digests = {str(run["weights"].get("digest")) for run in _runs(report) if isinstance(run.get("weights"), dict)}
     return len(digests) == 1 if digests else None

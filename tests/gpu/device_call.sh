@@ -11,7 +11,9 @@
 # schedule-cost (diff_scale.py --sizes schedule: issue 20's schedule with and without comparison), holders-cost
 # (tests/benchmarks/holders_cost.py at 24x1024 and 32x2048, or GD_HOLDERS_SIZES="24 1024 2,..." (layers width
 # repeats): issue 42's watch, alone on the GPU), cost (tests/benchmarks/diff_cost.py at GD_COST_SIZES, default
-# "default,0.54b": bare runs one after another and side by side, each diff, each first child against its bare twin).
+# "default,0.54b", flag sets GD_COST_FLAGS, default "defaults,dropout0": bare runs one after another and side by side,
+# each diff, each first child against its bare twin), gpu-init (tests/gpu/test_gpu_init_gpu.py: equal weights in
+# every child, with transformer_engine where tests/gpu/te_env.sh staged it).
 # te, moe-te, i30, i35, i43, i49te, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
 # the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
@@ -39,6 +41,7 @@ start_part() {  # part, gpu
     case "$part" in  # Transformer Engine only where a part needs it (tests/gpu/te_env.sh installs it in /tmp/te-site)
         te|moe-te|i30|i35|i43|i49te|advise-te|advise-moe|mg-te|mg-*+te*|mg-te+*)
             export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} GRAPHDOCTOR_EXPECT_TE=1 ;;
+        gpu-init) [ -d /tmp/te-site ] && export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} GRAPHDOCTOR_EXPECT_TE=1 ;;
     esac
     case "$part" in
         core|i15|i20|i33|i34|i35|i42|i43|i45|i45b|i49|i49te|te|moe-te|i30) OUT="$dir" "${pin[@]}" bash tests/gpu/run_acceptance.sh "$inner" "$part" ;;
@@ -61,8 +64,11 @@ start_part() {  # part, gpu
                    echo "holders-cost $1x$2: exit $? $(grep -E '^(local|full_iteration):' "$dir/holders_cost_$1x$2.log" | tr '\n' ' ')" >> "$dir/summary.txt"
                done ;;
         cost) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_cost.py --sizes "${GD_COST_SIZES:-default,0.54b}" \
-                   --out "$dir/diff_cost.json" > "$dir/diff_cost.txt" 2>&1
+                   --flags "${GD_COST_FLAGS:-defaults,dropout0}" --out "$dir/diff_cost.json" > "$dir/diff_cost.txt" 2>&1
               echo "cost: exit $?" >> "$dir/summary.txt" ;;  # issue 49's columns and issue 44's ratios, alone on the GPU
+        gpu-init) "${pin[@]}" timeout "$inner" python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_init_gpu.py \
+                      > "$dir/gpu_init.txt" 2>&1
+                  echo "gpu-init: exit $? $(tail -1 "$dir/gpu_init.txt")" >> "$dir/summary.txt" ;;
         schedule-cost) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_scale.py --sizes schedule \
                    --out "$dir/schedule.json" > "$dir/summary.txt" 2>&1; echo "schedule-cost: exit $?" >> "$dir/summary.txt" ;;
         *) echo "unknown part $part" > "$dir/summary.txt" ;;

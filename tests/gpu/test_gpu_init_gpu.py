@@ -1,6 +1,6 @@
-"""Weights initialised on the GPU (DiffConfig.gpu_init) are identical in every child of a diff: eager, local,
-full_iteration and, where Transformer Engine imports, transformer_engine, by the digest each child reports; and the
-diff's verdicts are those of CPU initialisation."""
+"""Weights initialised on the GPU (DiffConfig.gpu_init, the default) are identical in every child of a diff: eager,
+local, full_iteration and, where Transformer Engine imports, transformer_engine, by the digest each child reports; no
+row carries the note of runs that started apart; and the diff's verdicts are those of CPU initialisation."""
 
 from __future__ import annotations
 
@@ -28,5 +28,7 @@ def test_every_child_starts_from_the_same_weights(moe: bool) -> None:
     runs = [r for r in report.runs() if r is not None and r.status == "ok"]
     assert len(runs) >= 1 + len(_impls()) and all(r.weights is not None for r in runs)
     assert weights_disagree(runs) is None, weights_disagree(runs)
-    cpu = diff(DiffConfig(impls=_impls(), transformer=transformer, **SMALL))
+    assert not [n for r in report.results for n in r.notes if n.startswith("weights:")]
+    cpu = diff(DiffConfig(impls=_impls(), gpu_init=False, transformer=transformer, **SMALL))
+    assert all(r.weights is None for r in cpu.runs() if r is not None)
     assert [r.verdict for r in report.results] == [r.verdict for r in cpu.results]

@@ -297,7 +297,7 @@ def _record(name: str, digest: str | None) -> dict[str, Any]:
 
 def _report(digests: dict[str, str | None]) -> dict[str, Any]:
     """A diff report's run records as graphdoctor writes them (RunRecord.to_dict under `reference` and each row's
-    `runs`): constructed here from the schema, since no report recorded with gpu_init is committed yet."""
+    `runs`): constructed here from the schema."""
     names = list(digests)
     return {"reference": _record(names[0], digests[names[0]]), "control_reference": None,
             "impls": [{"impl": "local", "verdict": "match", "runs": [_record(n, digests[n]) for n in names[1:]]}]}
@@ -328,12 +328,12 @@ def test_the_summary_says_weights_and_leaves_out_a_side_by_side_that_failed() ->
     """The summary table's row of a full-width size whose bare processes did not fit side by side: no /together
     figure, the weights column from weights_equal, long size and flag names aligned."""
     cost = _diff_cost()
-    run = {"flags": "gpu_init_dropout0", "process_s": 300.0, "ratio": 1.2, "ratio_together": None,
+    run = {"flags": "dropout0", "process_s": 300.0, "ratio": 1.2, "ratio_together": None,
            "ratio_slowest": 2.5, "before_first_child_s": 0.4, "after_last_child_s": None, "weights_equal": True,
            "verdicts": {"local": "match"}}
     rows = [{"size": "mixtral-8x7b-2l", "bare_s": 250.0, "bare_together_s": None, "bare_slowest_s": 120.0,
-             "diffs": [run, {**run, "flags": "defaults", "weights_equal": None}]}]
+             "diffs": [run, {**run, "flags": "cpu_init_dropout0", "weights_equal": None}]}]
     header, first, second = cost.summary_lines(rows)
-    assert header.index("flags") == first.index("gpu_init_dropout0") == second.index("defaults")
+    assert header.index("flags") == first.index("dropout0") == second.index("cpu_init_dropout0")
     assert "equal" in first and "{'local': 'match'}" in first and " - " in first
     assert "  -        {'local'" in second

@@ -4,6 +4,7 @@ parameter get seeds of their own; constants need none; a random parameter nothin
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -93,3 +94,20 @@ def test_the_weights_event_folds_into_the_record_and_the_parent_names_children_t
     assert weights_disagree([RunRecord(impl="eager", dropout=0.0, status="ok", weights=clean),
                              RunRecord(impl="local", dropout=0.0, status="ok", weights=clean)]) is None
     assert weights_disagree([RunRecord(impl="eager", dropout=0.0, status="ok")]) is None
+
+
+def test_a_row_whose_runs_started_from_different_weights_says_its_comparison_does_not_hold() -> None:
+    """The verdict tree's row gets a note naming the run whose digest differs; equal digests add none."""
+    from graphdoctor.compare.verdict import ImplResult
+    from graphdoctor.diff.decide import _with_weights_check
+    from graphdoctor.types import Verdict
+
+    _, same = _built(draws=3)
+    _, other = _built(draws=3, ranks=(1, 0, 0))
+    reference = RunRecord(impl="eager", dropout=0.0, status="ok", name="eager-reference-0", weights=same)
+    graphed = RunRecord(impl="local", dropout=0.0, status="ok", name="local-graphed-0", weights=same)
+    row = ImplResult(impl="local", verdict=Verdict.MATCH)
+    assert _with_weights_check(row, reference, graphed).notes == ()
+    moved = dataclasses.replace(graphed, weights=other)
+    notes = _with_weights_check(row, reference, moved).notes
+    assert len(notes) == 1 and "local-graphed-0" in notes[0] and "does not hold" in notes[0]
