@@ -14,6 +14,7 @@ import enum
 import functools
 import importlib
 import inspect
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,13 +40,12 @@ def encode(value: Any) -> Any:
     Raises:
         UsageError: an object none of the dump's forms can carry (the description could not cross to a child).
     """
-    import torch
-
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, enum.Enum):
         return {TARGET: _path(type(value)), CALL: True, ARGS: [encode(value.value)], NAME: value.name}
-    if isinstance(value, torch.dtype):
+    torch = sys.modules.get("torch")  # a dtype exists only once torch is imported: plain values need no import
+    if torch is not None and isinstance(value, torch.dtype):
         return {TARGET: str(value), CALL: False}
     if isinstance(value, functools.partial):
         keywords = {str(k): encode(v) for k, v in value.keywords.items()}
