@@ -63,7 +63,7 @@ def test_the_set_up_path_times_each_of_its_stages(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(megatron_setup.rank_setup, "sync_hooks", lambda config, model, run: model)
     monkeypatch.setattr(megatron_setup.build, "described_transformer_config", lambda model, impl: fake)
     monkeypatch.setattr("megatron.core.pipeline_parallel.get_forward_backward_func", lambda: print)
-    config = DiffConfig(impls=("local",), steps=4)
+    config = DiffConfig(impls=("local",), steps=4, gpu_init=False)  # the fake config has no init methods
     spec = ChildSpec(impl="local", dropout=0.0, config=config, role=Role.GRAPHED, name="x",
                      events_path="events.jsonl", reference_dir=".")
     clock = StageClock()
