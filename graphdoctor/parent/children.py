@@ -40,6 +40,8 @@ from graphdoctor.parent.runner import (
 )
 from graphdoctor.parent.sizing import ChildMemory, SlotPool, resize
 from graphdoctor.parent.slots import HostTurn, physical_gpus
+from graphdoctor.parent.template import ForkTemplate
+from graphdoctor.parent.template import enabled as template_enabled
 from graphdoctor.protocol.events import (
     read_events,
 )
@@ -62,8 +64,10 @@ CHILD_MODULE = "graphdoctor.child"
 
 
 def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = None,
-              cancel: threading.Event | None = None, clock: threading.Event | None = None) -> RunRecord:
-    """Run one child isolated, with the diff's time limit; never raises for a failing child.
+              cancel: threading.Event | None = None, clock: threading.Event | None = None,
+              template: ForkTemplate | None = None) -> RunRecord:
+    """Run one child isolated, with the diff's time limit (forked from `template` where it serves it,
+    graphdoctor.parent.template); never raises for a failing child.
 
     Leaves `spec-<name>.json`, `events-<name>.jsonl`, `log-<name>.txt` and the stacks files
     `stacks-<name>.rank<R>.txt` in `workdir`.
@@ -76,7 +80,8 @@ def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = No
     ended = run_isolated(python_command(CHILD_MODULE, str(spec_path)), timeout_s=spec.config.timeout_s,
                          log_path=workdir / f"log-{spec.name}.txt",
                          env=env if env is not None else child_env(spec.config.env),
-                         stacks_prefix=workdir / f"stacks-{spec.name}", cancel=cancel, clock=clock)
+                         stacks_prefix=workdir / f"stacks-{spec.name}", cancel=cancel, clock=clock,
+                         template=template)
     return record_from_events(spec, read_events(spec.events_path), ended)
 
 
@@ -255,6 +260,9 @@ class ChildSession:
         """Children of this session running now (an environment retry waits until it is alone)."""
         self._models: dict[tuple[str, float], ModelDescription | None] = {}
         """Each (impl, dropout)'s model, resolved once (_child_model)."""
+        self.template: ForkTemplate | None = None
+        """The process this session's one-process children are forked from (graphdoctor.parent.template),
+        started with the first child asked for."""
 
     @property
     def memory_gated(self) -> bool:
@@ -310,6 +318,7 @@ class ChildSession:
         submitted); cancel() ends it early."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.starts, thread_name_prefix="graphdoctor-child")
+            self._start_template()
         event = threading.Event()
         future = self._pool.submit(self.run_request, request, event)
         with self._lock:
@@ -329,12 +338,22 @@ class ChildSession:
             if not future.cancelled():
                 future.exception()  # waits; run_request never raises for a failing child
 
+    def _start_template(self) -> None:
+        """Start the template process where this session's children run as one process each (not under a
+        launcher), unless GRAPHDOCTOR_FORK_TEMPLATE=0. Called on the thread that asks for children: the template
+        dies with that thread (graphdoctor.child.stacks.die_with_parent)."""
+        if self.template is None and self.config.nproc_per_node == 1 and template_enabled():
+            self.template = ForkTemplate(child_env(self.config.env), self.workdir / "log-template.txt")
+
     def close(self) -> None:
-        """End the session's worker threads, cancelling what they have not started."""
+        """End the session's worker threads, cancelling what they have not started, then its template."""
         if self._pool is not None:
             self.cancel(list(self._cancels))
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self.template is not None:
+            self.template.close()
+            self.template = None
 
     def run_request(self, request: ChildRequest, cancel: threading.Event | None = None) -> RunRecord:
         """Run one request on the next free GPU slot (again, on a new port, when its port was taken) and
@@ -433,7 +452,7 @@ class ChildSession:
                 self._running += 1
             try:
                 record = run_child(spec, self.workdir, env=env, cancel=cancel,
-                                   clock=grant.granted if grant is not None else None)
+                                   clock=grant.granted if grant is not None else None, template=self.template)
             finally:
                 with self._idle:
                     self._running -= 1

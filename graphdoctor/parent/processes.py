@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TOKEN_ENV = "GRAPHDOCTOR_CHILD_TOKEN"
 """Environment variable that marks every process of one child run."""
@@ -79,7 +80,7 @@ def signal_all(pgid: int, token: str | None, sig: signal.Signals) -> int:
     return sent
 
 
-def kill_all(proc: subprocess.Popen[bytes], token: str | None, grace_s: float) -> None:
+def kill_all(proc: subprocess.Popen[bytes] | Any, token: str | None, grace_s: float) -> None:
     """SIGTERM to every process of the child, SIGKILL to those left after `grace_s`; returns once
     the child itself has exited."""
     pgid = proc.pid

@@ -22,11 +22,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from graphdoctor.errors import Stopped
 from graphdoctor.parent.processes import TOKEN_ENV, kill_all, left_running, new_token, signal_all
 from graphdoctor.protocol.processes import PARENT_PID_ENV, SPAWNED_AT_ENV, STACKS_ENV
+
+if TYPE_CHECKING:
+    from graphdoctor.parent.template import ForkedProcess, ForkTemplate
 
 DETERMINISTIC_ENV = {
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
@@ -56,7 +59,7 @@ MAX_STACKS_BYTES = 65536
 PORT_RETRIES = 2
 """Re-runs of a child whose rendezvous port was taken between picking and binding it."""
 
-_running: dict[int, tuple[subprocess.Popen[bytes], str, Path | None]] = {}
+_running: dict[int, tuple[subprocess.Popen[bytes] | ForkedProcess, str, Path | None]] = {}
 """Every child started by run_isolated and not yet ended, by pid (with its token and stacks prefix)."""
 _running_lock = threading.Lock()
 _stopping = threading.Event()
@@ -130,7 +133,7 @@ CANCELLED = "cancelled"
 def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = None,
                  env: Mapping[str, str] | None = None, capture_stdout: bool = False,
                  stacks_prefix: Path | None = None, cancel: threading.Event | None = None,
-                 clock: threading.Event | None = None) -> ProcessResult:
+                 clock: threading.Event | None = None, template: ForkTemplate | None = None) -> ProcessResult:
     """Run `argv` in its own process session; kill its process group when `timeout_s` runs out.
 
     Args:
@@ -145,6 +148,8 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
             (no stacks asked for) and the result says `stopped` CANCELLED.
         clock: the limit counts from when this is set (the child's memory grant, graphdoctor.parent.children);
             until then the same limit bounds the child's wait for it.
+        template: fork the child from this template process where it serves it (graphdoctor.parent.template);
+            the wait for the template's imports counts in the child's start-up and is bounded by `timeout_s`.
 
     Returns:
         How it ended; never raises for a failing child.
@@ -164,9 +169,14 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
         env[STACKS_ENV] = str(stacks_prefix)
         for old in stack_files(stacks_prefix):
             old.unlink(missing_ok=True)
+    if template is not None and not capture_stdout and not template.wait_ready(timeout_s, cancel):
+        template = None
+    if cancel is not None and cancel.is_set():  # while it waited for the template: no process to start
+        return ProcessResult(returncode=None, timed_out=False, wall_s=time.perf_counter() - start, log_tail="",
+                             stopped=CANCELLED, started_at=started_at, ended_at=time.time())
     try:
         with open(path, "wb") as log:
-            proc = _start(argv, log, env, capture_stdout, token, stacks_prefix)
+            proc = _start(argv, log, env, capture_stdout, token, stacks_prefix, template, path)
             try:
                 out = _communicate(proc, timeout_s, cancel, clock)
                 if out is None:  # cancelled
@@ -201,7 +211,7 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
                          group_gone=None if left is None else not left, left_running=left or (), stopped=stopped)
 
 
-def _communicate(proc: subprocess.Popen[bytes], timeout_s: float, cancel: threading.Event | None,
+def _communicate(proc: subprocess.Popen[bytes] | ForkedProcess, timeout_s: float, cancel: threading.Event | None,
                  clock: threading.Event | None = None) -> bytes | None:
     """The child's stdout once it exits; None when `cancel` was set first.
 
@@ -227,14 +237,20 @@ def _communicate(proc: subprocess.Popen[bytes], timeout_s: float, cancel: thread
 
 
 def _start(argv: list[str], log: IO[bytes], env: Mapping[str, str], capture_stdout: bool,
-           token: str, stacks_prefix: Path | None) -> subprocess.Popen[bytes]:
-    """Start one child in a session of its own and register it for stop_running."""
+           token: str, stacks_prefix: Path | None, template: ForkTemplate | None = None,
+           log_path: Path | None = None) -> subprocess.Popen[bytes] | ForkedProcess:
+    """Start one child in a session of its own (forked from `template` where it serves it) and register it for
+    stop_running."""
     with _running_lock:
         if _stopping.is_set():
             raise Stopped(signal.SIGTERM)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else log,
-                                stderr=log if capture_stdout else subprocess.STDOUT, env=dict(env),
-                                start_new_session=True)
+        proc: subprocess.Popen[bytes] | ForkedProcess | None = None
+        if template is not None and log_path is not None and template.serves(argv, env):
+            proc = template.spawn(argv, env, log_path)
+        if proc is None:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else log,
+                                    stderr=log if capture_stdout else subprocess.STDOUT, env=dict(env),
+                                    start_new_session=True)
         _running[proc.pid] = (proc, token, stacks_prefix)
     return proc
 

@@ -1,0 +1,89 @@
+"""Children forked from the template process (graphdoctor/parent/template.py, graphdoctor/child/template.py), on
+the CPU with real processes: the template imports once and forks the real `graphdoctor.child` entry, which runs
+to its error event here (no CUDA) and exits 3 as a started interpreter would; a child held at its memory gate
+is timed out, asked for its stacks and killed like a started one, with nothing left running; a child whose
+environment differs from the template's starts as its own interpreter; closing the session ends the template."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from graphdoctor.config import DiffConfig
+from graphdoctor.parent.runner import child_env, python_command, run_isolated
+from graphdoctor.parent.template import SWITCH_ENV, ForkTemplate, enabled
+from graphdoctor.protocol.events import read_events
+from graphdoctor.protocol.spec import ChildSpec, Placement, Role, run_name
+
+IMPORT_BOUND_S = 240.0
+"""The template's imports of torch and Megatron on a slow CI machine."""
+
+
+def _spec(tmp_path: Path, name: str, **kwargs: object) -> Path:
+    spec = ChildSpec(impl="local", dropout=0.0, config=DiffConfig(timeout_s=IMPORT_BOUND_S), role=Role.GRAPHED,
+                     name=name, events_path=str(tmp_path / f"events-{name}.jsonl"), reference_dir=str(tmp_path),
+                     placement=Placement(master_port=29999), **kwargs)  # type: ignore[arg-type]
+    return spec.write(tmp_path / f"spec-{name}.json")
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkTemplate]:
+    log = tmp_path_factory.mktemp("template") / "log-template.txt"
+    made = ForkTemplate(child_env(), log)
+    assert made.wait_ready(IMPORT_BOUND_S), (made.failed, log.read_text())
+    yield made
+    made.close()
+    assert made._proc.poll() is not None
+
+
+def test_a_forked_child_runs_the_child_entry_to_its_error_event(template: ForkTemplate, tmp_path: Path) -> None:
+    name = run_name("local", 0.0, Role.GRAPHED)
+    spec = _spec(tmp_path, name)
+    argv = python_command("graphdoctor.child", str(spec))
+    assert template.serves(argv, child_env())
+    ended = run_isolated(argv, timeout_s=IMPORT_BOUND_S, log_path=tmp_path / "log.txt", env=child_env(),
+                         template=template, stacks_prefix=tmp_path / f"stacks-{name}")
+    assert ended.returncode == 3 and not ended.timed_out
+    kinds = [type(e).__name__ for e in read_events(str(tmp_path / f"events-{name}.jsonl")).events]
+    assert kinds[0] == "Started" and kinds[-1] == "Error", kinds
+    assert template.ready_s is not None and template.ready_s > 0
+    with template._cond:
+        assert len(template._pids) >= 1 and set(template._pids) == set(template._exits)
+
+
+def test_a_forked_child_held_at_its_gate_is_timed_out_and_killed(template: ForkTemplate, tmp_path: Path) -> None:
+    name = "held"
+    spec = _spec(tmp_path, name, memory_gate=str(tmp_path / "memory-1"))  # never opened
+    ended = run_isolated(python_command("graphdoctor.child", str(spec)), timeout_s=3.0,
+                         log_path=tmp_path / "log.txt", env=child_env(), template=template,
+                         stacks_prefix=tmp_path / f"stacks-{name}")
+    assert ended.timed_out and ended.group_gone and ended.left_running == ()
+    assert ended.returncode is not None and ended.returncode < 0
+    assert any("wait_at_gate" in text for _, text in ended.stacks), ended.stacks
+
+
+def test_a_cancelled_child_never_starts_while_the_template_imports(tmp_path: Path) -> None:
+    slow = ForkTemplate(child_env(), tmp_path / "log-template.txt")
+    cancel = threading.Event()
+    cancel.set()
+    ended = run_isolated(python_command("graphdoctor.child", str(_spec(tmp_path, "cancelled"))), timeout_s=60.0,
+                         log_path=tmp_path / "log.txt", env=child_env(), template=slow, cancel=cancel)
+    slow.close()
+    assert ended.stopped == "cancelled" and ended.returncode is None
+    assert not (tmp_path / "events-cancelled.jsonl").exists()
+
+
+def test_another_environment_or_command_is_not_forked(template: ForkTemplate) -> None:
+    argv = python_command("graphdoctor.child", "spec.json")
+    assert not template.serves(argv, {**child_env(), "NCCL_DEBUG": "INFO"})
+    assert template.serves(argv, {**child_env(), "CUDA_VISIBLE_DEVICES": "3"})
+    assert not template.serves(python_command("graphdoctor.child.skeleton", "a", "b"), child_env())
+
+
+def test_the_switch_turns_the_template_off() -> None:
+    assert enabled({}) and enabled({SWITCH_ENV: "1"}) and not enabled({SWITCH_ENV: "0"})
+    assert os.environ.get(SWITCH_ENV, "1") != "0" or not enabled()
