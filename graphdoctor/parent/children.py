@@ -262,7 +262,7 @@ class ChildSession:
         """Each (impl, dropout)'s model, resolved once (_child_model)."""
         self.template: ForkTemplate | None = None
         """The process this session's one-process children are forked from (graphdoctor.parent.template),
-        started with the first child asked for."""
+        started with the first of them (_template)."""
 
     @property
     def memory_gated(self) -> bool:
@@ -318,7 +318,6 @@ class ChildSession:
         submitted); cancel() ends it early."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.starts, thread_name_prefix="graphdoctor-child")
-            self._start_template()
         event = threading.Event()
         future = self._pool.submit(self.run_request, request, event)
         with self._lock:
@@ -338,12 +337,16 @@ class ChildSession:
             if not future.cancelled():
                 future.exception()  # waits; run_request never raises for a failing child
 
-    def _start_template(self) -> None:
-        """Start the template process where this session's children run as one process each (not under a
-        launcher), unless GRAPHDOCTOR_FORK_TEMPLATE=0. Called on the thread that asks for children: the template
-        dies with that thread (graphdoctor.child.stacks.die_with_parent)."""
-        if self.template is None and self.config.nproc_per_node == 1 and template_enabled():
-            self.template = ForkTemplate(child_env(self.config.env), self.workdir / "log-template.txt")
+    def _template(self) -> ForkTemplate | None:
+        """The template process this session's one-process children are forked from, started with the first of
+        them (None under a launcher, or with GRAPHDOCTOR_FORK_TEMPLATE=0). It dies with the thread that started
+        it (graphdoctor.child.stacks.die_with_parent): a worker thread of this session, which lives until close()."""
+        if self.config.nproc_per_node != 1 or not template_enabled():
+            return None
+        with self._lock:
+            if self.template is None:
+                self.template = ForkTemplate(child_env(self.config.env), self.workdir / "log-template.txt")
+            return self.template
 
     def close(self) -> None:
         """End the session's worker threads, cancelling what they have not started, then its template."""
@@ -452,7 +455,8 @@ class ChildSession:
                 self._running += 1
             try:
                 record = run_child(spec, self.workdir, env=env, cancel=cancel,
-                                   clock=grant.granted if grant is not None else None, template=self.template)
+                                   clock=grant.granted if grant is not None else None,
+                                   template=None if spec.placement.launcher else self._template())
             finally:
                 with self._idle:
                     self._running -= 1
