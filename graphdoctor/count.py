@@ -116,8 +116,11 @@ def count(config: DiffConfig, *, workdir: str | Path | None = None,
             return report([done.get(r) or never_started(r.impl, r.dropout, signal_name) for r in requests],
                           signal_name)
 
-        with partial_report_on_stop(stopped):
-            records = [session.run_request(request) for request in requests]
+        try:
+            with partial_report_on_stop(stopped):
+                records = [session.run_request(request) for request in requests]
+        finally:
+            session.close()  # ends the template process its children were forked from
     return report(records)
 
 
