@@ -7,7 +7,8 @@ one child per request: the child starts with the imports done and creates its ow
 freshly started interpreter would. Torch's DataLoader forks after `import torch` in the same way.
 
 Protocol (JSON lines; graphdoctor.parent.template is the other side):
-- out: `{"ready": IMPORT_SECONDS}` once the imports are done; `{"error": TEXT}` and exit 3 where CUDA was
+- out: `{"ready": IMPORT_SECONDS, "env": {...}}` once the imports are done, with the environment as they left
+  it (torch's and Megatron's imports set variables of their own, as they do in the parent); `{"error": TEXT}` and exit 3 where CUDA was
   initialised by an import (a forked child could not use the GPU);
 - in: `{"id": N, "argv": [SPEC], "env": {...}, "cwd": DIR, "log": PATH}`: fork a child that runs
   `graphdoctor.child SPEC` with exactly that environment, in a session of its own, its output appended to
@@ -149,7 +150,7 @@ def main() -> None:
     warnings.resetwarnings()
     # torch's import leaves one native thread that holds no lock a child needs (DataLoader workers fork the same way)
     warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks", category=DeprecationWarning)
-    _send({"ready": round(time.time() - began, 3)})
+    _send({"ready": round(time.time() - began, 3), "env": dict(os.environ)})  # as the imports left it
     os._exit(serve())
 
 

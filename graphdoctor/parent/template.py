@@ -6,8 +6,8 @@ requests and kills reach it as they reach a started one), its own environment, l
 its own CUDA context, created after the fork (the template never initialises CUDA and says so when an import
 did). `ForkedProcess` is the part of subprocess.Popen that graphdoctor.parent.runner uses, so run_isolated
 treats both alike. Where the template cannot serve a child (not started, failed, a child whose environment
-differs from the template's in more than the per-child variables, a command other than a diff child) the
-runner starts the child as its own interpreter, as without a template.
+differs from the template's in a variable the imports could have read: same_imports; a command other than a diff
+child) the runner starts the child as its own interpreter, as without a template.
 
 `GRAPHDOCTOR_FORK_TEMPLATE=0` in graphdoctor's environment turns the template off.
 """
@@ -36,8 +36,7 @@ SWITCH_ENV = "GRAPHDOCTOR_FORK_TEMPLATE"
 
 PER_CHILD_ENV = frozenset({TOKEN_ENV, PARENT_PID_ENV, SPAWNED_AT_ENV, STACKS_ENV, "CUDA_VISIBLE_DEVICES",
                            "PYTEST_CURRENT_TEST"})
-"""Variables that differ from child to child (or, under pytest, from test to test) and that no import reads: a child
-whose environment differs from the template's only in these can be forked from it."""
+"""Variables that differ from child to child (or, under pytest, from test to test) and that no import reads."""
 
 CLOSE_WAIT_S = 10.0
 """How long a closed template has to exit once its children have ended, before it is killed."""
@@ -50,6 +49,15 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 def _shared(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in PER_CHILD_ENV}
+
+
+def same_imports(env: Mapping[str, str], launched: Mapping[str, str], imported: Mapping[str, str]) -> bool:
+    """Whether a child with environment `env` imports what the template did: every variable but the per-child ones
+    has the value the template started with (`launched`) or the value its imports left (`imported`: the parent's
+    own imports of torch and Megatron set the same variables later, TORCHINDUCTOR_CACHE_DIR for one). The forked
+    child then takes `env` exactly, for everything read after its imports."""
+    env, launched, imported = _shared(env), _shared(launched), _shared(imported)
+    return all(env.get(k) in (launched.get(k), imported.get(k)) for k in set(env) | set(launched) | set(imported))
 
 
 class ForkedProcess:
@@ -100,10 +108,11 @@ class ForkTemplate:
 
     def __init__(self, env: Mapping[str, str], log_path: Path) -> None:
         self.env = dict(env)
-        self.shared = _shared(self.env)
         self._cond = threading.Condition()
         self.ready_s: float | None = None
         """The template's import seconds, once it is ready."""
+        self.imported_env: dict[str, str] = {}
+        """The template's environment as its imports left it, once it is ready."""
         self.failed: str | None = None
         """Why it cannot serve (it exited, or said so); None while it can."""
         self._pids: dict[int, int] = {}
@@ -127,6 +136,7 @@ class ForkTemplate:
                 continue
             with self._cond:
                 if "ready" in message:
+                    self.imported_env = {str(k): str(v) for k, v in dict(message.get("env") or {}).items()}
                     self.ready_s = float(message["ready"])
                 elif "error" in message:
                     self.failed = str(message["error"])
@@ -165,7 +175,8 @@ class ForkTemplate:
     def serves(self, argv: list[str], env: Mapping[str, str]) -> bool:
         """Whether this child (`python -P -m graphdoctor.child SPEC` with `env`) can be forked from here."""
         return (self.failed is None and self.ready_s is not None and len(argv) == 5 and argv[0] == sys.executable
-                and argv[1:4] == ["-P", "-m", "graphdoctor.child"] and _shared(env) == self.shared)
+                and argv[1:4] == ["-P", "-m", "graphdoctor.child"]
+                and same_imports(env, self.env, self.imported_env))
 
     def spawn(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> ForkedProcess | None:
         """Fork the child `argv` (serves() said so) with `env`, its output appended to `log_path`; None where
@@ -227,4 +238,4 @@ class ForkTemplate:
             self._proc.wait(timeout=CLOSE_WAIT_S)
 
 
-__all__ = ["SWITCH_ENV", "TEMPLATE_MODULE", "ForkTemplate", "ForkedProcess", "enabled"]
+__all__ = ["SWITCH_ENV", "TEMPLATE_MODULE", "ForkTemplate", "ForkedProcess", "enabled", "same_imports"]

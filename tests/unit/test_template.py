@@ -15,7 +15,7 @@ import pytest
 
 from graphdoctor.config import DiffConfig
 from graphdoctor.parent.runner import child_env, python_command, run_isolated
-from graphdoctor.parent.template import SWITCH_ENV, ForkTemplate, enabled
+from graphdoctor.parent.template import SWITCH_ENV, ForkTemplate, enabled, same_imports
 from graphdoctor.protocol.events import read_events
 from graphdoctor.protocol.spec import ChildSpec, Placement, Role, run_name
 
@@ -82,6 +82,21 @@ def test_another_environment_or_command_is_not_forked(template: ForkTemplate) ->
     assert not template.serves(argv, {**child_env(), "NCCL_DEBUG": "INFO"})
     assert template.serves(argv, {**child_env(), "CUDA_VISIBLE_DEVICES": "3"})
     assert not template.serves(python_command("graphdoctor.child.skeleton", "a", "b"), child_env())
+    assert template.imported_env.get("TORCHINDUCTOR_CACHE_DIR")  # torch's import sets it, here as in the parent
+    assert template.serves(argv, {**child_env(), "TORCHINDUCTOR_CACHE_DIR": template.imported_env["TORCHINDUCTOR_CACHE_DIR"]})
+
+
+def test_a_variable_the_imports_set_does_not_stop_the_fork() -> None:
+    """The parent's own imports of torch and Megatron set TORCHINDUCTOR_CACHE_DIR after the template started (the
+    template's imports set it too): later children are still forked. A value neither had is not."""
+    launched = {"PATH": "/bin", "A": "1"}
+    imported = {**launched, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    assert same_imports(launched, launched, imported)
+    assert same_imports({**launched, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root"}, launched, imported)
+    assert same_imports({**launched, "CUDA_VISIBLE_DEVICES": "2", "GRAPHDOCTOR_CHILD_TOKEN": "t"}, launched, imported)
+    assert not same_imports({**launched, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}, launched, imported)
+    assert not same_imports({**launched, "A": "2"}, launched, imported)
+    assert not same_imports({"PATH": "/bin"}, launched, imported)
 
 
 def test_the_switch_turns_the_template_off() -> None:
