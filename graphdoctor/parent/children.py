@@ -260,6 +260,7 @@ class ChildSession:
         """Children of this session running now (an environment retry waits until it is alone)."""
         self._models: dict[tuple[str, float], ModelDescription | None] = {}
         """Each (impl, dropout)'s model, resolved once (_child_model)."""
+        self._no_template = False
         self.template: ForkTemplate | None = None
         """The process this session's one-process children are forked from (graphdoctor.parent.template),
         started with the first of them (_template)."""
@@ -339,13 +340,17 @@ class ChildSession:
 
     def _template(self) -> ForkTemplate | None:
         """The template process this session's one-process children are forked from, started with the first of
-        them (None under a launcher, or with GRAPHDOCTOR_FORK_TEMPLATE=0). It dies with the thread that started
-        it (graphdoctor.child.stacks.die_with_parent): a worker thread of this session, which lives until close()."""
-        if self.config.nproc_per_node != 1 or not template_enabled():
+        them (None under a launcher, with GRAPHDOCTOR_FORK_TEMPLATE=0, or where it could not start). It is started
+        from a thread of its own, which lives until close() (graphdoctor.parent.template)."""
+        if self.config.nproc_per_node != 1 or not template_enabled() or self._no_template:
             return None
         with self._lock:
             if self.template is None:
-                self.template = ForkTemplate(child_env(self.config.env), self.workdir / "log-template.txt")
+                try:
+                    self.template = ForkTemplate(child_env(self.config.env), self.workdir / "log-template.txt")
+                except OSError as exc:  # the children start as their own interpreters instead
+                    self._no_template = True
+                    self.note(f"children start as their own interpreters: the template process did not start ({exc})")
             return self.template
 
     def close(self) -> None:

@@ -119,13 +119,37 @@ class ForkTemplate:
         self._exits: dict[int, int] = {}
         self._next = 0
         self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - open for the template's life
-        spawn_env = {**self.env, PARENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
-        spawn_env.pop(STACKS_ENV, None)
-        self._proc = subprocess.Popen([sys.executable, "-P", "-m", TEMPLATE_MODULE], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._log, env=spawn_env,
-                                      start_new_session=True)
+        self._closed = threading.Event()
+        self._proc = self._start_owned()
         self._reader = threading.Thread(target=self._read, name="graphdoctor-template", daemon=True)
         self._reader.start()
+
+    def _start_owned(self) -> subprocess.Popen[bytes]:
+        """Start the template from a thread of its own that lives until close(): the kernel's parent-death
+        signal (graphdoctor.child.stacks.die_with_parent) follows the thread that started a process, and the
+        thread that asks for the first child (a worker, or a caller's short-lived thread) may end sooner."""
+        spawn_env = {**self.env, PARENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        spawn_env.pop(STACKS_ENV, None)
+        started = threading.Event()
+        box: dict[str, Any] = {}
+
+        def own() -> None:
+            try:
+                box["proc"] = subprocess.Popen([sys.executable, "-P", "-m", TEMPLATE_MODULE], stdin=subprocess.PIPE,
+                                               stdout=subprocess.PIPE, stderr=self._log, env=spawn_env,
+                                               start_new_session=True)
+            except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+                box["error"] = exc
+            started.set()
+            self._closed.wait()
+
+        threading.Thread(target=own, name="graphdoctor-template-owner", daemon=True).start()
+        started.wait()
+        if "error" in box:
+            self._log.close()
+            raise box["error"]
+        proc: subprocess.Popen[bytes] = box["proc"]
+        return proc
 
     def _read(self) -> None:
         assert self._proc.stdout is not None
@@ -229,6 +253,7 @@ class ForkTemplate:
         except subprocess.TimeoutExpired:
             self._kill()
         self._reader.join(timeout=CLOSE_WAIT_S)
+        self._closed.set()
         self._log.close()
 
     def _kill(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,6 +65,29 @@ def test_a_forked_child_held_at_its_gate_is_timed_out_and_killed(template: ForkT
     assert ended.timed_out and ended.group_gone and ended.left_running == ()
     assert ended.returncode is not None and ended.returncode < 0
     assert any("wait_at_gate" in text for _, text in ended.stacks), ended.stacks
+
+
+def test_the_template_outlives_the_thread_that_asked_for_it(tmp_path: Path) -> None:
+    """The kernel's parent-death signal follows the thread that started a process: a template asked for on a
+    short-lived thread must still serve once that thread has ended."""
+    made: list[ForkTemplate] = []
+
+    def ask() -> None:  # ends once the template is ready, so after it asked for the signal
+        made.append(ForkTemplate(child_env(), tmp_path / "log-template.txt"))
+        made[0].wait_ready(IMPORT_BOUND_S)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    asker.join()
+    (late,) = made
+    try:
+        assert late.ready_s is not None, (late.failed, (tmp_path / "log-template.txt").read_text())
+        time.sleep(0.5)  # the signal, were it sent, has arrived
+        ended = run_isolated(python_command("graphdoctor.child", str(_spec(tmp_path, "late"))),
+                             timeout_s=IMPORT_BOUND_S, log_path=tmp_path / "log.txt", env=child_env(), template=late)
+        assert ended.returncode == 3 and late.failed is None
+    finally:
+        late.close()
 
 
 def test_a_cancelled_child_never_starts_while_the_template_imports(tmp_path: Path) -> None:
