@@ -272,11 +272,22 @@ class StepRunner:
                           skipped=updated is False, loss_scale=loss_scale)
 
 
+def times_its_steps(spec: ChildSpec) -> bool:
+    """Whether a report reads this child's step times: the eager reference and each graphed run at the run's
+    dropout (diff's first runs, advise's candidates and probes). A control, tapped, re-run, culprit-hunt or
+    eager-again child is judged on what it computes, not on how fast, so it need not take a shared GPU alone."""
+    first_run = spec.role is Role.REFERENCE or (spec.role is Role.GRAPHED and spec.impl != EAGER)
+    return first_run and spec.dropout == spec.config.dropout and not spec.io_steps and not spec.hunt_culprit
+
+
 def timed_steps(spec: ChildSpec) -> range:
     """The steps whose time counts (steady state: from warmup + 1 + SETTLE_STEPS to the last compared
-    step); a child sharing its GPU runs them alone (graphdoctor.child.gpu_turn)."""
+    step; none where no report reads them: times_its_steps); a child sharing its GPU runs them alone
+    (graphdoctor.child.gpu_turn)."""
     from graphdoctor.compare.verdict import SETTLE_STEPS
 
+    if not times_its_steps(spec):
+        return range(0)
     return range(spec.config.cuda_graph_warmup_steps + 1 + SETTLE_STEPS, spec.config.steps)
 
 
@@ -355,4 +366,4 @@ def _evaluate(spec: ChildSpec, setup: Setup, state: LoopState, emit: Callable[[E
                               taps=taps)))
 
 
-__all__ = ["LoopState", "StepObserver", "StepRunner", "phase_of", "run_steps", "timed_steps"]
+__all__ = ["LoopState", "StepObserver", "StepRunner", "phase_of", "run_steps", "timed_steps", "times_its_steps"]
