@@ -61,16 +61,14 @@ def _run_child(request: dict[str, Any], ready_fd: int, template_pid: int) -> Non
         os.close(null)
         os.environ.clear()
         os.environ.update(request["env"])
-        from graphdoctor.protocol.processes import PARENT_PID_ENV
+        from graphdoctor.protocol.processes import CHILD_MODULE, PARENT_PID_ENV
 
         os.environ[PARENT_PID_ENV] = str(template_pid)  # the child dies with the template, which dies with the parent
         os.chdir(request["cwd"])
-        sys.argv = ["graphdoctor.child", *request["argv"]]
-        from graphdoctor.child.entry import run
+        sys.argv = [CHILD_MODULE, *request["argv"]]
+        from graphdoctor.child.entry import main
 
-        code = run(request["argv"][0])
-        sys.stdout.flush()
-        sys.stderr.flush()
+        main()  # runs the child as `python -m graphdoctor.child SPEC` does, and exits with its status
     except BaseException as exc:  # noqa: BLE001 - whatever happens, this process must not return to the loop
         try:
             os.write(2, f"graphdoctor template child: {type(exc).__name__}: {exc}\n".encode())

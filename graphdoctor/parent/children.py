@@ -46,6 +46,7 @@ from graphdoctor.protocol.events import (
     read_events,
 )
 from graphdoctor.protocol.gate import open_gate
+from graphdoctor.protocol.processes import CHILD_MODULE
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import ChildSpec, Role, gpu_turn_path, placement_for_child, rank_path, run_name
 from graphdoctor.types import Diagnosis
@@ -59,8 +60,6 @@ ENVIRONMENT_ATTEMPT = 10
 """The attempt number (file names: `-attempt10`) of a child's run after an environment failure; its port retries
 count on from there."""
 
-CHILD_MODULE = "graphdoctor.child"
-"""What the parent runs: `python -P -m graphdoctor.child SPEC.json`."""
 
 
 def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = None,

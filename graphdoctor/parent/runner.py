@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,7 +25,7 @@ from typing import IO, TYPE_CHECKING
 
 from graphdoctor.errors import Stopped
 from graphdoctor.parent.processes import TOKEN_ENV, kill_all, left_running, new_token, signal_all
-from graphdoctor.protocol.processes import PARENT_PID_ENV, SPAWNED_AT_ENV, STACKS_ENV
+from graphdoctor.protocol.processes import PARENT_PID_ENV, SPAWNED_AT_ENV, STACKS_ENV, python_command
 
 if TYPE_CHECKING:
     from graphdoctor.parent.template import ForkedProcess, ForkTemplate
@@ -108,11 +107,6 @@ class ProcessResult:
         return f"exited with code {code}"
 
 
-def python_command(module: str, *args: str) -> list[str]:
-    """`python -P -m module args...` with this interpreter."""
-    return [sys.executable, "-P", "-m", module, *args]
-
-
 def child_env(run_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """A child's environment: ours, the deterministic defaults, then the run file's `env:`."""
     env = dict(os.environ)
@@ -169,14 +163,14 @@ def run_isolated(argv: list[str], *, timeout_s: float, log_path: Path | None = N
         env[STACKS_ENV] = str(stacks_prefix)
         for old in stack_files(stacks_prefix):
             old.unlink(missing_ok=True)
-    if template is not None and not capture_stdout and not template.wait_ready(timeout_s, cancel):
-        template = None
+    if template is not None and (capture_stdout or not template.wait_ready(timeout_s, cancel)):
+        template = None  # a forked child writes only to its log
     if cancel is not None and cancel.is_set():  # while it waited for the template: no process to start
         return ProcessResult(returncode=None, timed_out=False, wall_s=time.perf_counter() - start, log_tail="",
                              stopped=CANCELLED, started_at=started_at, ended_at=time.time())
     try:
         with open(path, "wb") as log:
-            proc = _start(argv, log, env, capture_stdout, token, stacks_prefix, template, path)
+            proc = _start(argv, log, env, capture_stdout, token, stacks_prefix, template)
             try:
                 out = _communicate(proc, timeout_s, cancel, clock)
                 if out is None:  # cancelled
@@ -237,16 +231,16 @@ def _communicate(proc: subprocess.Popen[bytes] | ForkedProcess, timeout_s: float
 
 
 def _start(argv: list[str], log: IO[bytes], env: Mapping[str, str], capture_stdout: bool,
-           token: str, stacks_prefix: Path | None, template: ForkTemplate | None = None,
-           log_path: Path | None = None) -> subprocess.Popen[bytes] | ForkedProcess:
+           token: str, stacks_prefix: Path | None,
+           template: ForkTemplate | None = None) -> subprocess.Popen[bytes] | ForkedProcess:
     """Start one child in a session of its own (forked from `template` where it serves it) and register it for
     stop_running."""
     with _running_lock:
         if _stopping.is_set():
             raise Stopped(signal.SIGTERM)
         proc: subprocess.Popen[bytes] | ForkedProcess | None = None
-        if template is not None and log_path is not None and template.serves(argv, env):
-            proc = template.spawn(argv, env, log_path)
+        if template is not None and template.serves(argv, env):
+            proc = template.spawn(argv, env, Path(log.name))
         if proc is None:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else log,
                                     stderr=log if capture_stdout else subprocess.STDOUT, env=dict(env),

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from graphdoctor.parent.processes import TOKEN_ENV
-from graphdoctor.protocol.processes import PARENT_PID_ENV, SPAWNED_AT_ENV, STACKS_ENV
+from graphdoctor.protocol.processes import CHILD_MODULE, PARENT_PID_ENV, SPAWNED_AT_ENV, STACKS_ENV, python_command
 
 TEMPLATE_MODULE = "graphdoctor.child.template"
 
@@ -40,6 +39,10 @@ PER_CHILD_ENV = frozenset({TOKEN_ENV, PARENT_PID_ENV, SPAWNED_AT_ENV, STACKS_ENV
 
 CLOSE_WAIT_S = 10.0
 """How long a closed template has to exit once its children have ended, before it is killed."""
+
+SPAWN_WAIT_S = 30.0
+"""How long the template has to report a forked child's pid; past it the template counts as failed and is ended,
+and the child starts as its own interpreter."""
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -135,7 +138,7 @@ class ForkTemplate:
 
         def own() -> None:
             try:
-                box["proc"] = subprocess.Popen([sys.executable, "-P", "-m", TEMPLATE_MODULE], stdin=subprocess.PIPE,
+                box["proc"] = subprocess.Popen(python_command(TEMPLATE_MODULE), stdin=subprocess.PIPE,
                                                stdout=subprocess.PIPE, stderr=self._log, env=spawn_env,
                                                start_new_session=True)
             except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
@@ -198,29 +201,32 @@ class ForkTemplate:
 
     def serves(self, argv: list[str], env: Mapping[str, str]) -> bool:
         """Whether this child (`python -P -m graphdoctor.child SPEC` with `env`) can be forked from here."""
-        return (self.failed is None and self.ready_s is not None and len(argv) == 5 and argv[0] == sys.executable
-                and argv[1:4] == ["-P", "-m", "graphdoctor.child"]
+        return (self.failed is None and self.ready_s is not None and argv[:-1] == python_command(CHILD_MODULE)
                 and same_imports(env, self.env, self.imported_env))
 
     def spawn(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> ForkedProcess | None:
         """Fork the child `argv` (serves() said so) with `env`, its output appended to `log_path`; None where
-        the template failed before the child was running."""
+        the template failed before the child was running, or did not report it within SPAWN_WAIT_S."""
+        deadline = time.monotonic() + SPAWN_WAIT_S
         with self._cond:
             self._next += 1
             ident = self._next
-        request = {"id": ident, "argv": argv[4:], "env": dict(env), "cwd": os.getcwd(), "log": str(log_path)}
-        try:
-            with self._cond:
+            request = {"id": ident, "argv": argv[-1:], "env": dict(env), "cwd": os.getcwd(), "log": str(log_path)}
+            try:
                 assert self._proc.stdin is not None
                 self._proc.stdin.write((json.dumps(request) + "\n").encode())
                 self._proc.stdin.flush()
-        except (OSError, ValueError):
-            return None
-        with self._cond:
-            while ident not in self._pids and self.failed is None:
+            except (OSError, ValueError):
+                return None
+            while ident not in self._pids and self.failed is None and time.monotonic() < deadline:
                 self._cond.wait(0.1)
             pid = self._pids.get(ident)
-        return None if pid is None else ForkedProcess(self, ident, pid, argv)
+            if pid is None and self.failed is None:
+                self.failed = f"the template process did not fork a child within {SPAWN_WAIT_S:.0f} s"
+        if pid is None:
+            self._kill()
+            return None
+        return ForkedProcess(self, ident, pid, argv)
 
     def exit_status(self, child: ForkedProcess) -> int | None:
         """`child`'s exit status as the template reported it; with the template gone, -SIGKILL once the process

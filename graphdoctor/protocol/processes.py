@@ -13,6 +13,9 @@ PARENT_PID_ENV = "GRAPHDOCTOR_PARENT_PID"
 (graphdoctor.parent.runner sets it); the child dies with that process (graphdoctor.child.stacks.die_with_parent)."""
 
 
+CHILD_MODULE = "graphdoctor.child"
+"""What the parent runs for each child: `python -P -m graphdoctor.child SPEC.json` (or forks from its template)."""
+
 SPAWNED_AT_ENV = "GRAPHDOCTOR_SPAWNED_AT"
 """Environment variable holding time.time() when the parent started the child's process: the child's start-up
 seconds count from it (graphdoctor.protocol.seconds)."""
@@ -28,10 +31,15 @@ def spawned_at() -> float | None:
         return None
 
 
+def python_command(module: str, *args: str) -> list[str]:
+    """`python -P -m module args...` with this interpreter."""
+    return [sys.executable, "-P", "-m", module, *args]
+
+
 def launcher_command(*torchrun_args: str) -> list[str]:
     """`python -P -m graphdoctor.child.stacks torch.distributed.run ARGS...` with this interpreter: torchrun's
     launcher with its stack dump registered (graphdoctor.child.stacks)."""
-    return [sys.executable, "-P", "-m", "graphdoctor.child.stacks", "torch.distributed.run", *torchrun_args]
+    return python_command("graphdoctor.child.stacks", "torch.distributed.run", *torchrun_args)
 
 
-__all__ = ["PARENT_PID_ENV", "SPAWNED_AT_ENV", "STACKS_ENV", "launcher_command", "spawned_at"]
+__all__ = ["CHILD_MODULE", "PARENT_PID_ENV", "SPAWNED_AT_ENV", "STACKS_ENV", "launcher_command", "python_command", "spawned_at"]

@@ -7,6 +7,7 @@ environment differs from the template's starts as its own interpreter; closing t
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.parent import template as parent_template
 from graphdoctor.parent.runner import child_env, python_command, run_isolated
 from graphdoctor.parent.template import SWITCH_ENV, ForkTemplate, enabled, same_imports
 from graphdoctor.protocol.events import read_events
@@ -88,6 +90,26 @@ def test_the_template_outlives_the_thread_that_asked_for_it(tmp_path: Path) -> N
         assert ended.returncode == 3 and late.failed is None
     finally:
         late.close()
+
+
+def test_a_template_that_does_not_fork_is_ended_and_the_child_started(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template stopped after its imports never reports the child's pid: after SPAWN_WAIT_S it counts as failed
+    and is killed, and the runner starts the child as its own interpreter, which runs to its error event."""
+    monkeypatch.setattr(parent_template, "SPAWN_WAIT_S", 1.0)
+    stuck = ForkTemplate(child_env(), tmp_path / "log-template.txt")
+    try:
+        assert stuck.wait_ready(IMPORT_BOUND_S), stuck.failed
+        os.kill(stuck._proc.pid, signal.SIGSTOP)
+        ended = run_isolated(python_command("graphdoctor.child", str(_spec(tmp_path, "stuck"))),
+                             timeout_s=IMPORT_BOUND_S, log_path=tmp_path / "log.txt", env=child_env(), template=stuck)
+        assert stuck.failed is not None and "did not fork" in stuck.failed
+        assert stuck._proc.poll() is not None
+        assert ended.returncode == 3
+        kinds = [type(e).__name__ for e in read_events(str(tmp_path / "events-stuck.jsonl")).events]
+        assert kinds[0] == "Started" and kinds[-1] == "Error", kinds
+    finally:
+        stuck.close()
 
 
 def test_a_cancelled_child_never_starts_while_the_template_imports(tmp_path: Path) -> None:
