@@ -1,7 +1,7 @@
 """How much GPU memory one child of a session needs, from measurement: a first estimate before any child ran
 (graphdoctor.parent.gpus.child_bytes: the parameters, with optimizer state and activations bounded from the config),
-then the figure the children that ended measured (their allocator's peak, graph pools included, plus the memory a
-process holds outside the allocator), with a margin. The session sizes its memory slots from it
+then the figure the children that ended measured (their allocator's peak reserved, which holds the graph pools, plus
+the memory a process holds outside the allocator), with a margin. The session sizes its memory slots from it
 (graphdoctor.parent.children.SlotPool)."""
 
 from __future__ import annotations
@@ -28,20 +28,16 @@ for what the estimate's MEMORY_HEADROOM stood for)."""
 
 def measured_bytes(record: RunRecord) -> int | None:
     """The GPU memory one ended child needed, by its own figures: the largest of its reserved bytes while its
-    graphs were alive, the allocator's peak reserved, and its peak allocated plus its graph pools' reserved bytes
-    (the pools hold memory the peak allocated may not show), plus OUTSIDE_ALLOCATOR_BYTES; None where the child
-    reported no memory figures (it failed before its end event)."""
-    figures: list[int] = []
-    if record.end_reserved_bytes:
-        figures.append(int(record.end_reserved_bytes))
-    pools = 0
-    if record.memory is not None:
-        if record.memory.stats.peak_reserved_bytes:
-            figures.append(record.memory.stats.peak_reserved_bytes)
-        if record.memory.report is not None:
-            pools = sum(p.reserved_bytes for p in record.memory.report.graph_pools)
-    if record.peak_allocated_bytes:
-        figures.append(int(record.peak_allocated_bytes) + pools)
+    graphs were alive, the allocator's peak reserved and its peak allocated, plus OUTSIDE_ALLOCATOR_BYTES; None
+    where the child reported no memory figures (it failed before its end event).
+
+    Reserved bytes already hold the graph pools: the caching allocator counts a private pool's segments in its
+    reserved figure, and the blocks allocated inside a pool in its allocated figure, so adding the pools' reserved
+    bytes to the peak allocated would count pool memory twice (every recorded H100 and H200 child reserved less at
+    its peak than that sum)."""
+    figures = [int(value) for value in (record.end_reserved_bytes, record.peak_allocated_bytes) if value]
+    if record.memory is not None and record.memory.stats.peak_reserved_bytes:
+        figures.append(int(record.memory.stats.peak_reserved_bytes))
     if not figures:
         return None
     return max(figures) + OUTSIDE_ALLOCATOR_BYTES
