@@ -91,6 +91,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="eager steps before capture; None: 2 (DiffConfig's), 3 with --megatron-args (Megatron-LM's)")
     p.add_argument("--megatron-args", metavar="LINE", default=None,
                    help="Megatron-LM model flags, as diff's --megatron-args (only those LINE_FLAGS reads)")
+    p.add_argument("--cpu-init", action="store_true",
+                   help="initialise the weights on the CPU (a diff with run: {gpu_init: false}); default: the GPU")
     p.add_argument("--json", metavar="PATH", default=None, help="write the measurements here as one JSON object")
     args = p.parse_args(_line_joined(argv))
     args.line = None if args.megatron_args is None else parse_line(args.megatron_args, p)
@@ -182,7 +184,8 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     fields: dict[str, Any] = dict(
         num_layers=args.num_layers, hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
         ffn_hidden_size=args.ffn_hidden_size,  # graphdoctor leaves it unset: __post_init__ makes it 4 x hidden
-        use_cpu_initialization=True,  # DiffConfig._builtin_model
+        # Megatron's default, as a user's run and a diff child (DiffConfig.gpu_init) build it: on the GPU.
+        use_cpu_initialization=args.cpu_init,
         hidden_dropout=args.dropout, attention_dropout=args.dropout,
         cuda_graph_impl=MEGATRON_IMPL[args.impl],
         cuda_graph_modules=[],  # graph_fields: DiffConfig.cuda_graph_modules () (Megatron's default is "full")

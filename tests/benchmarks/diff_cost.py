@@ -4,7 +4,7 @@ one invocation.
 A user who checks graphs by hand runs eager training once and graphed training once per implementation. Per
 size this runs, on the GPU:
 1. tests/benchmarks/bare_megatron.py (no graphdoctor: the same model, DDP, optimizer, batches and steps as
-   diff's children) once for eager and once per implementation, each its own process, one after another: the
+   diff's children, its weights initialised on the GPU as Megatron's and diff's defaults do) once for eager and once per implementation, each its own process, one after another: the
    sum of the bare runs and the slowest of them;
 2. the same bare processes all at once (the concurrency of diff's children): their wall, which is what a diff
    that runs its children side by side can at best cost;

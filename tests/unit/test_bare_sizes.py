@@ -90,11 +90,14 @@ COMPARE = textwrap.dedent("""
     for size in sys.argv[1:]:
         flags = cost.size_flags(size)
         config = diff_config(flags)
-        parsed = bare.parse_args(["--impl", "eager", *flags])
+        # Built on the meta device below: with the CPU's weights (a GPU build needs CUDA).
+        parsed = bare.parse_args(["--impl", "eager", "--cpu-init", *flags])
         fields = {}
         for impl in ("eager", "local", "full_iteration"):
             for dropout in (config.dropout, 0.0):
                 theirs = child_transformer_config(config, impl, dropout)
+                # A gpu_init child builds on the GPU (graphdoctor/child/megatron_setup.py _gpu_init), as bare does.
+                theirs.use_cpu_initialization = not config.gpu_init
                 args = bare.parse_args(["--impl", impl, "--dropout", str(dropout), *flags])
                 ours = bare.transformer_config(args)
                 fields[f"{impl}@{dropout}"] = [f.name for f in dataclasses.fields(theirs)
