@@ -31,9 +31,9 @@ class CulpritHunt:
         self.module_names = module_names
         self.culprit: Observation | None = None
         """The classified operation that raised first during a capture (None until one does)."""
-        self.last_capture: tuple[Observation, ...] = ()
-        """Everything recorded during the latest capture: the failing one, when a run fails in
-        capture without a classified operation raising (a capture invalidated silently)."""
+        self.captures: list[tuple[Observation, ...]] = []
+        """Everything recorded during each capture of the run, in order; the last is the failing one when a run
+        fails in capture without a classified operation raising (a capture invalidated silently)."""
         self._recorder: Any = None
 
     def begin(self) -> None:
@@ -55,7 +55,12 @@ class CulpritHunt:
         recorder.__exit__(None, None, None)
         if self.culprit is None:
             self.culprit = culprit_of(recorder.failed)
-        self.last_capture = tuple(recorder.observations)
+        self.captures.append(tuple(recorder.observations))
+
+    @property
+    def last_capture(self) -> tuple[Observation, ...]:
+        """Everything recorded during the latest capture (empty before the first)."""
+        return self.captures[-1] if self.captures else ()
 
     @contextmanager
     def during_captures(self) -> Iterator[CulpritHunt]:
@@ -89,13 +94,16 @@ class CulpritHunt:
     def found(self, message: str) -> Observation | None:
         """The culprit: the classified operation that raised; else, when the error text `message`
         does not name a rule by itself (a bare 900/901), the first unsafe operation of the capture; else
-        the first operation of the capture recorded under the rule the text names (a legacy-stream 906
-        raised at capture_end names no operation; the recording does)."""
+        the first operation recorded under the rule the text names, in the failing capture or, failing that,
+        the latest earlier capture that has one. A legacy-stream 906 raised at capture_end names no operation;
+        the recording does. Megatron's local graphs capture each layer's forward and backward apart, so the
+        forward's work on the legacy stream can run outside its graph unnoticed and fail only the backward
+        capture that depends on it (the operation then lies in an earlier capture than the failing one)."""
         if self.culprit is not None:
             return self.culprit
         named = rule_of_text(message)
         if named is not None:
-            return next((o for o in self.last_capture if o.code == named), None)
+            return next((o for capture in reversed(self.captures) for o in capture if o.code == named), None)
         return culprit_of(self.last_capture)
 
 

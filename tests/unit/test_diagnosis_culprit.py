@@ -241,3 +241,35 @@ def test_a_capture_failure_gd217_predicts_needs_no_hunt(tmp_path: Path) -> None:
     assert final.diagnosis is not None and final.diagnosis.rule == "GD217"
     assert final.diagnosis.location == "megatron/core/transformer/moe/token_dispatcher.py:317"
     assert not [n for n in final.notes if "culprit hunt" in n]
+
+
+def _observation(code: str, location: str, seq: int):  # noqa: ANN202
+    from graphdoctor.probes.types import Observation
+
+    return Observation(code=code, operator="aten::mul", module="decoder.layers.0.mlp", location=location,
+                       user_code=True, seq=seq)
+
+
+def test_a_named_rule_is_found_in_an_earlier_capture_than_the_failing_one() -> None:
+    """The H100's planted default_stream_mlp under local graphs: the forward's multiply on the legacy stream ran
+    outside its graph (a cached block served its output, so nothing raised), and only the backward capture that
+    depends on it failed, with 906's text. The hunt recorded the multiply in the forward's capture."""
+    from graphdoctor.child.culprit import CulpritHunt
+
+    hunt = CulpritHunt({})
+    forward = _observation("GD503", "fixtures/planted/default_stream_mlp.py:20", 0)
+    hunt.captures = [(forward,), (_observation("GD504", "megatron/core/transformer/cuda_graphs.py:1432", 0),)]
+    implicit = "CUDA error: operation would make the legacy stream depend on a capturing blocking stream"
+    assert hunt.found(implicit) == forward
+    assert hunt.last_capture == hunt.captures[-1]
+    newer = _observation("GD503", "fixtures/planted/default_stream_mlp.py:20", 1)
+    hunt.captures.append((newer,))
+    assert hunt.found(implicit) == newer  # the failing capture's own operation first
+
+
+def test_an_unnamed_failure_looks_only_at_the_failing_capture() -> None:
+    from graphdoctor.child.culprit import CulpritHunt
+
+    hunt = CulpritHunt({})
+    hunt.captures = [(_observation("GD501", "model.py:3", 0),), ()]
+    assert hunt.found("CUDA error: operation failed due to a previous error during capture") is None
