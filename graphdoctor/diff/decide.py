@@ -378,8 +378,9 @@ class VerdictTree:
         hunt = self.runs.hunt(impl)
         found = hunt.diagnosis
         if hunt.status != "error" or found is None or found.location is None:
-            return _add_note(result, "culprit hunt (sync errors raised during capture) found no "
-                                     "synchronizing operation; run `graphdoctor check --probe`")
+            note = (f"culprit hunt (sync errors raised during capture) found no synchronizing operation: "
+                    f"{_hunt_outcome(hunt)}; run `graphdoctor check --probe`")
+            return dataclasses.replace(_add_note(result, note), runs=(*result.runs, hunt))
         reported = f"{diag.cuda_error or diag.error_type}: {diag.message}"
         if diag.traceback_tail:
             reported += f" at {diag.traceback_tail[-1]}"
@@ -392,6 +393,17 @@ class VerdictTree:
         return dataclasses.replace(result, diagnosis=merged, runs=(*result.runs, hunt), notes=(
             *result.notes, "the failing operation was located by re-running the capture with "
                            "torch.cuda.set_sync_debug_mode('error')"))
+
+
+def _hunt_outcome(hunt: RunRecord) -> str:
+    """How a culprit hunt that located nothing ended, in a few words."""
+    found = hunt.diagnosis
+    if hunt.status == "ok":
+        return "its re-run trained to the end without an error"
+    if found is None:
+        return f"its re-run ended {hunt.status} without a diagnosis"
+    where = f" at {found.traceback_tail[-1]}" if found.traceback_tail else ""
+    return f"its re-run ended {hunt.status} with {found.cuda_error or found.error_type}{where}, at no user line"
 
 
 def _with_print_diffs(reference: RunRecord, graphed: RunRecord) -> RunRecord:
