@@ -42,14 +42,16 @@ CALL_BYTES_PER_BLOCK = 32
 FIXED_BYTES = 2 * BLOCK_NUMEL * 8
 """Device bytes of the in-block multipliers M (two lanes, kept for the fingerprinter's lifetime)."""
 
-MAX_CHUNKS = 2048
+MAX_CHUNKS = 512
 """Documented bound on chunks over the whole model under the default budget (plus one per tensor)."""
 
-MIN_BUDGET_BYTES = 4 << 20
-"""Floor of the default device budget, so tiny models are not cut into tiny chunks."""
+MIN_BUDGET_BYTES = 64 << 20
+"""Floor of the default device budget. Each chunk costs a few kernel launches, and launches, not bandwidth, bound
+a call with small chunks: on an H100, 5.4e8 bf16 parameters took 64.6 ms at a 10 MiB budget (1500 chunks) and
+24.2 ms at 64 MiB (300 chunks, one per tensor) (tests/benchmarks/bitprint_cost.py, docs/fingerprints.md)."""
 
-DEFAULT_BUDGET_FRACTION = 0.01
-"""Default device budget as a fraction of the model's bytes."""
+DEFAULT_BUDGET_FRACTION = 0.04
+"""Default device budget as a fraction of the model's bytes: about 300 chunks in bf16 at any parameter count."""
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -164,13 +166,13 @@ def plan_chunks(specs: Sequence[TensorSpec], budget_bytes: int | None = None,
 
     The chunk count is at most total_numel * b / (budget - fixed costs) + num_tensors, b the bytes per
     chunk element (24; with canonical_nan 24 + canonical_nan_bytes: 29 for 16-bit, 33 for 32-bit floats);
-    with the default budget (1% of the model's bytes) that is about 100 * b / element size + num_tensors
-    (1200 + num_tensors for bf16, 600 + num_tensors for fp32; with canonical_nan 1450 and 825), whatever
+    with the default budget (4% of the model's bytes) that is about 25 * b / element size + num_tensors
+    (300 + num_tensors for bf16, 150 + num_tensors for fp32; with canonical_nan 363 and 207), whatever
     the parameter count.
 
     Args:
         specs: the family's tensors.
-        budget_bytes: device budget; default max(1% of model bytes, 4 MiB).
+        budget_bytes: device budget; default max(4% of model bytes, 64 MiB).
         chunk_numel: explicit chunk size (tests); rounded up to a multiple of BLOCK_NUMEL.
         canonical_nan: plan for BitFingerprinter's canonical_nan, whose temporaries are per chunk element
             (canonical_nan_bytes): the chunk is smaller, so that the call still fits the budget.

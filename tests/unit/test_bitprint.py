@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from graphdoctor.compare.bitprint import (
     BLOCK_NUMEL,
+    DEFAULT_BUDGET_FRACTION,
     MAX_CHUNKS,
+    MIN_BUDGET_BYTES,
     BitFingerprinter,
     BitprintError,
     TensorSpec,
@@ -229,7 +231,7 @@ def test_plan_for_a_7b_layout_bounds_chunks_and_memory(dtype: torch.dtype) -> No
     model_bytes = total * torch.empty((), dtype=dtype).element_size()
     assert plan.model_bytes == model_bytes and plan.total_numel == total
     assert plan.num_chunks <= MAX_CHUNKS + len(specs)
-    assert plan.extra_bytes <= model_bytes // 100
+    assert plan.extra_bytes <= model_bytes * DEFAULT_BUDGET_FRACTION
     assert plan.chunk_numel % BLOCK_NUMEL == 0
     assert plan.num_chunks == sum(math.ceil(n / plan.chunk_numel) for n in sizes)
 
@@ -239,24 +241,28 @@ def test_plan_bounds_hold_across_sizes() -> None:
         specs = [TensorSpec(f"p{i}", total // 100, torch.bfloat16) for i in range(100)]
         plan = plan_chunks(specs)
         assert plan.num_chunks <= MAX_CHUNKS + len(specs), total
-        assert plan.extra_bytes <= max(plan.model_bytes // 100, 4 << 20), total
+        assert plan.extra_bytes <= max(plan.model_bytes * DEFAULT_BUDGET_FRACTION, MIN_BUDGET_BYTES), total
 
 
 @pytest.mark.parametrize(("dtype", "per_element"), [(torch.float16, 29), (torch.float32, 33), (torch.float64, 41)])
 @pytest.mark.parametrize("total", [50_000_000, 1_300_000_000, 7_000_000_000])
 def test_canonical_nan_plan_keeps_the_budget(dtype: torch.dtype, per_element: int, total: int) -> None:
     # canonical_nan's temporaries (mask, replaced words, gathered values) are per chunk element: planned for, the
-    # call fits the default budget (1 % of the model's bytes, 4 MiB floor); planned without, it did not.
+    # call fits a budget that cuts the tensors into chunks (here 1 % of the model's bytes, 4 MiB floor); planned
+    # without, it did not.
     sizes = [total // 300] * 299 + [total - 299 * (total // 300)]
     specs = [TensorSpec(f"g{i}", n, dtype) for i, n in enumerate(sizes)]
-    plain, canonical = plan_chunks(specs), plan_chunks(specs, canonical_nan=True)
+    assert plan_chunks(specs, canonical_nan=True).budget_bytes == max(
+        int(plan_chunks(specs).model_bytes * DEFAULT_BUDGET_FRACTION), MIN_BUDGET_BYTES)
+    budget = max(plan_chunks(specs).model_bytes // 100, 4 << 20)
+    plain, canonical = plan_chunks(specs, budget), plan_chunks(specs, budget, canonical_nan=True)
     assert canonical.bytes_per_chunk_element == per_element == 24 + canonical_nan_bytes(specs)
-    assert canonical.budget_bytes == plain.budget_bytes == max(canonical.model_bytes // 100, 4 << 20)
+    assert canonical.budget_bytes == plain.budget_bytes == budget
     assert canonical.extra_bytes <= canonical.budget_bytes
     assert plain.extra_bytes + canonical_nan_bytes(specs) * plain.chunk_numel > plain.budget_bytes  # the old peak
     assert canonical.chunk_numel < plain.chunk_numel and canonical.chunk_numel % BLOCK_NUMEL == 0
-    assert canonical.num_chunks <= MAX_CHUNKS + len(specs)
-    assert plan_chunks(specs, canonical_nan=True, chunk_numel=plain.chunk_numel).extra_bytes == \
+    assert canonical.num_chunks <= MAX_CHUNKS * 4 + len(specs)  # a quarter of the default budget
+    assert plan_chunks(specs, budget, canonical_nan=True, chunk_numel=plain.chunk_numel).extra_bytes == \
         plain.extra_bytes + canonical_nan_bytes(specs) * plain.chunk_numel  # an explicit chunk: counted, not fitted
 
 
@@ -339,3 +345,24 @@ def test_any_single_element_change_is_detected(dtype: torch.dtype, numel: int, d
     changed.view(word_dtype)[index] = signed
     first, second = lanes(tensor)[0], lanes(changed)[0]
     assert first[0] != second[0] and first[1] != second[1]
+
+
+def test_the_default_budget_is_the_one_the_h100_measured_fastest() -> None:
+    """tests/benchmarks/bitprint_cost.py on an H100 (fixtures/data/benchmarks/h100_bitprint_cost.txt): at 5.4e8
+    parameters in 300 tensors, the earlier 1 % budget cut them into 1500 (bf16) and 900 (fp32) chunks and took about
+    twice as long per call as one chunk per tensor; the default budget now plans one chunk per tensor there."""
+    from pathlib import Path
+
+    rows = {}
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "benchmarks" / "h100_bitprint_cost.txt"
+    for line in path.read_text(encoding="utf-8").splitlines()[1:]:
+        fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
+        rows[(line.split()[0], fields["budget"])] = fields
+    for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        old, new = rows[(dtype, "default")], rows[(dtype, "64MiB")]
+        assert float(old["median_ms"]) > 1.9 * float(new["median_ms"])
+        total, tensors = int(old["params"]), int(old["tensors"])
+        size = total // tensors
+        sizes = [size] * (tensors - 1) + [total - size * (tensors - 1)]
+        plan = plan_chunks([TensorSpec(f"p{i}", n, torch_dtype) for i, n in enumerate(sizes)])
+        assert int(old["chunks"]) > plan.num_chunks == int(new["chunks"]) == tensors
