@@ -164,10 +164,12 @@ class DiffRun:
                               + [schedule.request(impl, cfg.dropout, Role.GRAPHED, taps=cfg.localize is True)
                                  for impl in runnable])
             if self.preflight is not None:
-                self.session.gate = self.preflight.start().gate
+                self.session.gate = self.preflight.gate
             for request in [*schedule.first, *schedule.speculative(runnable)]:
                 schedule.prefetch(request)
+            import_torch_whole()
             if self.preflight is not None:
+                self.preflight.start()
                 try:
                     self.preflight.finish()
                 except BaseException:
@@ -218,6 +220,18 @@ class DiffRun:
                           control_reference=self.tree.control_reference, child_wall_s=self.session.child_wall_s,
                           scratch_bytes=self.schedule.scratch_bytes, jobs=self.session.jobs_line,
                           stopped=signal_name)
+
+
+def import_torch_whole() -> None:
+    """Import torch on this thread, whole, before any thread beside it may import part of it.
+
+    A thread that imports a torch submodule (`torch.profiler`, `torch.distributed.run`) holds that submodule's
+    import lock while it waits for torch; a thread importing torch itself needs the same submodule's lock, and
+    Python breaks that cycle by handing one of them torch half made (`partially initialized module 'torch' has
+    no attribute 'dtype'`). The parent starts its first children without torch and then imports it here, while
+    they start, before the plan-time checks' thread (which imports Megatron) and before any child's events
+    reach the threads that read them."""
+    import torch  # noqa: F401
 
 
 class VerdictTree:

@@ -5,8 +5,10 @@ where nothing else has imported torch yet."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -33,3 +35,56 @@ def test_a_dtype_still_encodes_once_torch_is_imported() -> None:
     encoded = encode({"params_dtype": torch.bfloat16, "hidden_size": 64})
     assert encoded == {"params_dtype": {"_target_": "torch.bfloat16", "_call_": False}, "hidden_size": 64}
     assert decode(encoded) == {"params_dtype": torch.bfloat16, "hidden_size": 64}
+
+
+ORDER = """
+import json
+import sys
+from pathlib import Path
+from graphdoctor.config import DiffConfig
+from graphdoctor.diff import DiffRun
+from graphdoctor.parent.preflight import Preflight
+from tests.unit.sessions import DeferredSession
+
+seen = []
+
+class Session(DeferredSession):
+    def __init__(self, workdir):
+        self.config = DiffConfig(impls=("local", "full_iteration"))
+        self.workdir = workdir
+
+    def submit(self, request):
+        seen.append(("child", "torch" in sys.modules))
+        return super().submit(request)
+
+    def run_request(self, request):
+        raise AssertionError("no child runs here")
+
+class Stop(Exception):
+    pass
+
+class Checks(Preflight):
+    def start(self):
+        seen.append(("checks", "torch" in sys.modules))
+        raise Stop
+
+workdir = Path(sys.argv[1])
+try:
+    DiffRun(Session(workdir), Checks(DiffConfig(), workdir)).run_all()
+except Stop:
+    pass
+print(json.dumps(seen))
+"""
+
+
+def test_the_parent_imports_torch_whole_after_its_first_children_and_before_its_checks_thread(tmp_path: Path) -> None:
+    """Children are asked for before torch is imported, the plan-time checks (whose thread imports Megatron) only
+    after it is: no thread imports part of torch while another imports the whole (graphdoctor.diff.decide
+    import_torch_whole)."""
+    done = subprocess.run([sys.executable, "-c", ORDER, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=str(Path(__file__).resolve().parents[2]))
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    children = [imported for what, imported in seen if what == "child"]
+    assert children and not any(children)
+    assert seen[-1] == ["checks", True]
