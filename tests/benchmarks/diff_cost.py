@@ -266,8 +266,14 @@ def main(argv: list[str] | None = None) -> int:
                                "diffs": []}
         if broken:  # a failed process's seconds are no bare run's: nothing to compare against
             print(f"{size}: bare processes failed: {', '.join(broken)}", file=sys.stderr)
+            for run in bare:
+                if run.get("returncode") != 0:
+                    last = [line for line in str(run.get("tail", "")).splitlines() if line.strip()][-3:]
+                    print(f"  {run['impl']} (exit {run.get('returncode')}): " + " | ".join(last), file=sys.stderr)
             failed = True
             results.append(row)
+            if args.out:
+                Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
             continue
         if crowded:
             # Each ran alone, so the size runs; side by side they did not fit (at full width several processes
