@@ -26,6 +26,10 @@ from graphdoctor.protocol.spec import ChildSpec
 EXIT_OK = 0
 EXIT_ERROR = 3
 
+FORKED = False
+"""True in a child forked from the template process (graphdoctor.child.template sets it before main): its wait from
+the parent's request to its entry is the `template` stage, not the `interpreter` one."""
+
 
 def _frames(tb: TracebackType | None) -> tuple[tuple[str, int, str], ...]:
     return tuple((f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(tb))
@@ -119,10 +123,7 @@ class ChildRun:
         clock = self.clock = self.clock or StageClock()
         preload()
         spawned = spawned_at()
-        if self.entered_at:
-            clock.add("imports", time.time() - self.entered_at)
-            if spawned is not None:
-                clock.add("interpreter", self.entered_at - spawned)
+        count_start(clock, self.entered_at, spawned)
         if self.spec.memory_gate:
             from graphdoctor.protocol.gate import wait_at_gate
 
@@ -234,6 +235,16 @@ PRELOADED: tuple[str, ...] = (
 )
 """What a child imports before its set-up (the `imports` stage), and so before it waits at its memory gate: the
 seconds of Megatron's imports are spent while other children hold the GPU memory (graphdoctor.parent.children)."""
+
+
+def count_start(clock: Any, entered_at: float, spawned: float | None) -> None:
+    """The start-up stages up to now: `imports` since the entry, and before it `template` (forked) or
+    `interpreter` (started) since the parent asked for the process (graphdoctor.protocol.seconds.STAGE_NAMES)."""
+    if not entered_at:
+        return
+    clock.add("imports", time.time() - entered_at)
+    if spawned is not None:
+        clock.add("template" if FORKED else "interpreter", entered_at - spawned)
 
 
 def preload() -> None:

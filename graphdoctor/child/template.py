@@ -66,9 +66,10 @@ def _run_child(request: dict[str, Any], ready_fd: int, template_pid: int) -> Non
         os.environ[PARENT_PID_ENV] = str(template_pid)  # the child dies with the template, which dies with the parent
         os.chdir(request["cwd"])
         sys.argv = [CHILD_MODULE, *request["argv"]]
-        from graphdoctor.child.entry import main
+        from graphdoctor.child import entry
 
-        main()  # runs the child as `python -m graphdoctor.child SPEC` does, and exits with its status
+        entry.FORKED = True
+        entry.main()  # runs the child as `python -m graphdoctor.child SPEC` does, and exits with its status
     except BaseException as exc:  # noqa: BLE001 - whatever happens, this process must not return to the loop
         try:
             os.write(2, f"graphdoctor template child: {type(exc).__name__}: {exc}\n".encode())

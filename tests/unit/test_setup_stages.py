@@ -71,3 +71,18 @@ def test_the_set_up_path_times_each_of_its_stages(monkeypatch: pytest.MonkeyPatc
     assert setup.forward_backward is print and setup.te_helper is None
     assert set(clock.seconds) == {"megatron_args", "distributed", "model", "ddp", "optimizer", "graphs"}
     assert set(clock.seconds) <= set(STAGE_NAMES)
+
+
+@pytest.mark.parametrize(("forked", "stage"), [(True, "template"), (False, "interpreter")])
+def test_a_forked_child_counts_its_wait_as_template_and_a_started_one_as_interpreter(
+        monkeypatch: pytest.MonkeyPatch, forked: bool, stage: str) -> None:
+    import time
+
+    from graphdoctor.child import entry
+
+    monkeypatch.setattr(entry, "FORKED", forked)
+    clock = StageClock()
+    now = time.time()
+    entry.count_start(clock, now - 2.0, now - 11.0)
+    assert set(clock.seconds) == {stage, "imports"} and set(clock.seconds) <= set(STAGE_NAMES)
+    assert clock.seconds[stage] == pytest.approx(9.0) and clock.seconds["imports"] == pytest.approx(2.0, abs=0.5)
