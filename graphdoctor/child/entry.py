@@ -237,7 +237,7 @@ PRELOADED: tuple[str, ...] = (
 seconds of Megatron's imports are spent while other children hold the GPU memory (graphdoctor.parent.children)."""
 
 
-def count_start(clock: Any, entered_at: float, spawned: float | None) -> None:
+def count_start(clock: StageClock, entered_at: float, spawned: float | None) -> None:
     """The start-up stages up to now: `imports` since the entry, and before it `template` (forked) or
     `interpreter` (started) since the parent asked for the process (graphdoctor.protocol.seconds.STAGE_NAMES)."""
     if not entered_at:

@@ -61,7 +61,6 @@ ENVIRONMENT_ATTEMPT = 10
 count on from there."""
 
 
-
 def run_child(spec: ChildSpec, workdir: Path, *, env: dict[str, str] | None = None,
               cancel: threading.Event | None = None, clock: threading.Event | None = None,
               template: ForkTemplate | None = None) -> RunRecord:

@@ -12,11 +12,12 @@ from typing import Any
 OBSERVER_NAMES: tuple[str, ...] = ("memory", "launches", "phases", "none_mask", "witness", "holders")
 """The observers a child can attach (graphdoctor.child.observers), as the seconds name them."""
 
-STAGE_NAMES: tuple[str, ...] = ("template", "interpreter", "imports", "megatron_args", "distributed", "model", "ddp", "optimizer",
-                                "graphs", "observers", "taps")
+STAGE_NAMES: tuple[str, ...] = ("template", "interpreter", "imports", "megatron_args", "distributed", "model", "ddp",
+                                "optimizer", "graphs", "observers", "taps")
 """A child's start-up and set-up stages, in order, as the seconds name them: `template` (a child forked from the
 template process: the parent's request to the child's entry, mostly the wait for the template's imports) or
-`interpreter` (a child started as its own interpreter: spawn to the child's entry), `imports` (torch and Megatron, the memory gate's wait taken out), `megatron_args` (the child's model
+`interpreter` (a child started as its own interpreter: spawn to the child's entry), `imports` (torch and Megatron,
+the memory gate's wait taken out), `megatron_args` (the child's model
 description and Megatron's TransformerConfig), `distributed` (process group, model-parallel groups, seeds),
 `model` (Megatron's builder, weights initialised, moved to the GPU), `ddp` (Megatron DDP), `optimizer`
 (get_megatron_optimizer), `graphs` (FullCudaGraphWrapper or TECudaGraphHelper, the forward step), `observers`
