@@ -254,8 +254,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"left out (bare_megatron.py cannot run them): {', '.join(left_out)}", file=sys.stderr)
     work = Path(tempfile.mkdtemp(prefix="gd-cost-"))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    results = []
+    results: list[dict[str, Any]] = []
     failed = False
+
+    def save(done: list[dict[str, Any]]) -> None:
+        """The rows so far to --out, after each size (a later size that fails keeps the earlier ones)."""
+        if args.out:
+            Path(args.out).write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
+
     for size in args.sizes.split(","):
         bare = [bare_run(size, impl, 0.1, args.steps, work) for impl in ["eager", *impls]]
         together = bare_together(size, ["eager", *impls], 0.1, args.steps, work)
@@ -272,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {run['impl']} (exit {run.get('returncode')}): " + " | ".join(last), file=sys.stderr)
             failed = True
             results.append(row)
-            if args.out:
-                Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+            save(results)
             continue
         if crowded:
             # Each ran alone, so the size runs; side by side they did not fit (at full width several processes
@@ -293,8 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             row["diffs"].append(run)
             print(json.dumps({k: v for k, v in run.items() if k not in ("children", "stdout_tail")}), flush=True)
         results.append(row)
-        if args.out:
-            Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        save(results)
     print("\n" + "\n".join(summary_lines(results)))
     print("\neach first child against its bare twin (start-up + set-up, training):")
     for row in results:
