@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from graphdoctor.child.holder_lines import issuer, source_assignments, user_issuer
@@ -62,6 +61,7 @@ from graphdoctor.child.holder_search import (
     user_code,
 )
 from graphdoctor.child.taps import graph_method_owner
+from graphdoctor.child.watching_mode import WatchingMode
 from graphdoctor.config.impl import Impl
 from graphdoctor.protocol.events import Event, Hazard
 
@@ -149,7 +149,7 @@ class _Setter:
     count: int = 1
 
 
-class _ReadMode(TorchDispatchMode):
+class _ReadMode(WatchingMode):
     """During a capture: the storages each operation reads and allocates, and its host-number arguments."""
 
     def __init__(self, watcher: HolderWatcher) -> None:

@@ -21,9 +21,9 @@ import sys
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from graphdoctor.child.watching_mode import WatchingMode
 from graphdoctor.compare.fingerprint import NUM_STATS, fingerprint
 from graphdoctor.compare.forensics import Site
 from graphdoctor.locations import format_location
@@ -177,7 +177,7 @@ def call_site(names: dict[int, str], skip: int = 2) -> tuple[str | None, str | N
     return module, location
 
 
-class DrawMode(TorchDispatchMode):
+class DrawMode(WatchingMode):
     """Sees every operator: taps random draws on the device, and device copies of host random draws."""
 
     def __init__(self, table: TapBuffer, names: dict[int, str]) -> None:

@@ -1,8 +1,9 @@
 """Operator-level recorder: runs a unit eagerly and notes every operation that is unsafe to capture.
 
-Three layers see different things: a TorchDispatchMode (aten ops, devices, streams, copies), a
-TorchFunctionMode (Tensor.item/.cpu/.tolist/bool, explicit generators, boolean indexing) and short-lived
-monkeypatches (torch.cuda.synchronize, Module.__setattr__, hook registration). Nothing here captures.
+Three layers see different things: a dispatch mode (aten ops, devices, streams, copies; compiled code stays
+compiled under it, graphdoctor.child.watching_mode), a TorchFunctionMode (Tensor.item/.cpu/.tolist/bool,
+explicit generators, boolean indexing) and short-lived monkeypatches (torch.cuda.synchronize, Module.__setattr__,
+hook registration). Nothing here captures.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from graphdoctor.child.watching_mode import WatchingMode
 from graphdoctor.locations import format_location
 from graphdoctor.probes.types import Observation
 
@@ -427,7 +428,7 @@ class _FunctionMode(TorchFunctionMode):
             raise
 
 
-class _DispatchMode(TorchDispatchMode):
+class _DispatchMode(WatchingMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
