@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -101,6 +102,8 @@ def diff_command(config_path: str | None, settings: tuple[str, ...], json_path: 
     1 otherwise, 2 for usage, config or environment errors (no GPU).
     """
     values = _under_torchrun(values)
+    if not plan_only:
+        start_template_early(values)
     if settings:
         values["transformer"] = parse_settings(settings)
     config = build_config(config_path, values)
@@ -128,6 +131,20 @@ def diff_command(config_path: str | None, settings: tuple[str, ...], json_path: 
     report = run_then_write(lambda board: diff(config, workdir=workdir, progress=board, started_at=started_at),
                             lambda done: write_outputs(done, json_path, html_path, verbose), quiet)
     sys.exit(report.exit_code())
+
+
+def start_template_early(values: dict[str, Any]) -> None:
+    """Start the template the children are forked from now (graphdoctor.parent.template.start_early), so that its
+    imports run beside this process's own reading of the run (a launch line resolved with Megatron-LM's parser takes
+    as long as the imports). Only where a one-process diff may run its children here: an NVIDIA device is present
+    and visible, and no multi-GPU run is asked for."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if (values.get("nproc_per_node") or 1) > 1 or visible in ("", "-1") or not Path("/dev/nvidiactl").exists():
+        return
+    from graphdoctor.parent.runner import child_env
+    from graphdoctor.parent.template import start_early
+
+    start_early(child_env())
 
 
 def parse_settings(settings: tuple[str, ...]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from graphdoctor.parent.runner import (
 )
 from graphdoctor.parent.sizing import ChildMemory, SlotPool, resize
 from graphdoctor.parent.slots import HostTurn, physical_gpus
-from graphdoctor.parent.template import ForkTemplate
+from graphdoctor.parent.template import ForkTemplate, adopt_early
 from graphdoctor.parent.template import enabled as template_enabled
 from graphdoctor.protocol.events import (
     read_events,
@@ -337,12 +337,15 @@ class ChildSession:
                 future.exception()  # waits; run_request never raises for a failing child
 
     def _template(self) -> ForkTemplate | None:
-        """The template process this session's one-process children are forked from, started with the first of
-        them (None under a launcher, with GRAPHDOCTOR_FORK_TEMPLATE=0, or where it could not start). It is started
-        from a thread of its own, which lives until close() (graphdoctor.parent.template)."""
+        """The template process this session's one-process children are forked from: the command's early one
+        (graphdoctor.parent.template.start_early) where it was started with the session's environment, else one
+        started with the first of them (None under a launcher, with GRAPHDOCTOR_FORK_TEMPLATE=0, or where it could
+        not start). It is started from a thread of its own, which lives until close() (graphdoctor.parent.template)."""
         if self.config.nproc_per_node != 1 or not template_enabled() or self._no_template:
             return None
         with self._lock:
+            if self.template is None:
+                self.template = adopt_early(self.config.env, self.workdir / "log-template.txt")
             if self.template is None:
                 try:
                     self.template = ForkTemplate(child_env(self.config.env), self.workdir / "log-template.txt")

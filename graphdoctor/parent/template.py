@@ -9,16 +9,23 @@ treats both alike. Where the template cannot serve a child (not started, failed,
 differs from the template's in a variable the imports could have read: same_imports; a command other than a diff
 child) the runner starts the child as its own interpreter, as without a template.
 
+A command may start the template early (start_early), before it knows its children: the template's imports (12 to
+15 s on our GPU machines) then run beside the parent's own work before its first child (a launch line resolved
+with Megatron-LM's parser, the checks), and the command's first session adopts it (adopt_early) where its
+environment is the session's.
+
 `GRAPHDOCTOR_FORK_TEMPLATE=0` in graphdoctor's environment turns the template off.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -111,6 +118,8 @@ class ForkTemplate:
 
     def __init__(self, env: Mapping[str, str], log_path: Path) -> None:
         self.env = dict(env)
+        self.log_path = log_path
+        """Where the template's own output goes."""
         self._cond = threading.Condition()
         self.ready_s: float | None = None
         """The template's import seconds, once it is ready."""
@@ -269,4 +278,72 @@ class ForkTemplate:
             self._proc.wait(timeout=CLOSE_WAIT_S)
 
 
-__all__ = ["SWITCH_ENV", "TEMPLATE_MODULE", "ForkTemplate", "ForkedProcess", "enabled", "same_imports"]
+_early_lock = threading.Lock()
+_early: ForkTemplate | None = None
+"""The template start_early started and no session has adopted yet."""
+
+
+def start_early(env: Mapping[str, str]) -> bool:
+    """Start a template now with `env` (a child's environment as far as the command knows it yet), for the first
+    session of this process to adopt; its log is a temporary file until then. True where one started (templates
+    on, none started before, the process could start); a template no session adopts is closed at exit."""
+    global _early
+    if not enabled():
+        return False
+    with _early_lock:
+        if _early is not None:
+            return False
+        fd, name = tempfile.mkstemp(prefix="graphdoctor-template-", suffix=".txt")
+        os.close(fd)
+        try:
+            _early = ForkTemplate(env, Path(name))
+        except OSError:
+            Path(name).unlink(missing_ok=True)
+            return False
+    atexit.register(close_early)
+    return True
+
+
+def adopt_early(run_env: Mapping[str, str], log_path: Path) -> ForkTemplate | None:
+    """The early template, for a session that adds `run_env` (a run file's `env:`, a launch script's exports) to
+    its children's environment: where it is alive and was started with those values, its log is linked to
+    `log_path` and it is the session's (serves() still checks each child's whole environment once the template is
+    ready); otherwise it is closed and None returned, and the session starts its own."""
+    global _early
+    with _early_lock:
+        early, _early = _early, None
+    if early is None:
+        return None
+    if early.failed is None and all(early.env.get(k) == v for k, v in run_env.items()):
+        _link_log(early.log_path, log_path)
+        early.log_path = log_path
+        return early
+    early.close()
+    early.log_path.unlink(missing_ok=True)
+    return None
+
+
+def _link_log(early: Path, wanted: Path) -> None:
+    """The session's template log is the early template's log file (a hard link; a pointer line where the two
+    paths are on different file systems). The temporary name is removed."""
+    try:
+        os.link(early, wanted)
+    except OSError:
+        with contextlib.suppress(OSError):
+            wanted.write_text(f"the template's output: {early}\n", encoding="utf-8")
+        return
+    early.unlink(missing_ok=True)
+
+
+def close_early() -> None:
+    """Close the early template if no session adopted it (at exit, or when the command ends before any child)."""
+    global _early
+    with _early_lock:
+        early, _early = _early, None
+    if early is not None:
+        early.close()
+        early.log_path.unlink(missing_ok=True)
+
+
+__all__ = ["SWITCH_ENV", "TEMPLATE_MODULE", "ForkTemplate", "ForkedProcess", "adopt_early", "close_early", "enabled",
+           "same_imports", "start_early"]

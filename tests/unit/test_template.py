@@ -148,3 +148,39 @@ def test_a_variable_the_imports_set_does_not_stop_the_fork() -> None:
 def test_the_switch_turns_the_template_off() -> None:
     assert enabled({}) and enabled({SWITCH_ENV: "1"}) and not enabled({SWITCH_ENV: "0"})
     assert os.environ.get(SWITCH_ENV, "1") != "0" or not enabled()
+
+
+def test_an_early_template_is_adopted_by_a_session_of_its_environment(tmp_path: Path) -> None:
+    """start_early before the command knows its children; the session adopts it: its log is linked to the
+    session's log-template.txt and it forks the session's children."""
+    assert parent_template.start_early(child_env())
+    assert not parent_template.start_early(child_env())  # one per process
+    try:
+        adopted = parent_template.adopt_early({}, tmp_path / "log-template.txt")
+        assert adopted is not None and adopted.log_path == tmp_path / "log-template.txt"
+        assert parent_template.adopt_early({}, tmp_path / "again.txt") is None  # adopted once
+        assert adopted.wait_ready(IMPORT_BOUND_S), (adopted.failed, (tmp_path / "log-template.txt").read_text())
+        ended = run_isolated(python_command("graphdoctor.child", str(_spec(tmp_path, "early"))),
+                             timeout_s=IMPORT_BOUND_S, log_path=tmp_path / "log.txt", env=child_env(), template=adopted)
+        assert ended.returncode == 3 and adopted.failed is None
+        with adopted._cond:
+            assert len(adopted._pids) == 1  # forked, not started as its own interpreter
+    finally:
+        adopted.close()
+    assert adopted._proc.poll() is not None
+
+
+def test_an_early_template_of_another_environment_is_closed(tmp_path: Path) -> None:
+    """A session whose run file or launch script sets a variable the early template was started without does not
+    adopt it: the template is ended and its temporary log removed. One never adopted is ended at close_early."""
+    assert parent_template.start_early(child_env())
+    early = parent_template._early
+    assert early is not None
+    assert parent_template.adopt_early({"NCCL_DEBUG": "INFO"}, tmp_path / "log-template.txt") is None
+    assert early._proc.poll() is not None and not early.log_path.exists()
+    assert not (tmp_path / "log-template.txt").exists()
+    assert parent_template.start_early(child_env())
+    unused = parent_template._early
+    assert unused is not None
+    parent_template.close_early()
+    assert unused._proc.poll() is not None and not unused.log_path.exists() and parent_template._early is None
