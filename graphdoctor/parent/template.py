@@ -271,6 +271,11 @@ class ForkTemplate:
         self._closed.set()
         self._log.close()
 
+    def abandon(self) -> None:
+        """End a template that forked nothing at once (close() would wait for imports still under way)."""
+        self._kill()
+        self.close()
+
     def _kill(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signal.SIGKILL)
@@ -318,7 +323,7 @@ def adopt_early(run_env: Mapping[str, str], log_path: Path) -> ForkTemplate | No
         _link_log(early.log_path, log_path)
         early.log_path = log_path
         return early
-    early.close()
+    early.abandon()
     early.log_path.unlink(missing_ok=True)
     return None
 
@@ -341,7 +346,7 @@ def close_early() -> None:
     with _early_lock:
         early, _early = _early, None
     if early is not None:
-        early.close()
+        early.abandon()
         early.log_path.unlink(missing_ok=True)
 
 
