@@ -136,15 +136,25 @@ def diff_command(config_path: str | None, settings: tuple[str, ...], json_path: 
 def start_template_early(values: dict[str, Any]) -> None:
     """Start the template the children are forked from now (graphdoctor.parent.template.start_early), so that its
     imports run beside this process's own reading of the run (a launch line resolved with Megatron-LM's parser takes
-    as long as the imports). Only where a one-process diff may run its children here: an NVIDIA device is present
-    and visible, and no multi-GPU run is asked for."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if (values.get("nproc_per_node") or 1) > 1 or visible in ("", "-1") or not Path("/dev/nvidiactl").exists():
+    as long as the imports), then import torch whole on this thread while the template imports (the template's
+    threads import nothing; graphdoctor.diff.decide.import_torch_whole says why no thread may import part of torch
+    beside it). Only where a one-process diff may run its children here: an NVIDIA device is present and visible,
+    and no multi-GPU run is asked for."""
+    if not children_may_run_here(values):
         return
+    from graphdoctor.diff.decide import import_torch_whole
     from graphdoctor.parent.runner import child_env
     from graphdoctor.parent.template import start_early
 
     start_early(child_env())
+    import_torch_whole()
+
+
+def children_may_run_here(values: dict[str, Any]) -> bool:
+    """Whether a one-process diff with these flag values may start children on this machine: an NVIDIA device
+    node is present, CUDA_VISIBLE_DEVICES hides none of it, and no multi-GPU run is asked for."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (values.get("nproc_per_node") or 1) <= 1 and visible not in ("", "-1") and Path("/dev/nvidiactl").exists()
 
 
 def parse_settings(settings: tuple[str, ...]) -> dict[str, Any]:

@@ -228,9 +228,10 @@ def import_torch_whole() -> None:
     A thread that imports a torch submodule (`torch.profiler`, `torch.distributed.run`) holds that submodule's
     import lock while it waits for torch; a thread importing torch itself needs the same submodule's lock, and
     Python breaks that cycle by handing one of them torch half made (`partially initialized module 'torch' has
-    no attribute 'dtype'`). The parent starts its first children without torch and then imports it here, while
-    they start, before the plan-time checks' thread (which imports Megatron) and before any child's events
-    reach the threads that read them."""
+    no attribute 'dtype'`). `graphdoctor diff` imports it so before any thread of its own starts
+    (graphdoctor.cli.diff.start_template_early); a diff called from Python starts its first children without
+    torch and then imports it here, while they start, before the plan-time checks' thread (which imports Megatron)
+    and before any child's events reach the threads that read them."""
     import torch  # noqa: F401
 
 

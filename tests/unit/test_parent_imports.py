@@ -88,3 +88,32 @@ def test_the_parent_imports_torch_whole_after_its_first_children_and_before_its_
     children = [imported for what, imported in seen if what == "child"]
     assert children and not any(children)
     assert seen[-1] == ["checks", True]
+
+
+EARLY = """
+import json
+import sys
+import threading
+from graphdoctor.cli import diff as cli_diff
+from graphdoctor.parent import template
+
+cli_diff.children_may_run_here = lambda values: True  # as on a GPU machine
+before = [t.name for t in threading.enumerate()]
+cli_diff.start_template_early({})
+started = template._early is not None
+torch = sys.modules.get("torch")
+whole = torch is not None and hasattr(torch, "dtype") and hasattr(torch, "cuda")
+template.close_early()
+print(json.dumps({"threads_before": before, "started": started, "whole": whole}))
+"""
+
+
+def test_graphdoctor_diff_starts_the_template_then_imports_torch_whole_before_any_worker() -> None:
+    """On a machine that may run children, `graphdoctor diff` starts the early template and imports torch whole on
+    its main thread before it reads the run, so no worker, checks or progress thread can import part of torch
+    beside it; only the main thread existed before."""
+    done = subprocess.run([sys.executable, "-c", EARLY], capture_output=True, text=True, timeout=300, check=False,
+                          cwd=str(Path(__file__).resolve().parents[2]))
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"threads_before": ["MainThread"], "started": True, "whole": True}
