@@ -18,7 +18,6 @@ import inspect
 import io
 import os
 import sys
-import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +35,7 @@ from graphdoctor.config.megatron_lm import (
 )
 from graphdoctor.errors import UsageError
 from graphdoctor.installed import te_findable
+from graphdoctor.process_env import ENVIRON_LOCK
 from graphdoctor.suggest import did_you_mean
 
 LAUNCH_SCRIPT = "pretrain_gpt.py"
@@ -59,9 +59,6 @@ REFUSED_DESTS: dict[str, str] = {
     "yaml_cfg": "diff reads the flags of a launch line, not Megatron-LM's experimental --yaml-cfg",
     "use_checkpoint_args": "diff builds the model from the line's own flags, not a checkpoint's",
 }
-
-_LOCK = threading.Lock()
-
 
 @dataclass(frozen=True, slots=True)
 class MegatronLine:
@@ -185,10 +182,11 @@ class _Gpu:
 def _megatron_process(argv: list[str], world_size: int, env: Mapping[str, str],
                       capability: tuple[int, int]) -> Iterator[tuple[list[warnings.WarningMessage], io.StringIO]]:
     """sys.argv, the environment, torch's determinism and the GPU as Megatron-LM's parser reads them, restored
-    afterwards; stdout and stderr captured; one parse at a time in this process."""
+    afterwards; stdout and stderr captured; one parse at a time in this process, and no copy of the environment
+    taken meanwhile (graphdoctor.process_env)."""
     import torch
 
-    with _LOCK:
+    with ENVIRON_LOCK:
         saved_argv, saved_env = sys.argv, dict(os.environ)
         deterministic = torch.are_deterministic_algorithms_enabled()
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()

@@ -25,6 +25,7 @@ from typing import IO, TYPE_CHECKING
 
 from graphdoctor.errors import Stopped
 from graphdoctor.parent.processes import TOKEN_ENV, kill_all, left_running, new_token, signal_all
+from graphdoctor.process_env import environ_copy
 from graphdoctor.protocol.processes import PARENT_PID_ENV, SPAWNED_AT_ENV, STACKS_ENV, python_command
 
 if TYPE_CHECKING:
@@ -108,8 +109,9 @@ class ProcessResult:
 
 
 def child_env(run_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A child's environment: ours, the deterministic defaults, then the run file's `env:`."""
-    env = dict(os.environ)
+    """A child's environment: ours (never as a launch line's parse on another thread borrows it), the deterministic
+    defaults, then the run file's `env:`."""
+    env = environ_copy()
     for key, value in DETERMINISTIC_ENV.items():
         env.setdefault(key, value)
     env.update(run_env or {})
