@@ -1,4 +1,5 @@
-"""The base of graphdoctor's dispatch modes: they watch operators and never change which kernels a run launches."""
+"""The base of the dispatch modes of diff's children (the holders watch, the taps): they watch operators and never
+change which kernels a run launches."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""graphdoctor's dispatch modes leave torch.compile'd code compiled (graphdoctor.child.watching_mode): under a plain
-dispatch mode torch.compile runs a compiled function's Python operator by operator, so a graph captured under
-graphdoctor's watch would hold other kernels than the user's run."""
+"""The dispatch modes of diff's children leave torch.compile'd code compiled (graphdoctor.child.watching_mode): under
+a plain dispatch mode torch.compile runs a compiled function's Python operator by operator, so a graph captured
+under graphdoctor's watch would hold other kernels than the user's run."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphdoctor.child.watching_mode import WatchingMode
 
-MODE_MODULES = ("graphdoctor.child.holders", "graphdoctor.child.taps", "graphdoctor.child.probe.recorder")
-"""Every module of graphdoctor that defines a dispatch mode."""
+MODE_MODULES = ("graphdoctor.child.holders", "graphdoctor.child.taps")
+"""The modules whose dispatch modes run in diff's children (the holders watch during captures, the taps)."""
 
 
 def _compiled_under(mode_cls: type[TorchDispatchMode]) -> tuple[int, torch.Tensor, torch.Tensor]:
@@ -61,7 +61,7 @@ def test_compiled_code_stays_compiled_under_a_watching_mode() -> None:
 
 
 @pytest.mark.parametrize("module", MODE_MODULES)
-def test_every_graphdoctor_dispatch_mode_is_a_watching_mode(module: str) -> None:
+def test_every_dispatch_mode_of_a_diff_child_is_a_watching_mode(module: str) -> None:
     importlib.import_module(module)
     ours = [cls for cls in _subclasses(TorchDispatchMode) if cls.__module__ == module]
     assert ours, f"{module} defines no dispatch mode"
@@ -75,3 +75,10 @@ def _subclasses(cls: type) -> list[type]:
     for sub in cls.__subclasses__():
         out += [sub, *_subclasses(sub)]
     return out
+
+
+def test_the_probe_recorder_runs_compiled_code_op_by_op_on_purpose() -> None:
+    """check --probe's recorder sees the operators a compiled function is made of: its mode is a plain one."""
+    from graphdoctor.child.probe.recorder import _DispatchMode
+
+    assert not issubclass(_DispatchMode, WatchingMode) and not _DispatchMode.ignore_compile_internals()

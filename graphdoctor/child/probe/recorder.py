@@ -1,9 +1,8 @@
 """Operator-level recorder: runs a unit eagerly and notes every operation that is unsafe to capture.
 
-Three layers see different things: a dispatch mode (aten ops, devices, streams, copies; compiled code stays
-compiled under it, graphdoctor.child.watching_mode), a TorchFunctionMode (Tensor.item/.cpu/.tolist/bool,
-explicit generators, boolean indexing) and short-lived monkeypatches (torch.cuda.synchronize, Module.__setattr__,
-hook registration). Nothing here captures.
+Three layers see different things: a TorchDispatchMode (aten ops, devices, streams, copies), a
+TorchFunctionMode (Tensor.item/.cpu/.tolist/bool, explicit generators, boolean indexing) and short-lived
+monkeypatches (torch.cuda.synchronize, Module.__setattr__, hook registration). Nothing here captures.
 """
 
 from __future__ import annotations
@@ -18,9 +17,9 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from graphdoctor.child.watching_mode import WatchingMode
 from graphdoctor.locations import format_location
 from graphdoctor.probes.types import Observation
 
@@ -428,7 +427,11 @@ class _FunctionMode(TorchFunctionMode):
             raise
 
 
-class _DispatchMode(WatchingMode):
+class _DispatchMode(TorchDispatchMode):
+    """Every aten operator. A plain dispatch mode on purpose: torch.compile'd code runs op by op under it, so a
+    probe sees the operators a compiled function is made of (unlike graphdoctor.child.watching_mode's modes, which
+    must leave a diff child's compiled kernels as the user's run has them)."""
+
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
