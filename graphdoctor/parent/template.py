@@ -9,7 +9,7 @@ treats both alike. Where the template cannot serve a child (not started, failed,
 differs from the template's in a variable the imports could have read: same_imports; a command other than a diff
 child) the runner starts the child as its own interpreter, as without a template.
 
-A command may start the template early (start_early), before it knows its children: the template's imports (12 to
+A command may start the template early (start_early), before it knows its children: the template's imports (10 to
 15 s on our GPU machines) then run beside the parent's own work before its first child (a launch line resolved
 with Megatron-LM's parser, the checks), and the command's first session adopts it (adopt_early) where its
 environment is the session's.
