@@ -314,18 +314,29 @@ def adopt_early(run_env: Mapping[str, str], log_path: Path) -> ForkTemplate | No
     its children's environment: where it is alive and was started with those values, its log is linked to
     `log_path` and it is the session's (serves() still checks each child's whole environment once the template is
     ready); otherwise it is closed and None returned, and the session starts its own."""
-    global _early
-    with _early_lock:
-        early, _early = _early, None
+    early = _take_early()
     if early is None:
         return None
     if early.failed is None and all(early.env.get(k) == v for k, v in run_env.items()):
         _link_log(early.log_path, log_path)
         early.log_path = log_path
         return early
+    _discard(early)
+    return None
+
+
+def _take_early() -> ForkTemplate | None:
+    """The early template, no longer anyone else's to adopt or close (None where none is waiting)."""
+    global _early
+    with _early_lock:
+        early, _early = _early, None
+    return early
+
+
+def _discard(early: ForkTemplate) -> None:
+    """End an early template no session adopted, and remove its temporary log."""
     early.abandon()
     early.log_path.unlink(missing_ok=True)
-    return None
 
 
 def _link_log(early: Path, wanted: Path) -> None:
@@ -342,12 +353,9 @@ def _link_log(early: Path, wanted: Path) -> None:
 
 def close_early() -> None:
     """Close the early template if no session adopted it (at exit, or when the command ends before any child)."""
-    global _early
-    with _early_lock:
-        early, _early = _early, None
+    early = _take_early()
     if early is not None:
-        early.abandon()
-        early.log_path.unlink(missing_ok=True)
+        _discard(early)
 
 
 __all__ = ["SWITCH_ENV", "TEMPLATE_MODULE", "ForkTemplate", "ForkedProcess", "adopt_early", "close_early", "enabled",
