@@ -149,7 +149,12 @@ def megatron_flags(script: str = "training") -> dict[str, MegatronFlag]:
 
 @cache
 def launcher_flags() -> frozenset[str]:
-    """torchrun's option strings (torch.distributed.run), both spellings (`--nproc-per-node`, `--nproc_per_node`)."""
+    """torchrun's option strings (torch.distributed.run), both spellings (`--nproc-per-node`, `--nproc_per_node`).
+
+    A diff resolves launch lines on worker threads while its main thread may be importing torch: `import torch`
+    comes first so that this thread waits for torch holding no submodule's import lock (holding
+    torch.distributed's while the main thread's torch imports it would hand one of them a half-made torch)."""
+    import torch  # noqa: F401
     from torch.distributed.run import get_args_parser
 
     return frozenset(f for a in get_args_parser()._actions for f in a.option_strings if f.startswith("--"))
