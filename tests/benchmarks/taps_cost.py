@@ -1,15 +1,18 @@
 """Benchmark: cost of capture-time taps (forensics) on a steady-state replay step, and their memory.
 
 Usage (on a CUDA machine, from the repository root):
-    python tests/benchmarks/taps_cost.py [--impl local,full_iteration] [--steps 14] [--dropout 0.1]
+    python tests/benchmarks/taps_cost.py [--impl eager,local,full_iteration] [--steps 14] [--dropout 0.1]
+    python tests/benchmarks/taps_cost.py --size 0.54b     # a size of tests/benchmarks/diff_cost.py
 
-For each implementation it trains the default graphdoctor GPT twice, side by side in one
-invocation: plainly and with taps (dropout masks, random draws, module outputs and output
-gradients fingerprinted inside the graphs). Both are `tapped`-role child runs (no reference I/O, no
-profiler, no memory history). Time: median CUDA-event step time over replay steps. Memory: the
-taps' own tables, and the difference in persistent allocated bytes at the end of the run, against
-the untapped run's persistent allocated bytes (parameters, main_grads, optimizer states, graph
-pools). Targets: time ratio <= 1.10, memory <= 1% of model memory.
+For each implementation (eager too: its taps are module hooks and a dispatch mode on every operator) it
+trains the model twice, one after the other in one invocation: plainly and with taps (dropout masks, random
+draws, module outputs and output gradients fingerprinted, inside the graphs where there are graphs). Both are
+`tapped`-role child runs (no reference I/O, no profiler, no memory history). Time: median CUDA-event step
+time over the steady steps (from warmup + 3 on, the steps diff times; replays for the graphed runs). Memory:
+the taps' own tables, and the difference in persistent allocated bytes at the end of the run, against the
+untapped run's persistent allocated bytes (parameters, main_grads, optimizer states, graph pools). Targets:
+time ratio <= 1.10 (issue 44: below it, diff may fold the taps into its first runs), memory <= 1% of model
+memory.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from graphdoctor.config import DiffConfig
 from graphdoctor.parent.children import run_child
-from graphdoctor.protocol.spec import ChildSpec, Role, placement_for_child, run_name
+from graphdoctor.protocol.spec import EAGER, ChildSpec, Role, placement_for_child, run_name
 
 
 def _run(impl: str, cfg: DiffConfig, work: Path, taps: bool, index: int) -> dict[str, object]:
@@ -35,8 +38,9 @@ def _run(impl: str, cfg: DiffConfig, work: Path, taps: bool, index: int) -> dict
     record = run_child(spec, work)
     if record.status != "ok":
         raise SystemExit(f"{impl} taps={taps}: {record.status} {record.diagnosis}")
-    replay = [s.step_time_ms for s in record.steps if s.phase == "replay"][2:]
-    return {"median_replay_ms": statistics.median(replay), "num_replay_steps": len(replay),
+    steady = [s.step_time_ms for s in record.steps
+              if s.step >= cfg.cuda_graph_warmup_steps + 3 and s.phase in ("replay", "eager") and s.step_time_ms]
+    return {"median_replay_ms": statistics.median(steady), "num_replay_steps": len(steady),
             "end_allocated_bytes": record.end_allocated_bytes,
             "peak_allocated_bytes": record.peak_allocated_bytes,
             "end_reserved_bytes": record.end_reserved_bytes,
@@ -58,19 +62,30 @@ def _pct_delta(tapped: dict[str, object], plain: dict[str, object], key: str) ->
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--impl", default="local,full_iteration")
+    parser.add_argument("--impl", default="eager,local,full_iteration")
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--hidden-size", type=int, default=DiffConfig().hidden_size)
     parser.add_argument("--seq-length", type=int, default=DiffConfig().seq_length)
+    parser.add_argument("--size", default=None, help="a size of diff_cost.py without a Megatron-LM line "
+                        "(0.54b, 1.08b); overrides --hidden-size and --seq-length")
     args = parser.parse_args(argv)
-    cfg = DiffConfig(impls=tuple(args.impl.split(",")), steps=args.steps, dropout=args.dropout,
-                     hidden_size=args.hidden_size, seq_length=args.seq_length,
-                     memory=False, launches=False, timeout_s=300.0)
+    shape: dict[str, object] = {"hidden_size": args.hidden_size, "seq_length": args.seq_length}
+    if args.size:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from diff_cost import SIZES
+
+        if args.size not in SIZES or "megatron-args" in SIZES[args.size]:
+            parser.error(f"--size: one of {', '.join(k for k, v in SIZES.items() if 'megatron-args' not in v)}")
+        shape = {key.replace("-", "_"): value for key, value in SIZES[args.size].items()}
+    impls = args.impl.split(",")
+    graphed = tuple(impl for impl in impls if impl != EAGER) or ("local",)  # the config names graphed ones only
+    cfg = DiffConfig(impls=graphed, steps=args.steps, dropout=args.dropout,
+                     memory=False, launches=False, timeout_s=300.0, **shape)  # type: ignore[arg-type]
     work = Path(tempfile.mkdtemp(prefix="gd-taps-bench-"))
     rows = []
     index = 0
-    for impl in cfg.impls:
+    for impl in impls:
         plain = _run(impl, cfg, work, False, index)
         tapped = _run(impl, cfg, work, True, index + 1)
         index += 2
@@ -92,9 +107,10 @@ def main(argv: list[str]) -> int:
               f"({rows[-1]['time_ratio']:.3f}x), {tapped['num_sites']} sites, memory "
               f"{rows[-1]['memory_pct']}% persistent, {rows[-1]['peak_delta_pct']}% peak",
               file=sys.stderr)
-    print(json.dumps({"config": {"steps": cfg.steps, "dropout": cfg.dropout,
+    print(json.dumps({"config": {"steps": cfg.steps, "dropout": cfg.dropout, "size": args.size,
                                  "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
-                                 "seq_length": cfg.seq_length},
+                                 "seq_length": cfg.seq_length, "micro_batch_size": cfg.micro_batch_size,
+                                 "dtype": cfg.dtype},
                       "rows": rows}, indent=1))
     return 0
 
