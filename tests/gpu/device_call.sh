@@ -13,7 +13,9 @@
 # repeats): issue 42's watch, alone on the GPU), cost (tests/benchmarks/diff_cost.py at GD_COST_SIZES, default
 # "default,0.54b", flag sets GD_COST_FLAGS, default "defaults,dropout0": bare runs one after another and side by side,
 # each diff, each first child against its bare twin), gpu-init (tests/gpu/test_gpu_init_gpu.py: equal weights in
-# every child, with transformer_engine where tests/gpu/te_env.sh staged it).
+# every child, with transformer_engine where tests/gpu/te_env.sh staged it), taps-cost (tests/benchmarks/taps_cost.py at
+# GD_TAPS_SIZES, default 0.54b: eager and graphed, plain against tapped), mem-stages
+# (tests/benchmarks/child_memory_stages.py: a child's memory outside the allocator, stage by stage).
 # te, moe-te, i30, i35, i43, i49te, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
 # the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
@@ -66,6 +68,16 @@ start_part() {  # part, gpu
         cost) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_cost.py --sizes "${GD_COST_SIZES:-default,0.54b}" \
                    --flags "${GD_COST_FLAGS:-defaults,dropout0}" --out "$dir/diff_cost.json" > "$dir/diff_cost.txt" 2>&1
               echo "cost: exit $?" >> "$dir/summary.txt" ;;  # issue 49's columns and issue 44's ratios, alone on the GPU
+        taps-cost) IFS=, read -ra sizes <<< "${GD_TAPS_SIZES:-0.54b}"  # issue 44: do taps cost <= 10 % of a step?
+               for size in "${sizes[@]}"; do
+                   "${pin[@]}" timeout $(( inner / ${#sizes[@]} - 10 )) python tests/benchmarks/taps_cost.py --size "$size" \
+                       --steps 12 > "$dir/taps_cost_$size.json" 2> "$dir/taps_cost_$size.log"
+                   echo "taps-cost $size: exit $? $(grep -E '^(eager|local|full_iteration):' "$dir/taps_cost_$size.log" | tr '\n' ' ')" >> "$dir/summary.txt"
+               done ;;
+        mem-stages) "${pin[@]}" timeout 60 python tests/benchmarks/child_memory_stages.py > "$dir/mem_stages.json" \
+                        2> "$dir/mem_stages.log"  # a child's GPU memory outside the allocator, stage by stage
+                    echo "mem-stages: exit $? $(grep -c 'device used' "$dir/mem_stages.log") stages" >> "$dir/summary.txt"
+                    grep 'device used' "$dir/mem_stages.log" >> "$dir/summary.txt" ;;
         gpu-init) "${pin[@]}" timeout "$inner" python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_init_gpu.py \
                       > "$dir/gpu_init.txt" 2>&1
                   echo "gpu-init: exit $? $(tail -1 "$dir/gpu_init.txt")" >> "$dir/summary.txt" ;;
