@@ -74,7 +74,7 @@ start_part() {  # part, gpu
                        --steps 12 > "$dir/taps_cost_$size.json" 2> "$dir/taps_cost_$size.log"
                    echo "taps-cost $size: exit $? $(grep -E '^(eager|local|full_iteration):' "$dir/taps_cost_$size.log" | tr '\n' ' ')" >> "$dir/summary.txt"
                done ;;
-        mem-stages) "${pin[@]}" timeout 60 python tests/benchmarks/child_memory_stages.py > "$dir/mem_stages.json" \
+        mem-stages) "${pin[@]}" timeout 200 python tests/benchmarks/child_memory_stages.py > "$dir/mem_stages.json" \
                         2> "$dir/mem_stages.log"  # a child's GPU memory outside the allocator, stage by stage
                     echo "mem-stages: exit $? $(grep -c 'device used' "$dir/mem_stages.log") stages" >> "$dir/summary.txt"
                     grep 'device used' "$dir/mem_stages.log" >> "$dir/summary.txt" ;;
