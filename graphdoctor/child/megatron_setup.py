@@ -75,8 +75,7 @@ def init_distributed(place: Placement, config: DiffConfig | None = None) -> None
         else:
             where = {"init_method": f"tcp://{place.master_addr}:{place.master_port}", "rank": place.rank,
                      "world_size": place.world_size}
-        torch.distributed.init_process_group(backend="nccl", device_id=torch.device("cuda", place.local_rank),
-                                             **where)
+        torch.distributed.init_process_group(backend="nccl", **where, **_bound_device(place))
     if not parallel_state.model_parallel_is_initialized():
         experts: dict[str, Any] = {}
         if config is not None and config.expert_model_parallel_size > 1:
@@ -88,6 +87,18 @@ def init_distributed(place: Placement, config: DiffConfig | None = None) -> None
             pipeline_model_parallel_size=place.pipeline_model_parallel_size,
             **experts,
         )
+
+
+def _bound_device(place: Placement) -> dict[str, Any]:
+    """The device a process group binds, if any.
+
+    A process alone binds none, as Megatron-LM's initialize.py binds none: NCCL then creates a communicator at its
+    group's first collective (a one-GPU step reduces over the data-parallel and model-parallel groups, in the eager
+    steps before any capture: cuda_graph_warmup_steps >= 1). A bound device makes every group of
+    initialize_model_parallel create its communicator at once, which costs each child seconds and GPU memory
+    outside the allocator, paid by every child that shares the GPU. Ranks of a multi-process child bind their
+    device (the two-GPU acceptance ran so)."""
+    return {} if place.world_size == 1 else {"device_id": torch.device("cuda", place.local_rank)}
 
 
 def seed_everything(seed: int, impl: str, te_rng_tracker: bool = False, *, graph_safe: bool | None = None) -> None:

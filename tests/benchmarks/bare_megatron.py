@@ -339,8 +339,8 @@ def main(argv: list[str]) -> int:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.cuda.set_device(0)
-    torch.distributed.init_process_group(backend="nccl", device_id=torch.device("cuda", 0),
-                                         store=torch.distributed.HashStore(), rank=0, world_size=1)
+    # Megatron-LM's initialize.py binds no device: communicators are created at their groups' first collective
+    torch.distributed.init_process_group(backend="nccl", store=torch.distributed.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     random.seed(args.seed)
     torch.manual_seed(args.seed)

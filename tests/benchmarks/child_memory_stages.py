@@ -11,9 +11,9 @@ the allocator's reserved bytes:
    one-GPU child's DDP and optimizer reduce through them).
 
 Two variants, each in a process of its own, side by side in one run:
-- `bound`: graphdoctor.child.megatron_setup.init_distributed, NCCL with the device bound (`device_id`, as
-  Megatron-LM's initialize.py does): every group's communicator is created as the group is;
-- `lazy`: the same without `device_id`: a communicator is created at its group's first collective.
+- `bound`: NCCL with the device bound (`device_id`): every group's communicator is created as the group is;
+- `lazy`: graphdoctor.child.megatron_setup.init_distributed, as a one-GPU child sets up: no device bound (as
+  Megatron-LM's initialize.py binds none), so a communicator is created at its group's first collective.
 
     python tests/benchmarks/child_memory_stages.py          # on a CUDA machine with nothing else on the GPU
 """
@@ -51,17 +51,17 @@ def stages(variant: str) -> dict:
     torch.zeros(1, device="cuda")
     mark("context")
     if variant == "bound":
+        from megatron.core import parallel_state
+
+        torch.distributed.init_process_group(backend="nccl", store=torch.distributed.HashStore(), rank=0,
+                                             world_size=1, device_id=torch.device("cuda", 0))
+        parallel_state.initialize_model_parallel()
+    else:
         from graphdoctor.child.megatron_setup import init_distributed
         from graphdoctor.config import DiffConfig
         from graphdoctor.protocol.spec import Placement
 
         init_distributed(Placement(), DiffConfig())
-    else:
-        from megatron.core import parallel_state
-
-        torch.distributed.init_process_group(backend="nccl", store=torch.distributed.HashStore(), rank=0,
-                                             world_size=1)
-        parallel_state.initialize_model_parallel()
     mark("process group + groups")
     from graphdoctor.child.megatron_setup import seed_everything
 
