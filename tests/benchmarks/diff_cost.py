@@ -240,6 +240,16 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def warm_imports() -> float:
+    """Import what a bare process and a diff import, once, in a process of its own, and return its seconds. On a
+    machine just started, the first process to import torch and Megatron reads them from disk: that process would
+    be the slowest bare run, and every ratio to it would flatter the diff."""
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, megatron.core, megatron.training, graphdoctor.child"],
+                   check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    return time.perf_counter() - began
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="default,0.54b,1.08b", help="Comma-separated: " + ", ".join(SIZES))
@@ -262,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
 
+    warm_s = warm_imports()
+    print(f"imports warmed in {warm_s:.1f} s (one process, before every measured one)", file=sys.stderr)
     for size in args.sizes.split(","):
         bare = [bare_run(size, impl, 0.1, args.steps, work) for impl in ["eager", *impls]]
         together = bare_together(size, ["eager", *impls], 0.1, args.steps, work)
