@@ -5,9 +5,10 @@ a handful of fixed-shape reductions (no host sync, no data-dependent shape). Mas
 positional counts (a changed mask changes them with overwhelming probability); module outputs and
 gradients get sum and L2 norm (the third statistic is 0), which also give the size of a difference.
 
-Each statistic is one reduction kernel that writes straight into its table cell (`out=`), so inside a
-graph a value tap is two nodes per replay and a draw tap four (a boolean mask is first cast once to
-bfloat16, which holds 0 and 1 exactly and which CUDA sums in float32 without another copy).
+A value statistic is one reduction kernel that writes straight into its table cell (`out=`), so inside a
+graph a value tap is two nodes per replay. A boolean mask (dropout) is counted exactly in integers in one
+read of its bytes (`mask_counts`): a cast to any wider type first would write and read the mask again at
+twice its size or more, and at [batch, heads, seq, seq] the attention masks are most of what taps cost.
 """
 
 from __future__ import annotations
@@ -28,6 +29,51 @@ STAT_NAMES: dict[str, tuple[str, str, str]] = {
     **{k: ("sum", "l2", "unused") for k in VALUE_KINDS},
 }
 """What each of the three statistics means, per kind."""
+
+_LANES = 8
+"""Mask bytes per int64 word."""
+
+_PERIOD = 168
+"""8 * 21, a multiple of 3 and of 7: elements after which an element's classes mod 3 and mod 7 repeat."""
+
+_DEPTH_WORDS = 255
+"""Words summed per byte lane before a lane's count could carry into the next byte (each byte is 0 or 1)."""
+
+_BLOCK = _PERIOD * _DEPTH_WORDS
+"""Mask elements per block of the word view (42,840); the tail beyond the last whole block is counted directly."""
+
+
+def mask_counts(mask: torch.Tensor) -> torch.Tensor:
+    """[count, count over elements 1::3, count over elements 2::7] of a boolean tensor, as int64 on its device.
+
+    The mask's whole blocks are read once, as int64 words of eight 0/1 bytes: summing 255 words keeps every
+    byte lane's count below 256, so no lane carries into the next, and summing a [blocks, 255, 21] word view
+    over its middle dimension leaves, per block, 168 byte counts whose positions repeat the classes mod 3 and
+    mod 7 of the elements they count. The tail beyond the last whole block (fewer than 42,840 elements), and
+    a mask whose bytes cannot be viewed as words (not 8-byte aligned), are counted directly. Integer sums:
+    exact at any size and independent of the reduction order. About a dozen small kernels, capturable.
+    """
+    flat = mask.detach().reshape(-1)
+    if flat.dtype != torch.bool:
+        raise ValueError(f"mask: got dtype {flat.dtype}, expected torch.bool")
+    whole = flat.numel() // _BLOCK * _BLOCK if flat.storage_offset() % _LANES == 0 else 0
+    counts = torch.empty(NUM_STATS, dtype=torch.int64, device=flat.device)
+    if whole:
+        words = flat[:whole].view(torch.int64).view(-1, _DEPTH_WORDS, _PERIOD // _LANES)
+        per_position = words.sum(dim=1).view(torch.uint8).view(-1, _PERIOD).sum(dim=0)
+        _class_sums(per_position, counts)
+    if whole < flat.numel() or not whole:
+        tail_counts = _class_sums(flat[whole:].long(), torch.empty_like(counts))
+        counts = counts + tail_counts if whole else tail_counts
+    return counts
+
+
+def _class_sums(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[:] = [sum, sum over 1::3, sum over 2::7] of the 1-D int64 `values` (which start at a class boundary)."""
+    torch.sum(values, dim=None, out=out[0])
+    torch.sum(values[1::3], dim=None, out=out[1])
+    torch.sum(values[2::7], dim=None, out=out[2])
+    return out
 
 
 def fingerprint(tensor: torch.Tensor, kind: str, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -51,9 +97,10 @@ def fingerprint(tensor: torch.Tensor, kind: str, out: torch.Tensor | None = None
     f32 = torch.float32
     data = tensor.detach()
     if kind in DRAW_KINDS:
+        if data.dtype == torch.bool:
+            out.copy_(mask_counts(data))
+            return out
         flat = data.reshape(-1)
-        if flat.dtype == torch.bool:
-            flat = flat.to(torch.bfloat16)
         torch.sum(flat, dim=None, dtype=f32, out=out[0])
         torch.sum(flat[1::3], dim=None, dtype=f32, out=out[1])
         torch.sum(flat[2::7], dim=None, dtype=f32, out=out[2])
@@ -68,4 +115,4 @@ def fingerprint(tensor: torch.Tensor, kind: str, out: torch.Tensor | None = None
     raise ValueError(f"kind: got {kind!r}, expected one of {DRAW_KINDS + VALUE_KINDS}")
 
 
-__all__ = ["DRAW_KINDS", "NUM_STATS", "STAT_NAMES", "VALUE_KINDS", "fingerprint"]
+__all__ = ["DRAW_KINDS", "NUM_STATS", "STAT_NAMES", "VALUE_KINDS", "fingerprint", "mask_counts"]

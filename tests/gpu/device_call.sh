@@ -13,8 +13,8 @@
 # repeats): issue 42's watch, alone on the GPU), cost (tests/benchmarks/diff_cost.py at GD_COST_SIZES, default
 # "default,0.54b", flag sets GD_COST_FLAGS, default "defaults,dropout0": bare runs one after another and side by side,
 # each diff, each first child against its bare twin), gpu-init (tests/gpu/test_gpu_init_gpu.py: equal weights in
-# every child, with transformer_engine where tests/gpu/te_env.sh staged it), taps-cost (tests/benchmarks/taps_cost.py at
-# GD_TAPS_SIZES, default 0.54b: eager and graphed, plain against tapped), mem-stages
+# every child, with transformer_engine where tests/gpu/te_env.sh staged it), taps-cost (tests/benchmarks/fingerprint_cost.py, one mask's
+# fingerprint; then tests/benchmarks/taps_cost.py at GD_TAPS_SIZES, default 0.54b: eager and graphed, plain against tapped), mem-stages
 # (tests/benchmarks/child_memory_stages.py: a child's memory outside the allocator, stage by stage).
 # te, moe-te, i30, i35, i43, i49te, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
 # the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
@@ -68,7 +68,10 @@ start_part() {  # part, gpu
         cost) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_cost.py --sizes "${GD_COST_SIZES:-default,0.54b}" \
                    --flags "${GD_COST_FLAGS:-defaults,dropout0}" --out "$dir/diff_cost.json" > "$dir/diff_cost.txt" 2>&1
               echo "cost: exit $?" >> "$dir/summary.txt" ;;  # issue 49's columns and issue 44's ratios, alone on the GPU
-        taps-cost) IFS=, read -ra sizes <<< "${GD_TAPS_SIZES:-0.54b}"  # issue 44: do taps cost <= 10 % of a step?
+        taps-cost) "${pin[@]}" timeout 120 python tests/benchmarks/fingerprint_cost.py > "$dir/fingerprint_cost.json" \
+                       2> "$dir/fingerprint_cost.log"  # one mask's fingerprint, counted against cast and summed
+                   echo "fingerprint-cost: exit $? $(tr '\n' ' ' < "$dir/fingerprint_cost.log")" >> "$dir/summary.txt"
+                   IFS=, read -ra sizes <<< "${GD_TAPS_SIZES:-0.54b}"  # issue 44: do taps cost <= 10 % of a step?
                for size in "${sizes[@]}"; do
                    "${pin[@]}" timeout $(( inner / ${#sizes[@]} - 10 )) python tests/benchmarks/taps_cost.py --size "$size" \
                        --steps 12 > "$dir/taps_cost_$size.json" 2> "$dir/taps_cost_$size.log"
