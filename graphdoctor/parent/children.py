@@ -38,7 +38,7 @@ from graphdoctor.parent.runner import (
     run_isolated,
     with_port_retries,
 )
-from graphdoctor.parent.sizing import ChildMemory, SlotPool, resize
+from graphdoctor.parent.sizing import ChildMemory, SlotPool, kind_of, resize
 from graphdoctor.parent.slots import HostTurn, physical_gpus
 from graphdoctor.parent.template import ForkTemplate, adopt_early
 from graphdoctor.parent.template import enabled as template_enabled
@@ -241,7 +241,7 @@ class ChildSession:
         self.finished: dict[str, RunRecord] = {}
         """The record of every child that ended (failing, timed out or stopped too), by name."""
         self._slots = SlotPool(list(self.plan.gpus) or [None], self.plan.jobs)
-        self.memory = ChildMemory(child_bytes(config), config.nproc_per_node)
+        self.memory = ChildMemory(child_bytes(config), config.nproc_per_node, child_bytes(config, graphed=False))
         """Each child's memory need: the first estimate, then what the children that ended measured."""
         self.resized: str | None = None
         """What the last measured figure made of the memory slots (the report's jobs line ends with it)."""
@@ -403,9 +403,9 @@ class ChildSession:
             self._slots.put(device)
 
     def host_turn(self, request: ChildRequest, device: str | None) -> HostTurn:
-        """The child's claim on the machine-wide budget of its GPUs (graphdoctor.parent.slots): its memory need
-        per GPU (the estimate, or what the children that ended measured), told as the child it is."""
-        need = self.memory.need()
+        """The child's claim on the machine-wide budget of its GPUs (graphdoctor.parent.slots): its kind's memory
+        need per GPU (the estimate, or what the children of its kind that ended measured), told as the child it is."""
+        need = self.memory.need(kind_of(request.impl))
         return HostTurn.on(physical_gpus(device), need.bytes, f"{request.impl} {request.describe()}", self.note,
                            need.headroom)
 
@@ -413,7 +413,7 @@ class ChildSession:
         """An ended child's memory figures: a raised need re-sizes a shared GPU's memory slots (sizing.resize)."""
         need = self.memory.observe(record)
         if need is not None and self.memory_gated and self.plan.total_bytes:
-            self.resized = resize(self._slots, need, self.plan, self.memory.measured_by)
+            self.resized = resize(self._slots, self.memory, self.plan)
             self.note(f"children: {self.resized}")
 
     @property

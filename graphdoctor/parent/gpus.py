@@ -176,20 +176,22 @@ def num_parameters(config: DiffConfig) -> int:
     return 2 * config.vocab_size * h + positions + layers * (attention + feed_forward) + norm
 
 
-def child_bytes(config: DiffConfig, parameters: int | None = None) -> int:
+def child_bytes(config: DiffConfig, parameters: int | None = None, *, graphed: bool = True) -> int:
     """A generous first estimate of one child's peak GPU memory, before any child measured it
     (graphdoctor.parent.sizing): weights, fp32 main_grads, Adam state (and fp32 master weights in bf16/fp16),
-    activations twice over (graph pools keep a copy), a context. `parameters`: the count the skeleton built
-    (graphdoctor.parent.skeleton), else num_parameters. On the H200 (bf16) the processes held up to 32 GiB at
-    0.54 B (8 x 2048, seq 2048, mbs 2; estimate 26 GiB) and 47-60 GiB at 1.08 B (4 x 4096, seq 4096; estimate
-    45 GiB), so MEMORY_HEADROOM stays: five 0.54 B children at once ran out of memory."""
+    activations (twice over for a `graphed` child: its graph pools keep a copy; once for an eager one), a
+    context. `parameters`: the count the skeleton built (graphdoctor.parent.skeleton), else num_parameters. On
+    the H200 (bf16) the processes held up to 32 GiB at 0.54 B (8 x 2048, seq 2048, mbs 2; estimate 26 GiB)
+    while each also held 8.75 GiB of NCCL communicators, and 47-60 GiB at 1.08 B (4 x 4096, seq 4096; estimate
+    45 GiB), so MEMORY_HEADROOM stays: five 0.54 B children at once ran out of memory then."""
     params = num_parameters(config) if parameters is None else parameters
     per_param = 16 if config.dtype == "fp32" else 18
     width = 4 if config.dtype == "fp32" else 2
     s, b, h = config.seq_length, config.micro_batch_size, config.hidden_size
     heads = config.num_attention_heads
     activations = config.num_layers * s * b * h * (17 + 5 * heads * s // h // 2) * width
-    return params * per_param + 2 * activations * config.num_microbatches + CONTEXT_BYTES
+    copies = 2 if graphed else 1
+    return params * per_param + copies * activations * config.num_microbatches + CONTEXT_BYTES
 
 
 def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None, *, parameters: int | None = None) -> JobPlan:
@@ -212,22 +214,27 @@ def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None, *, parameters: 
         return JobPlan(jobs, tuple(g.device_id for g in gpus), jobs > len(gpus),
                        f"{jobs} children at a time over {len(gpus)} GPUs")
     need = child_bytes(config, parameters)
+    eager_need = child_bytes(config, parameters, graphed=False)
     if not gpus or not gpus[0].total_bytes:
         if config.jobs:
             return JobPlan(config.jobs, (), True, f"{config.jobs} children at a time (--jobs; GPU memory unknown)")
         return JobPlan(1, (), False, "children run in series: GPU memory unknown (nvidia-smi found none)")
     gpu = gpus[0]
     free = int(gpu.total_bytes * MEMORY_HEADROOM) - gpu.used_bytes
-    fits = max(1, free // need) if need else 1
+    # Slots for as many of the smallest (eager) children as fit; which of them may hold memory at once is then
+    # decided child by child, each by its own kind's need (graphdoctor.parent.slots.HostSlots.try_take).
+    fits = max(1, free // eager_need) if eager_need else 1
     ceiling = config.jobs or cpu_slots()
     jobs = min(ceiling, fits)
     sizes = dict(ceiling=ceiling, total_bytes=gpu.total_bytes, used_bytes=gpu.used_bytes)
     if jobs == 1:
         return JobPlan(1, (gpu.device_id,), True, f"one child at a time until one has measured its memory: the "
                        f"estimate is about {need / 2**30:.0f} GiB of {_room(gpu, free)}", **sizes)
-    return JobPlan(jobs, (gpu.device_id,), True, f"{jobs} children at a time on one GPU (about "
-                                                 f"{need / 2**30:.0f} GiB each of {free / 2**30:.0f} GiB free)",
-                   **sizes)
+    each = f"{need / 2**30:.0f} GiB each" if round(need / 2**30) == round(eager_need / 2**30) else \
+        f"{eager_need / 2**30:.0f} GiB per eager child and {need / 2**30:.0f} GiB per graphed one"
+    upto = "" if each.endswith("each") else "up to "
+    return JobPlan(jobs, (gpu.device_id,), True, f"{upto}{jobs} children at a time on one GPU (about {each} "
+                                                 f"of {free / 2**30:.0f} GiB free)", **sizes)
 
 
 def _room(gpu: Gpu, free: int) -> str:

@@ -10,6 +10,7 @@ import queue
 import threading
 from dataclasses import dataclass
 
+from graphdoctor.config.impl import MEGATRON_EAGER, Impl
 from graphdoctor.parent.gpus import MEMORY_HEADROOM, JobPlan
 from graphdoctor.protocol.record import RunRecord
 
@@ -63,48 +64,78 @@ class Need:
         return max(1, min(ceiling, room // self.bytes if self.bytes > 0 else ceiling))
 
 
+def kind_of(impl: str) -> str:
+    """The memory kind of a child of `impl`: "eager" (no graph pools) or "graphed"."""
+    return "eager" if impl in (Impl.EAGER, MEGATRON_EAGER) else "graphed"
+
+
 class ChildMemory:
-    """A session's need per child: the first estimate until a child ends with memory figures, then the largest
-    measured figure so far times MEASURED_MARGIN (thread-safe; children end on the session's worker threads).
+    """A session's need per child, by kind (kind_of: an eager child holds no graph pools, so it needs less): the
+    kind's first estimate until a child of that kind ends with memory figures, then the largest figure that kind
+    measured so far times MEASURED_MARGIN. A kind none of whose children measured yet, once another kind has,
+    takes that kind's measured figure, scaled up by the two kinds' estimates where its own is the larger: a
+    measurement replaces every estimate, which may fall short or far over (thread-safe; children end on the
+    session's worker threads).
 
     Args:
-        estimate: the first estimate (graphdoctor.parent.gpus.child_bytes).
+        estimate: the first estimate of a graphed child (graphdoctor.parent.gpus.child_bytes).
         num_processes: processes of each child (its need is shared out over their GPUs).
+        eager_estimate: the first estimate of an eager child (child_bytes(..., graphed=False)); default `estimate`.
     """
 
-    def __init__(self, estimate: int, num_processes: int = 1) -> None:
+    def __init__(self, estimate: int, num_processes: int = 1, eager_estimate: int | None = None) -> None:
         self._lock = threading.Lock()
-        self._estimate = int(estimate)
+        self._estimates = {"graphed": int(estimate),
+                           "eager": int(estimate if eager_estimate is None else eager_estimate)}
         self._nproc = max(1, num_processes)
-        self._largest: int | None = None
-        """The largest measured figure so far, per GPU (margin not included)."""
+        self._largest: dict[str, int] = {}
+        """The largest measured figure so far of each kind, per GPU (margin not included)."""
         self.measured_by: str | None = None
-        """The child whose figure sizes the session now (None: the estimate still does)."""
+        """The child whose figure raised a need last (None: the estimates still size the session)."""
 
     @property
     def estimate(self) -> int:
-        """The first estimate, per child."""
-        return self._estimate
+        """The first estimate, per graphed child."""
+        return self._estimates["graphed"]
 
-    def need(self) -> Need:
-        """Per child and per GPU: the measured figure with its margin, else the estimate."""
+    def need(self, kind: str = "graphed") -> Need:
+        """Per child of `kind` and per GPU: its kind's measured figure with its margin, else its estimate (raised
+        to the largest measured need of another kind, if any)."""
         with self._lock:
-            if self._largest is None:
-                return Need(bytes=self._estimate // self._nproc, measured=False, headroom=MEMORY_HEADROOM)
-            return Need(bytes=int(self._largest * MEASURED_MARGIN), measured=True, headroom=MEASURED_HEADROOM)
+            return self._need(kind)
+
+    def _need(self, kind: str) -> Need:
+        own = self._largest.get(kind)
+        if own is not None:
+            return Need(bytes=int(own * MEASURED_MARGIN), measured=True, headroom=MEASURED_HEADROOM)
+        if not self._largest:
+            return Need(bytes=self._estimates[kind] // self._nproc, measured=False, headroom=MEMORY_HEADROOM)
+        # From another kind's measurement, scaled up where the estimates say this kind needs more (never down:
+        # Transformer Engine's graph pools hold far less than the estimate's second copy of the activations)
+        scaled = max(figure * max(1.0, self._estimates[kind] / self._estimates[other])
+                     for other, figure in self._largest.items())
+        return Need(bytes=int(scaled * MEASURED_MARGIN), measured=True, headroom=MEASURED_HEADROOM)
+
+    def smallest(self) -> Need:
+        """The smaller kind's need: how many children the session's slots admit at most (each then waits for its
+        own kind's need to fit: graphdoctor.parent.slots)."""
+        with self._lock:
+            return min((self._need(kind) for kind in self._estimates), key=lambda need: need.bytes)
 
     def observe(self, record: RunRecord) -> Need | None:
-        """Take an ended child's figures; the new need where they raised the session's measured figure (or gave
-        its first), else None. A multi-GPU child's figures are its rank 0's: already per GPU."""
+        """Take an ended child's figures; its kind's new need where they raised that kind's measured figure (or
+        gave its first), else None. A multi-GPU child's figures are its rank 0's: already per GPU."""
         found = measured_bytes(record)
         if found is None:
             return None
+        kind = kind_of(record.impl)
         with self._lock:
-            if self._largest is not None and found <= self._largest:
+            largest = self._largest.get(kind)
+            if largest is not None and found <= largest:
                 return None
-            self._largest = found
+            self._largest[kind] = found
             self.measured_by = record.name or record.impl
-        return self.need()
+            return self._need(kind)
 
 
 class SlotPool:
@@ -161,12 +192,16 @@ class SlotPool:
             self._size = size
 
 
-def resize(pool: SlotPool, need: Need, plan: JobPlan, measured_by: str | None) -> str:
-    """Size a shared GPU's pool for `need`, up to the plan's ceiling; the line that says so."""
-    jobs = need.fits(plan.total_bytes, plan.used_bytes, plan.most)
+def resize(pool: SlotPool, memory: ChildMemory, plan: JobPlan) -> str:
+    """Size a shared GPU's pool for the smallest kind's need, up to the plan's ceiling; the line that says so."""
+    jobs = memory.smallest().fits(plan.total_bytes, plan.used_bytes, plan.most)
     pool.resize(jobs)
-    return f"{jobs} at a time once {measured_by} measured about {need.bytes / 2**30:.1f} GiB per child"
+    eager, graphed = memory.need("eager"), memory.need("graphed")
+    each = f"{graphed.bytes / 2**30:.1f} GiB per child" if eager.bytes == graphed.bytes else \
+        f"{eager.bytes / 2**30:.1f} GiB per eager child and {graphed.bytes / 2**30:.1f} GiB per graphed one"
+    upto = "" if eager.bytes == graphed.bytes else "up to "
+    return f"{upto}{jobs} at a time once {memory.measured_by} measured about {each}"
 
 
 __all__ = ["MEASURED_HEADROOM", "MEASURED_MARGIN", "OUTSIDE_ALLOCATOR_BYTES", "ChildMemory", "Need", "SlotPool",
-           "measured_bytes", "resize"]
+           "kind_of", "measured_bytes", "resize"]

@@ -178,3 +178,63 @@ def test_a_gpu_other_processes_fill_is_said_as_what_they_hold_not_a_negative_fre
     assert plan.jobs == 1
     assert "-" not in plan.reason.split("GiB of", 1)[1], plan.reason
     assert "1.9 GiB free: other processes hold 77.7 GiB of 79.6 GiB" in plan.reason, plan.reason
+
+
+SIZE_054B = DiffConfig(num_layers=8, hidden_size=2048, num_attention_heads=16, seq_length=2048, micro_batch_size=2,
+                       dtype="bf16", vocab_size=32000)
+"""tests/benchmarks/diff_cost.py's 0.54 B size."""
+
+
+def test_an_eager_childs_estimate_leaves_out_the_graph_pools_copy_of_the_activations() -> None:
+    graphed, eager = child_bytes(SIZE_054B), child_bytes(SIZE_054B, graphed=False)
+    assert (round(graphed / GIB, 1), round(eager / GIB, 1)) == (26.3, 19.1)
+    assert child_bytes(SIZE_054B.replace(num_layers=16)) - child_bytes(SIZE_054B.replace(num_layers=16), graphed=False) \
+        == 2 * (graphed - eager)  # the activations, once
+
+
+def test_the_plan_counts_slots_by_the_smaller_eager_need_and_says_both() -> None:
+    plan = plan_jobs(SIZE_054B.replace(jobs=8), [H200])
+    assert plan.jobs == 6  # 119 GiB free / 19.1 GiB; four at 26.3 GiB each before
+    assert plan.reason == ("up to 6 children at a time on one GPU (about 19 GiB per eager child and 26 GiB per "
+                           "graphed one of 119 GiB free)")
+
+
+def test_the_defaults_five_children_fit_one_h200_by_kind_and_a_sixth_waits(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """At dropout 0.1 a diff of local and full_iteration asks for eager, local, full_iteration, then the control
+    pairs' eager, local and full_iteration (dropout 0): by kind the first five fit in 0.85 of an H200; the sixth
+    waits until one ends (it is cancelled once full_iteration matches)."""
+    monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "runtime"))
+    config = SIZE_054B.replace(jobs=8)
+    session = ChildSession(config, tmp_path, plan=plan_jobs(config, [H200]))
+    slots = HostSlots("0", memory=lambda: (H200.total_bytes, 0), root=tmp_path / "host", limit=8)
+    order = [("eager", 0.1), ("local", 0.1), ("full_iteration", 0.1), ("eager", 0.0), ("local", 0.0),
+             ("full_iteration", 0.0)]
+    taken = []
+    for impl, dropout in order:
+        role = Role.REFERENCE if impl == "eager" else Role.GRAPHED
+        turn = session.host_turn(ChildRequest(impl=impl, dropout=dropout, role=role, ref_dir=tmp_path), "0")
+        taken.append(slots.try_take(turn._need, f"{impl} d{dropout}", turn._headroom))
+    assert [isinstance(t, Slot) for t in taken] == [True] * 5 + [False]
+    assert isinstance(taken[-1], Busy) and taken[-1].memory
+
+
+def test_a_kind_not_measured_yet_takes_the_others_figure_scaled_up_never_down(llama: dict) -> None:
+    """The Llama line's transformer_engine child measured 45 GiB while the eager estimate says 73 GiB and the graphed
+    one 117 GiB: the eager need becomes the measured figure (not scaled down by 73/117, which would fall short of the
+    eager child's own 44 GiB); an eager figure measured first raises the graphed need by the estimates' ratio."""
+    eager, graphed = _records(llama)
+    config = DiffConfig.from_dict(llama["config"])
+    estimates = (child_bytes(config), 1, child_bytes(config, graphed=False))
+    memory = ChildMemory(*estimates)
+    memory.observe(graphed)
+    assert memory.need("eager").bytes == memory.need("graphed").bytes \
+        == int(measured_bytes(graphed) * MEASURED_MARGIN)  # type: ignore[operator]
+    assert memory.need("eager").bytes > int(measured_bytes(eager))  # type: ignore[arg-type]
+    memory.observe(eager)
+    assert memory.need("eager").bytes == int(measured_bytes(eager) * MEASURED_MARGIN)  # type: ignore[operator]
+    first_eager = ChildMemory(*estimates)
+    first_eager.observe(eager)
+    ratio = child_bytes(config) / child_bytes(config, graphed=False)
+    assert first_eager.need("graphed").bytes == int(measured_bytes(eager) * ratio * MEASURED_MARGIN)  # type: ignore[operator]
+    assert first_eager.smallest() == first_eager.need("eager")
