@@ -218,11 +218,15 @@ class StepRunner:
             helper.cuda_graph_set_manual_hooks()
         return Capture(step=step, seconds=time.perf_counter() - start)
 
-    def begin_step(self, step: int, phase: str) -> Iterator[dict[str, torch.Tensor]]:
+    def begin_step(self, step: int, phase: str, *, profiled: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """The step's batch, then the taps' step stamp (the batch's tokens come from a CPU generator
-        and are not the model's random draws, so they are built before the taps start)."""
+        and are not the model's random draws, so they are built before the taps start). The profiled step
+        runs without the taps' module hooks and operator interception: its launch census counts the model's
+        kernels (taps captured inside graphs still replay with them)."""
         data = step_batches(self.spec.config, step)
-        if self.taps is not None:
+        if self.taps is not None and profiled:
+            self.taps.detach_module_hooks()
+        elif self.taps is not None:
             self.taps.begin_step(step, phase)
         return data
 
@@ -333,10 +337,10 @@ def run_steps(
         with use:
             for obs in observers:
                 obs.begin_step(step, state.phase)
-            data = runner.begin_step(step, state.phase)
+            profiled = profile_last and step == cfg.steps
+            data = runner.begin_step(step, state.phase, profiled=profiled)
             if step == te_capture_step:
                 emit(runner.create_te_graphs(step))
-            profiled = profile_last and step == cfg.steps
             step_began = time.perf_counter()
             record = runner.train_step(step, state.phase, data, profiled=profiled)
             if profiled:

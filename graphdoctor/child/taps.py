@@ -16,8 +16,10 @@ captures: that is where draws happen, and it keeps Python off the eager backward
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -67,6 +69,9 @@ class TapBuffer:
         self._capture_serial = 0
         self._site_graph: dict[int, int] = {}
         self._eager_written: dict[int, set[int]] = {}
+        self.graph_nodes: int | None = 0
+        """Nodes the taps added to captured graphs (their kernels and the stamp copies); None where the capture's
+        node count could not be read (no cuda-bindings)."""
 
     @property
     def num_bytes(self) -> int:
@@ -93,7 +98,8 @@ class TapBuffer:
         self._capture_serial += 1
         index = self._capture_serial - 1
         if index < self.max_graphs:
-            self.stamps[index].copy_(self.step_value)
+            with self._counting_nodes():
+                self.stamps[index].copy_(self.step_value)
         elif not any(n.startswith("more than") for n in self.notes):
             self.notes.append(f"more than {self.max_graphs} graph captures: taps inside later "
                               "captures are not reported")
@@ -130,11 +136,26 @@ class TapBuffer:
         if slot is None:
             return
         try:
-            fingerprint(tensor, kind, out=self.table[slot])
+            with self._counting_nodes():
+                fingerprint(tensor, kind, out=self.table[slot])
         except (RuntimeError, TypeError, ValueError) as exc:
             # A tap must never end the training run it watches; the report says which one failed.
             if len(self.notes) < 10:
                 self.notes.append(f"tap {kind} {module or '?'} {op} failed: {exc}"[:300])
+
+    @contextlib.contextmanager
+    def _counting_nodes(self) -> Iterator[None]:
+        """Add the nodes the body puts into the graph being captured (if one is) to graph_nodes."""
+        before = capture_node_count()
+        try:
+            yield
+        finally:
+            after = capture_node_count() if before is not None else None
+            if before is not None and after is not None:
+                if self.graph_nodes is not None:
+                    self.graph_nodes += after - before
+            elif torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                self.graph_nodes = None  # a capture whose nodes cannot be counted
 
     def _written(self, slot: int, step: int, stamps: list[float]) -> bool:
         graph = self._site_graph.get(slot)
@@ -154,8 +175,29 @@ class TapBuffer:
                     if self._written(slot, step, stamp_history[step])]
             steps.append({"step": step, "phase": phase, "rows": rows})
         return {"version": 1, "capacity": self.capacity, "num_slots": len(self.sites),
-                "truncated": self.truncated, "num_bytes": self.num_bytes, "notes": list(self.notes),
+                "truncated": self.truncated, "num_bytes": self.num_bytes, "num_graph_nodes": self.graph_nodes,
+                "notes": list(self.notes),
                 "sites": [s.to_dict() for s in self.sites], "steps": steps}
+
+
+def capture_node_count() -> int | None:
+    """Nodes of the graph the current stream is capturing into; None when it captures nothing or cuda-bindings
+    cannot say (a query: CUDA permits it on a graph under capture)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
+        return None
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        return None
+    try:
+        stream = torch.cuda.current_stream().cuda_stream
+    except (RuntimeError, AssertionError):  # no usable CUDA here after all
+        return None
+    info = runtime.cudaStreamGetCaptureInfo(stream)
+    if int(info[0]) != 0 or len(info) < 4:
+        return None
+    result = runtime.cudaGraphGetNodes(info[3], numNodes=0)
+    return int(result[-1]) if int(result[0]) == 0 else None
 
 
 def call_site(names: dict[int, str], skip: int = 2) -> tuple[str | None, str | None]:
@@ -397,5 +439,5 @@ class Taps:
         return self.table.to_dict()
 
 
-__all__ = ["DEFAULT_CAPACITY", "MAX_GRAPHS", "DrawMode", "Site", "TapBuffer", "Taps", "call_site", "graph_method_owner",
-           "tapped_modules"]
+__all__ = ["DEFAULT_CAPACITY", "MAX_GRAPHS", "DrawMode", "Site", "TapBuffer", "Taps", "call_site", "capture_node_count",
+           "graph_method_owner", "tapped_modules"]

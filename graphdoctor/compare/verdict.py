@@ -302,7 +302,8 @@ def judge(
     launches = None
     if graphed.launches is not None:
         eager_step = reference.launches.step if reference.launches is not None else None
-        launches = compare_launches(eager_step, graphed.launches)
+        taps = graphed.forensics.num_graph_nodes if graphed.forensics is not None else None
+        launches = compare_launches(eager_step, graphed.launches, taps)
     common: dict[str, Any] = {"impl": graphed.impl, "memory": graphed.memory, "launches": launches, "runs": runs}
     if graphed.status != "ok":
         return ImplResult(verdict=verdict_for_failure(graphed), diagnosis=graphed.diagnosis,

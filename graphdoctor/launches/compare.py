@@ -108,6 +108,9 @@ class LaunchComparison:
     census_check: CensusCheck | None = None
     census_error: str | None = None
     error: str | None = None
+    tap_graph_nodes: int | None = None
+    """Nodes graphdoctor's capture-time taps added to the graphed run's graphs, where that run carried taps
+    (graphdoctor.config.DiffConfig.taps_in_first_runs): the census and the kernels inside graphs count them too."""
 
     @property
     def summary(self) -> str:
@@ -122,6 +125,8 @@ class LaunchComparison:
                  f"coverage {100 * graphed.graph_coverage:.0f}%"]
         if self.census_check is not None:
             parts.append("census = profiler" if self.census_check.match else "census != profiler")
+        if self.tap_graph_nodes:
+            parts.append(f"{self.tap_graph_nodes} graph nodes are graphdoctor's taps")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +144,8 @@ class LaunchComparison:
             out["census_check"] = self.census_check.to_dict()
         if self.census_error is not None:
             out["census_error"] = self.census_error
+        if self.tap_graph_nodes is not None:
+            out["tap_graph_nodes"] = self.tap_graph_nodes
         out["summary"] = self.summary
         return out
 
@@ -159,11 +166,14 @@ class LaunchComparison:
             trace=data.get("trace"), census=census,
             census_check=CensusCheck(tuple(check["census_kernels_per_graph"]),
                                      tuple(check["profiler_kernels_per_launch"])) if check else None,
-            census_error=data.get("census_error"), error=data.get("error"))
+            census_error=data.get("census_error"), error=data.get("error"),
+            tap_graph_nodes=data.get("tap_graph_nodes"))
 
 
-def compare_launches(eager: LaunchCount | None, graphed: LaunchSection) -> LaunchComparison:
-    """The eager step beside a graphed run's profiled step, with the census check."""
+def compare_launches(eager: LaunchCount | None, graphed: LaunchSection,
+                     tap_graph_nodes: int | None = None) -> LaunchComparison:
+    """The eager step beside a graphed run's profiled step, with the census check (`tap_graph_nodes`: the nodes
+    graphdoctor's taps added to the graphed run's graphs, where it carried taps)."""
     check = None
     if graphed.census is not None:
         check = CensusCheck(
@@ -171,7 +181,7 @@ def compare_launches(eager: LaunchCount | None, graphed: LaunchSection) -> Launc
             tuple(sorted(graphed.step.kernels_per_graph_launch)) if graphed.step else ())
     return LaunchComparison(eager=eager, graphed=graphed.step, trace=graphed.trace,
                             census=graphed.census, census_check=check,
-                            census_error=graphed.census_error, error=graphed.error)
+                            census_error=graphed.census_error, error=graphed.error, tap_graph_nodes=tap_graph_nodes)
 
 
 def _value(count: LaunchCount | None, key: str) -> Any:

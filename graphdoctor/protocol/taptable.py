@@ -129,12 +129,15 @@ class TapTable:
     """Device memory the taps owned."""
     notes: tuple[str, ...] = ()
     """What the taps could not do (a failed tap, captures beyond the stamp capacity)."""
+    num_graph_nodes: int | None = None
+    """Nodes the taps added to the run's captured graphs (counted at capture); None where unknown."""
 
     def to_dict(self) -> dict[str, Any]:
         """The version-1 `forensics` dict (the inverse of from_dict)."""
         out: dict[str, Any] = {
             "version": FORMAT_VERSION, "capacity": self.capacity, "num_slots": len(self.sites),
-            "truncated": self.truncated, "num_bytes": self.num_bytes, "notes": list(self.notes),
+            "truncated": self.truncated, "num_bytes": self.num_bytes, "num_graph_nodes": self.num_graph_nodes,
+            "notes": list(self.notes),
             "sites": [site.to_dict() for _, site in sorted(self.sites.items())],
             "steps": [{"step": s.step, "phase": s.phase,
                        "rows": [[r.slot, r.seq, *(json_safe(v) for v in r.stats)] for r in s.rows]}
@@ -172,7 +175,8 @@ class TapTable:
                    sites=sites, steps=tuple(sorted(steps, key=lambda s: s.step)),
                    error=_get(obj, "error", str, where, nullable=True),
                    num_bytes=int(obj.get("num_bytes") or 0),
-                   notes=tuple(str(n) for n in obj.get("notes") or ()))
+                   notes=tuple(str(n) for n in obj.get("notes") or ()),
+                   num_graph_nodes=_get(obj, "num_graph_nodes", int, where, nullable=True))
 
 
 def _check(value: Any, expected: type | tuple[type, ...], where: str) -> Any:

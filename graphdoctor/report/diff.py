@@ -233,6 +233,8 @@ def launch_table_from_sections(sections: list[tuple[str, LaunchComparison]]) -> 
         row = [label, _cell(columns[0][i][1])]
         row += [_cell(col[i][2]) for col in columns]
         rows.append(row)
+        if label == "GPU kernels inside graphs" and any(s.tap_graph_nodes for _, s in sections):
+            rows.append(["  graph nodes of graphdoctor's taps", "-", *[_cell(s.tap_graph_nodes) for _, s in sections]])
     headers = ["launches (profiled step)", Impl.EAGER, *[impl for impl, _ in sections]]
     return tabulate(rows, headers=headers, tablefmt="simple")
 

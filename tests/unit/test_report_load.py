@@ -91,3 +91,22 @@ def test_another_commands_document_is_refused() -> None:
     count = DATA.parent / "count" / "h200_count_stopped_sigterm.json"
     with pytest.raises(InputFileError, match="command: got 'count', expected 'diff'"):
         load_saved(count)
+
+
+def test_taps_inside_the_graphs_are_counted_in_the_launch_table_and_kept_in_the_json() -> None:
+    """A graphed run that carried taps (dropout > 0 by default) says how many of its graphs' nodes are the taps'."""
+    import dataclasses
+
+    from graphdoctor.launches.compare import LaunchComparison
+    from graphdoctor.report.diff import launch_table
+
+    report = next(r for r in map(load_report, REPORTS) if any(x.launches and x.launches.graphed for x in r.results))
+    row = next(x for x in report.results if x.launches and x.launches.graphed)
+    assert row.launches is not None and "graphdoctor's taps" not in launch_table(report)
+    tapped = dataclasses.replace(row.launches, tap_graph_nodes=412)
+    report = dataclasses.replace(report, results=tuple(dataclasses.replace(x, launches=tapped) if x is row else x
+                                                         for x in report.results))
+    line = next(line for line in launch_table(report).splitlines() if "graphdoctor's taps" in line)
+    assert "412" in line.split() and line.split()[5] == "-"  # the eager column has no taps in graphs
+    assert tapped.summary.endswith("412 graph nodes are graphdoctor's taps")
+    assert LaunchComparison.from_dict(tapped.to_dict()).tap_graph_nodes == 412

@@ -196,3 +196,13 @@ def test_captured_rows_count_only_in_steps_whose_replay_stamped_their_graph(monk
     assert sites == {0: ("eager", False), 1: ("graphed", True)}
     written = {e["step"]: sorted(r[0] for r in e["rows"]) for e in section["steps"]}
     assert written == {0: [0], 1: [], 2: [0, 1], 3: []}
+    assert section["num_graph_nodes"] is None  # a capture whose graph this machine cannot read
+
+
+def test_eager_taps_add_no_graph_nodes() -> None:
+    table = TapBuffer(torch.device("cpu"), num_steps=1, capacity=4)
+    table.begin_step(0, "warmup")
+    table.write("output", "eager", "forward", torch.ones(2))
+    table.write("dropout", "eager", "aten.native_dropout", torch.ones(300, dtype=torch.bool))
+    table.end_step(0)
+    assert table.to_dict()["num_graph_nodes"] == 0
