@@ -165,7 +165,8 @@ class DiffConfig:
 
     localize: bool | None = None
     """Capture-time taps (dropout masks, random draws, module outputs and gradients) on eager and
-    graphed runs; None: only after a divergence, in an extra pair of runs."""
+    graphed runs; None: the first runs carry them at dropout > 0 (taps_in_first_runs), and at dropout 0
+    an extra pair of runs does, only after a divergence; False: never."""
 
     align_rng: bool = False
     """Restore every RNG state around each implementation's warmup and capture, so graphed runs
@@ -373,6 +374,15 @@ class DiffConfig:
         the dropouts, the precision flags), so that rules reading the mapping see what the children build."""
         owned = megatron_of(self, OWNED)
         return {key: owned.get(key, value) for key, value in self.transformer.items()}
+
+    @property
+    def taps_in_first_runs(self) -> bool:
+        """Whether the eager reference and the graphed runs carry the taps themselves. With --localize, always. By
+        default, at dropout > 0: a diff then starts the control pair and the tapped pair beside its first runs,
+        before it knows whether anything differs, and taps in the first runs cost a few per cent of a step
+        (tests/benchmarks/taps_cost.py) where a tapped pair costs two more children. At dropout 0 nothing is
+        started ahead, so a tapped pair runs only after a divergence and a clean diff pays no taps."""
+        return self.localize is True or (self.localize is None and self.dropout > 0)
 
     @property
     def bitwise(self) -> bool:

@@ -151,8 +151,8 @@ class DiffRun:
         """Reference and implementations, judged; scratch directories removed afterwards.
 
         The first children start at once, beside the plan-time checks (graphdoctor.parent.preflight), and with
-        them every child the decision tree may need next (the control pair and the tapped pair at dropout > 0):
-        they take GPU slots as they free up, and those the first results rule out are cancelled."""
+        them every child the decision tree may need next (the control pair at dropout > 0, where the first runs
+        carry the taps): they take GPU slots as they free up, and those the first results rule out are cancelled."""
         schedule, cfg = self.schedule, self.config
         try:
             for folder in (cfg.trace_dir, cfg.snapshot_dir):
@@ -160,9 +160,9 @@ class DiffRun:
                     Path(folder).mkdir(parents=True, exist_ok=True)
             runnable = [impl for impl in cfg.impls if why_unavailable(impl, cfg, probe=False) is None
                         and predicted_setup_failure(cfg, impl) is None]
-            schedule.first = ([schedule.request(EAGER, cfg.dropout, Role.REFERENCE, taps=cfg.localize is True)]
-                              + [schedule.request(impl, cfg.dropout, Role.GRAPHED, taps=cfg.localize is True)
-                                 for impl in runnable])
+            taps = cfg.taps_in_first_runs
+            schedule.first = ([schedule.request(EAGER, cfg.dropout, Role.REFERENCE, taps=taps)]
+                              + [schedule.request(impl, cfg.dropout, Role.GRAPHED, taps=taps) for impl in runnable])
             if self.preflight is not None:
                 self.session.gate = self.preflight.gate
             for request in [*schedule.first, *schedule.speculative(runnable)]:
@@ -356,13 +356,13 @@ class VerdictTree:
                            f"compare with --atol at or above that noise floor"))
 
     def forensics(self, result: ImplResult, reference: RunRecord, graphed: RunRecord) -> ImplResult:
-        """Tap analysis: from the runs themselves (--localize) or, after a divergence, from an extra
-        tapped pair (auto)."""
+        """Tap analysis: from the runs themselves where they carry the taps (DiffConfig.taps_in_first_runs), else,
+        after a divergence, from an extra tapped pair. By default only a divergent row is analysed."""
         cfg = self.config
         diverged = result.verdict in (Verdict.RNG_DIVERGENCE, Verdict.NUMERIC_DIVERGENCE)
         if cfg.localize is False or (cfg.localize is None and not diverged):
             return result
-        if cfg.localize is True:
+        if cfg.taps_in_first_runs:
             tapped_ref, tapped = reference, graphed
         else:
             tapped_ref, tapped = self.runs.tapped_pair(graphed.impl)

@@ -174,16 +174,25 @@ def test_the_speculative_children_of_an_implementation_that_matched_are_cancelle
     schedule.first = ([schedule.request(EAGER, 0.1, Role.REFERENCE)]
                       + [schedule.request(i, 0.1, Role.GRAPHED) for i in runnable])
     speculative = schedule.speculative(runnable)
+    # at dropout > 0 the first runs carry the taps, so only the control pairs are started ahead
+    assert config.taps_in_first_runs
     assert {(r.impl, r.dropout, r.role) for r in speculative} == {
-        (EAGER, 0.0, Role.REFERENCE), ("local", 0.0, Role.GRAPHED), ("full_iteration", 0.0, Role.GRAPHED),
-        (EAGER, 0.1, Role.TAPPED), ("local", 0.1, Role.TAPPED), ("full_iteration", 0.1, Role.TAPPED)}
+        (EAGER, 0.0, Role.REFERENCE), ("local", 0.0, Role.GRAPHED), ("full_iteration", 0.0, Role.GRAPHED)}
     for request in [*schedule.first, *speculative]:
         schedule.prefetch(request)
     first = [schedule.obtain(r) for r in schedule.first]
     run.prune(runnable, first[0], dict(zip(runnable, first[1:], strict=True)))
     cancelled = {r for r, f in schedule._futures.items() if f in session.cancelled}
-    assert {(r.impl, r.role) for r in cancelled} == {("full_iteration", Role.GRAPHED), ("full_iteration", Role.TAPPED)}
-    assert all(r.dropout == 0.0 or r.role is Role.TAPPED for r in cancelled)
+    assert {(r.impl, r.dropout, r.role) for r in cancelled} == {("full_iteration", 0.0, Role.GRAPHED)}
+
+
+@pytest.mark.parametrize(("dropout", "localize", "tapped"), [(0.1, None, True), (0.0, None, False), (0.1, False, False),
+                                                             (0.0, True, True)])
+def test_the_first_runs_carry_the_taps_where_a_tapped_pair_would_start_ahead(dropout: float, localize: bool | None,
+                                                                              tapped: bool) -> None:
+    """By default the taps ride in the first runs at dropout > 0 (where the tapped pair used to start beside them,
+    before anything was known to differ) and nowhere at dropout 0 (a tapped pair runs after a divergence)."""
+    assert DiffConfig(dropout=dropout, localize=localize).taps_in_first_runs is tapped
 
 
 def test_the_speedup_is_quiet_when_only_the_profiled_step_shared_the_gpu() -> None:
