@@ -42,6 +42,12 @@ IMPLS: tuple[str, ...] = tuple(impl.value for impl in GRAPHED)
 """The graphed implementations diff runs (config.impl.GRAPHED, as plain names): DiffConfig.impls' choices and its
 default, every one compared against eager."""
 
+TAPS_IN_FIRST_RUNS_ELEMENTS = 1 << 20
+"""Activation elements per layer and micro-batch (seq_length x micro_batch_size x hidden_size) from which a dropout
+diff's first runs carry the taps (DiffConfig.taps_in_first_runs). tests/benchmarks/taps_cost.py on the H200: at
+hidden 1024, seq 512, mbs 2 (this size) the taps cost 1.01x (local) and 1.05x (full_iteration) of a replay step;
+at the default hidden 256, seq 128 (65,536 elements) 1.24x and 1.10x, a host-bound step (docs/forensics.md, Cost)."""
+
 
 @dataclass(kw_only=True, slots=True)
 class DiffConfig:
@@ -165,8 +171,8 @@ class DiffConfig:
 
     localize: bool | None = None
     """Capture-time taps (dropout masks, random draws, module outputs and gradients) on eager and
-    graphed runs; None: the first runs carry them at dropout > 0 (taps_in_first_runs), and at dropout 0
-    an extra pair of runs does, only after a divergence; False: never."""
+    graphed runs; None: the first runs of a large enough model carry them at dropout > 0
+    (taps_in_first_runs), else an extra pair of runs does, only after a divergence; False: never."""
 
     align_rng: bool = False
     """Restore every RNG state around each implementation's warmup and capture, so graphed runs
@@ -377,12 +383,18 @@ class DiffConfig:
 
     @property
     def taps_in_first_runs(self) -> bool:
-        """Whether the eager reference and the graphed runs carry the taps themselves. With --localize, always. By
-        default, at dropout > 0: a diff then starts the control pair and the tapped pair beside its first runs,
-        before it knows whether anything differs, and taps in the first runs cost a few per cent of a step
-        (tests/benchmarks/taps_cost.py) where a tapped pair costs two more children. At dropout 0 nothing is
-        started ahead, so a tapped pair runs only after a divergence and a clean diff pays no taps."""
-        return self.localize is True or (self.localize is None and self.dropout > 0)
+        """Whether the eager reference and the graphed runs carry the taps themselves: with --localize always,
+        with --no-localize never. By default at dropout > 0 on a model of at least TAPS_IN_FIRST_RUNS_ELEMENTS
+        activation elements per layer and micro-batch. A diff then starts the control pair beside its first runs
+        before it knows whether anything differs, and a separate tapped pair started with it would cost two more
+        children's GPU memory (often a second round of them), where taps in the first runs add their kernels to
+        steps that run anyway. On a smaller model the step is host-bound, the taps' Python per operator shows in
+        its step times, and every child fits beside the others, so the tapped pair stays separate; at dropout 0
+        nothing is started ahead and a tapped pair runs only after a divergence, so a clean diff pays no taps."""
+        if self.localize is not None:
+            return self.localize
+        elements = self.seq_length * self.micro_batch_size * self.hidden_size
+        return self.dropout > 0 and elements >= TAPS_IN_FIRST_RUNS_ELEMENTS
 
     @property
     def bitwise(self) -> bool:

@@ -67,10 +67,15 @@ class ChildSchedule:
 
     def speculative(self, runnable: list[str]) -> list[ChildRequest]:
         """The children a divergence of the first runs would need next, started beside them: at dropout > 0 the
-        control pair of every implementation (the first runs carry the taps there: DiffConfig.taps_in_first_runs)."""
-        if self.config.dropout <= 0:
+        control pair of every implementation and, where forensics are automatic and the first runs do not carry
+        the taps (DiffConfig.taps_in_first_runs), the tapped pair."""
+        cfg = self.config
+        if cfg.dropout <= 0:
             return []
-        return list(dict.fromkeys(r for impl in runnable for r in self.control_requests(impl)))
+        wanted = [r for impl in runnable for r in self.control_requests(impl)]
+        if cfg.localize is None and not cfg.taps_in_first_runs:
+            wanted += [r for impl in runnable for r in self.tapped_requests(impl)]
+        return list(dict.fromkeys(wanted))
 
     def measure_requests(self, reference: RunRecord, graphed: RunRecord) -> list[ChildRequest]:
         """The re-run pair that measures where the fingerprints differ (VerdictTree.measure); none where they
@@ -94,7 +99,7 @@ class ChildSchedule:
     def prune(self, diverged: list[str]) -> None:
         """After the first runs: cancel the speculative children of every implementation not in `diverged`
         (it matched, or failed)."""
-        keep = {r for impl in diverged for r in self.control_requests(impl)}
+        keep = {r for impl in diverged for r in (*self.control_requests(impl), *self.tapped_requests(impl))}
         self.session.cancel([f for r, f in self._futures.items()
                              if r not in keep and r not in self.first and not r.targeted and r not in self._used],
                             wait=False)

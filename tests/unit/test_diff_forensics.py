@@ -55,24 +55,28 @@ def _forensics(session: RecordedSession, result: ImplResult, reference: RunRecor
     return DiffRun(session).tree.forensics(result, reference, graphed)  # type: ignore[arg-type]
 
 
-def test_by_default_a_divergent_dropout_row_reads_the_taps_its_first_runs_carried(tmp_path: Path) -> None:
+def test_auto_mode_runs_a_tapped_pair_after_a_divergence(tmp_path: Path) -> None:
     doc, ref, graphed = _pair()
+    plain_ref = RunRecord(impl=EAGER, dropout=0.1, status="ok")
+    plain = RunRecord(impl="local", dropout=0.1, status="ok")
     session = RecordedSession(DiffConfig(impls=("local",)), ref, graphed, tmp_path)
-    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.RNG_DIVERGENCE), ref, graphed)
-    assert session.requests == []  # no tapped pair: the first runs carried the taps at dropout 0.1
+    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.RNG_DIVERGENCE), plain_ref, plain)
+    assert session.requests == [(EAGER, Role.TAPPED, True), ("local", Role.TAPPED, True)]
+    assert result.forensics is not None
     assert result.forensics is not None and as_recorded(result.forensics.to_dict(), doc["live_analysis"]) == doc["live_analysis"]
-    assert result.runs == ()
+    assert result.runs == (ref, graphed)
     assert any("GD401" in note for note in result.notes)
 
 
-def test_at_dropout_0_auto_mode_runs_a_tapped_pair_after_a_divergence(tmp_path: Path) -> None:
-    _, ref, graphed = _pair()
-    plain_ref = RunRecord(impl=EAGER, dropout=0.0, status="ok")
-    plain = RunRecord(impl="local", dropout=0.0, status="ok")
-    session = RecordedSession(DiffConfig(impls=("local",), dropout=0.0), ref, graphed, tmp_path)
-    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.NUMERIC_DIVERGENCE), plain_ref, plain)
-    assert session.requests == [(EAGER, Role.TAPPED, True), ("local", Role.TAPPED, True)]
-    assert result.forensics is not None and result.runs == (ref, graphed)
+def test_a_large_dropout_models_divergent_row_reads_the_taps_its_first_runs_carried(tmp_path: Path) -> None:
+    doc, ref, graphed = _pair()
+    config = DiffConfig(impls=("local",), hidden_size=1024, seq_length=512, num_attention_heads=8)
+    session = RecordedSession(config, ref, graphed, tmp_path)
+    result = _forensics(session, ImplResult(impl="local", verdict=Verdict.RNG_DIVERGENCE), ref, graphed)
+    assert session.requests == []  # no tapped pair: the first runs carried the taps
+    assert result.forensics is not None and as_recorded(result.forensics.to_dict(), doc["live_analysis"]) == doc["live_analysis"]
+    assert result.runs == ()
+    assert any("GD401" in note for note in result.notes)
 
 
 @pytest.mark.parametrize("localize, verdict", [(None, Verdict.MATCH), (False, Verdict.RNG_DIVERGENCE)])
