@@ -93,14 +93,10 @@ class ChildMemory:
         self.measured_by: str | None = None
         """The child whose figure raised a need last (None: the estimates still size the session)."""
 
-    @property
-    def estimate(self) -> int:
-        """The first estimate, per graphed child."""
-        return self._estimates["graphed"]
-
     def need(self, kind: str = "graphed") -> Need:
-        """Per child of `kind` and per GPU: its kind's measured figure with its margin, else its estimate (raised
-        to the largest measured need of another kind, if any)."""
+        """Per child of `kind` and per GPU: its kind's measured figure with its margin; else, once another kind has
+        measured, that kind's figure (scaled up where this kind's estimate is the larger) with the margin; else its
+        estimate."""
         with self._lock:
             return self._need(kind)
 
