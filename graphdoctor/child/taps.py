@@ -98,15 +98,14 @@ class TapBuffer:
         self._capture_serial += 1
         index = self._capture_serial - 1
         if index < self.max_graphs:
-            with self._counting_nodes():
+            with self._counting_nodes(capturing=True):
                 self.stamps[index].copy_(self.step_value)
         elif not any(n.startswith("more than") for n in self.notes):
             self.notes.append(f"more than {self.max_graphs} graph captures: taps inside later "
                               "captures are not reported")
 
     def _slot(self, kind: str, module: str | None, op: str, tensor: torch.Tensor,
-              p: float | None, location: str | None) -> int | None:
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+              p: float | None, location: str | None, capturing: bool) -> int | None:
         scope = ("capture", self._capture_serial) if capturing else ("eager",)
         base = (*scope, kind, module, op)
         occurrence = self._occurrences.get(base, 0)
@@ -132,11 +131,12 @@ class TapBuffer:
         """Fingerprint `tensor` into its site's row (captured when a capture is under way)."""
         if tensor.device != self.table.device or tensor.numel() == 0:
             return
-        slot = self._slot(kind, module, op, tensor, p, location)
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        slot = self._slot(kind, module, op, tensor, p, location, capturing)
         if slot is None:
             return
         try:
-            with self._counting_nodes():
+            with self._counting_nodes(capturing):
                 fingerprint(tensor, kind, out=self.table[slot])
         except (RuntimeError, TypeError, ValueError) as exc:
             # A tap must never end the training run it watches; the report says which one failed.
@@ -144,18 +144,17 @@ class TapBuffer:
                 self.notes.append(f"tap {kind} {module or '?'} {op} failed: {exc}"[:300])
 
     @contextlib.contextmanager
-    def _counting_nodes(self) -> Iterator[None]:
-        """Add the nodes the body puts into the graph being captured (if one is) to graph_nodes."""
-        before = capture_node_count()
+    def _counting_nodes(self, capturing: bool) -> Iterator[None]:
+        """Add the nodes the body puts into the graph being captured, when `capturing`, to graph_nodes (None once
+        a capture's count could not be read)."""
+        nodes = self.graph_nodes if capturing else None
+        before = capture_node_count() if nodes is not None else None
         try:
             yield
         finally:
-            after = capture_node_count() if before is not None else None
-            if before is not None and after is not None:
-                if self.graph_nodes is not None:
-                    self.graph_nodes += after - before
-            elif torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                self.graph_nodes = None  # a capture whose nodes cannot be counted
+            if nodes is not None:
+                after = capture_node_count() if before is not None else None
+                self.graph_nodes = None if before is None or after is None else nodes + after - before
 
     def _written(self, slot: int, step: int, stamps: list[float]) -> bool:
         graph = self._site_graph.get(slot)
