@@ -57,14 +57,11 @@ def mask_counts(mask: torch.Tensor) -> torch.Tensor:
     if flat.dtype != torch.bool:
         raise ValueError(f"mask: got dtype {flat.dtype}, expected torch.bool")
     whole = flat.numel() // _BLOCK * _BLOCK if flat.storage_offset() % _LANES == 0 else 0
-    counts = torch.empty(NUM_STATS, dtype=torch.int64, device=flat.device)
+    counts = _class_sums(flat[whole:].long(), torch.empty(NUM_STATS, dtype=torch.int64, device=flat.device))
     if whole:
         words = flat[:whole].view(torch.int64).view(-1, _DEPTH_WORDS, _PERIOD // _LANES)
         per_position = words.sum(dim=1).view(torch.uint8).view(-1, _PERIOD).sum(dim=0)
-        _class_sums(per_position, counts)
-    if whole < flat.numel() or not whole:
-        tail_counts = _class_sums(flat[whole:].long(), torch.empty_like(counts))
-        counts = counts + tail_counts if whole else tail_counts
+        counts += _class_sums(per_position, torch.empty_like(counts))
     return counts
 
 
