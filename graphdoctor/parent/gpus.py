@@ -230,11 +230,19 @@ def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None, *, parameters: 
     if jobs == 1:
         return JobPlan(1, (gpu.device_id,), True, f"one child at a time until one has measured its memory: the "
                        f"estimate is about {need / 2**30:.0f} GiB of {_room(gpu, free)}", **sizes)
-    each = f"{need / 2**30:.0f} GiB each" if round(need / 2**30) == round(eager_need / 2**30) else \
-        f"{eager_need / 2**30:.0f} GiB per eager child and {need / 2**30:.0f} GiB per graphed one"
-    upto = "" if each.endswith("each") else "up to "
+    upto, each = needs_in_words(eager_need, need, digits=0, alike="each")
     return JobPlan(jobs, (gpu.device_id,), True, f"{upto}{jobs} children at a time on one GPU (about {each} "
                                                  f"of {free / 2**30:.0f} GiB free)", **sizes)
+
+
+def needs_in_words(eager_bytes: int, graphed_bytes: int, *, digits: int, alike: str) -> tuple[str, str]:
+    """("up to " where the kinds' needs differ, else ""; the needs in GiB with `digits` decimals: one figure and
+    `alike` where both read the same, else `E GiB per eager child and G GiB per graphed one`). The plan's line and
+    the line of a re-size after a measurement say the per-kind needs this way."""
+    eager, graphed = f"{eager_bytes / 2**30:.{digits}f}", f"{graphed_bytes / 2**30:.{digits}f}"
+    if eager == graphed:
+        return "", f"{graphed} GiB {alike}"
+    return "up to ", f"{eager} GiB per eager child and {graphed} GiB per graphed one"
 
 
 def _room(gpu: Gpu, free: int) -> str:
@@ -260,4 +268,4 @@ def plan_multi_gpu(config: DiffConfig, gpus: list[Gpu]) -> JobPlan:
     return JobPlan(jobs, groups[:jobs], False, f"{jobs} children at a time, {nproc} processes each on {where}")
 
 
-__all__ = ["Gpu", "JobPlan", "child_bytes", "cpu_slots", "gpu_memory", "gpu_processes", "num_parameters", "plan_jobs", "plan_multi_gpu", "visible_gpus"]
+__all__ = ["Gpu", "JobPlan", "child_bytes", "cpu_slots", "gpu_memory", "gpu_processes", "needs_in_words", "num_parameters", "plan_jobs", "plan_multi_gpu", "visible_gpus"]

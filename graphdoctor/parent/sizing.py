@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 
 from graphdoctor.config.impl import MEGATRON_EAGER, Impl
-from graphdoctor.parent.gpus import MEMORY_HEADROOM, JobPlan
+from graphdoctor.parent.gpus import MEMORY_HEADROOM, JobPlan, needs_in_words
 from graphdoctor.protocol.record import RunRecord
 
 OUTSIDE_ALLOCATOR_BYTES = 2 << 30
@@ -192,10 +192,7 @@ def resize(pool: SlotPool, memory: ChildMemory, plan: JobPlan) -> str:
     """Size a shared GPU's pool for the smallest kind's need, up to the plan's ceiling; the line that says so."""
     jobs = memory.smallest().fits(plan.total_bytes, plan.used_bytes, plan.most)
     pool.resize(jobs)
-    eager, graphed = memory.need("eager"), memory.need("graphed")
-    each = f"{graphed.bytes / 2**30:.1f} GiB per child" if eager.bytes == graphed.bytes else \
-        f"{eager.bytes / 2**30:.1f} GiB per eager child and {graphed.bytes / 2**30:.1f} GiB per graphed one"
-    upto = "" if eager.bytes == graphed.bytes else "up to "
+    upto, each = needs_in_words(memory.need("eager").bytes, memory.need("graphed").bytes, digits=1, alike="per child")
     return f"{upto}{jobs} at a time once {memory.measured_by} measured about {each}"
 
 
