@@ -146,9 +146,13 @@ def user_import_dir(config: DiffConfig) -> str | None:
 
 
 class MemoryGrant:
-    """One child's share of its GPU's memory (a slot of the session's queue, then one of the machine-wide budget,
-    graphdoctor.parent.slots), taken on a thread of its own while the child starts and imports, then given by
-    opening the child's memory gate (graphdoctor.protocol.gate)."""
+    """One child's share of its GPU's memory (its claim on the machine-wide budget, graphdoctor.parent.slots, then a
+    slot of the session's queue), taken on a thread of its own while the child starts and imports, then given by
+    opening the child's memory gate (graphdoctor.protocol.gate).
+
+    The memory comes first: a child whose need does not fit now waits without holding one of the session's slots, so
+    a smaller child asked for after it (an eager run of the control pair beside a graphed first run) may take the
+    memory it leaves and start in the same round."""
 
     def __init__(self, slots: SlotPool, gate: Path, host: HostTurn | None = None) -> None:
         self.gate = gate
@@ -163,18 +167,18 @@ class MemoryGrant:
         threading.Thread(target=self._take, name="graphdoctor-grant", daemon=True).start()
 
     def _take(self) -> None:
-        device = self._slots.get()
-        with self._lock:
-            if self._released:  # the child ended (or was cancelled) before its turn
-                self._slots.put(device)
-                return
-            self._held, self._device = True, device
         if self._host is not None:
             taken = self._host.take(lambda: self._released)
             with self._lock:
                 if not taken or self._released:  # the child ended while it waited for the machine's budget
                     self._host.release()
                     return
+        device = self._slots.get()
+        with self._lock:
+            if self._released:  # the child ended (or was cancelled) before its turn
+                self._slots.put(device)
+                return
+            self._held, self._device = True, device
         open_gate(self.gate)
         self.granted.set()
 

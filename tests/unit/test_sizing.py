@@ -219,6 +219,46 @@ def test_the_defaults_five_children_fit_one_h200_by_kind_and_a_sixth_waits(tmp_p
     assert isinstance(taken[-1], Busy) and taken[-1].memory
 
 
+SIZE_108B = SIZE_054B.replace(num_layers=4, hidden_size=4096, num_attention_heads=32, seq_length=4096,
+                              micro_batch_size=1)
+"""tests/benchmarks/diff_cost.py's 1.08 B size."""
+
+
+def test_a_smaller_child_asked_later_takes_the_memory_a_graphed_one_cannot_use_yet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 1.08 B with dropout 0.1 the diff asks for eager, local and full_iteration, then the control pair's eager and
+    local (dropout 0). The plan gives three slots (119 GiB free / 33 GiB per eager child); eager and local claim
+    78.7 GiB, so full_iteration's 45.4 GiB waits. It waits without holding a slot of the session, and the control
+    pair's eager child (33.3 GiB) starts beside the first two, where it waited for a third round before."""
+    import threading
+
+    from graphdoctor.parent.children import MemoryGrant
+    from graphdoctor.parent.slots import HostTurn
+
+    monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "runtime"))
+    config = SIZE_108B.replace(jobs=8)
+    plan = plan_jobs(config, [H200])
+    assert plan.jobs == 3, plan.reason
+    session = ChildSession(config, tmp_path, plan=plan)
+    order = [("eager", 0.1), ("local", 0.1), ("full_iteration", 0.1), ("eager", 0.0), ("local", 0.0)]
+    grants = []
+    for number, (impl, dropout) in enumerate(order):
+        role = Role.REFERENCE if impl == "eager" else Role.GRAPHED
+        need = session.host_turn(ChildRequest(impl=impl, dropout=dropout, role=role, ref_dir=tmp_path), "0")
+        host = HostSlots("0", memory=lambda: (H200.total_bytes, 0), root=tmp_path / "host", limit=8)
+        grants.append(MemoryGrant(session._slots, tmp_path / f"gate-{number}",
+                                  HostTurn([host], need._need, f"{impl} d{dropout}", headroom=need._headroom)))
+        grants[-1].granted.wait(2.0)  # the session asks for them one after another
+    threading.Event().wait(1.5)  # three polls of the waiting grants
+    assert [g.granted.is_set() for g in grants] == [True, True, False, True, False]
+    grants[0].release()
+    grants[1].release()  # the first two ended: one more graphed child fits beside the control eager
+    threading.Event().wait(1.5)
+    assert [grants[2].granted.is_set(), grants[4].granted.is_set()].count(True) == 1
+    for grant in grants:
+        grant.release()
+
+
 def test_a_kind_not_measured_yet_takes_the_others_figure_scaled_up_never_down(llama: dict) -> None:
     """The Llama line's transformer_engine child measured 45 GiB while the eager estimate says 73 GiB and the graphed
     one 117 GiB: the eager need becomes the measured figure (not scaled down by 73/117, which would fall short of the
