@@ -138,7 +138,11 @@ def bare_together(size: str, impls: list[str], dropout: float, steps: int, out: 
 
 def twins(bare: list[dict[str, Any]], children: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each first child of the diff (the eager reference, each graphed run) against the bare process of its
-    implementation: start-up plus set-up and training seconds, and their ratios."""
+    implementation: start-up plus set-up and training seconds, and their ratios. Both start-ups count from the
+    moment this benchmark started the process: the bare process's own, and for a child the diff's seconds before
+    it asked for its first child plus the child's start-up (its wait for the template's imports). A wait for GPU
+    memory or for an earlier child to end is not start-up."""
+    parent_s = min((float(c["start_at_s"]) for c in children if c.get("start_at_s") is not None), default=0.0)
     out = []
     for twin in bare:
         name = "eager-reference-" if twin["impl"] == "eager" else f"{twin['impl']}-graphed-"
@@ -146,7 +150,7 @@ def twins(bare: list[dict[str, Any]], children: list[dict[str, Any]]) -> list[di
         if child is None or twin.get("returncode") != 0:
             continue
         bare_setup = float(twin.get("startup_s", 0.0)) + float(twin.get("setup_s", 0.0))
-        child_setup = float(child.get("startup_s", 0.0)) + float(child.get("setup_s", 0.0))
+        child_setup = parent_s + float(child.get("startup_s", 0.0)) + float(child.get("setup_s", 0.0))
         bare_train, child_train = float(twin.get("train_s", 0.0)), float(child.get("train_s", 0.0))
         out.append({"impl": twin["impl"], "child": child["name"], "bare_setup_s": round(bare_setup, 2),
                     "child_setup_s": round(child_setup, 2),

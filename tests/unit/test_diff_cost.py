@@ -271,9 +271,10 @@ def test_the_cost_benchmark_pairs_each_first_child_with_its_bare_twin() -> None:
     child = next(c for c in run["children"] if c["name"] == eager["child"])
     bare = row["bare"][0]
     assert eager["child"].startswith("eager-reference-")
-    assert eager["child_setup_s"] == round(child["startup_s"] + child["setup_s"], 2)
-    assert eager["setup_ratio"] == round((child["startup_s"] + child["setup_s"]) /
-                                         (bare["startup_s"] + bare["setup_s"]), 3)
+    parent = min(c["start_at_s"] for c in run["children"])  # the diff's seconds before its first child
+    setup = parent + child["startup_s"] + child["setup_s"]
+    assert eager["child_setup_s"] == round(setup, 2)
+    assert eager["setup_ratio"] == round(setup / (bare["startup_s"] + bare["setup_s"]), 3)
     broken = [{**bare, "returncode": 1}]
     assert bench.twins(broken, run["children"]) == []  # a failed bare process is no twin
 
@@ -302,9 +303,9 @@ def test_the_h100_cost_columns_are_derived_again_from_its_recorded_runs() -> Non
         assert run["exit_code"] == 0
         for key, base in (("ratio", "bare_s"), ("ratio_together", "bare_together_s"), ("ratio_slowest", "bare_slowest_s")):
             assert run[key] == round(run["process_s"] / row[base], 3), (run["flags"], key)
-        assert run["twins"] == bench.twins(bare, run["children"])
-        assert [t["impl"] for t in run["twins"]] == ["eager", *row["impls"]]
-        assert all(t["setup_ratio"] > 0 and t["train_ratio"] > 0 for t in run["twins"])
+        twins = bench.twins(bare, run["children"])
+        assert [t["impl"] for t in twins] == ["eager", *row["impls"]]
+        assert all(t["setup_ratio"] > 0 and t["train_ratio"] > 0 for t in twins)
 
 
 H100_TEMPLATE_COST = COST.with_name("h100_diff_cost_template.json")
@@ -316,9 +317,10 @@ ahead of its first child: 3.0-3.2 s before the first child here)."""
 def test_the_h100_template_run_forked_every_child_and_started_it_from_equal_weights() -> None:
     """What the recorded run says of the template and of GPU initialisation: every child of every diff reported
     the same weights digest, no child spent a second on its own imports (the template had done them: its wait is
-    the `interpreter` stage), each child's start-up plus set-up stayed within 1.15x of its bare twin's, and the
-    ratios are those the benchmark's own functions give; at 0.54 B the bare processes did not fit side by side
-    on the 80 GB GPU, so that size has no side-by-side figure."""
+    the `interpreter` stage), and the ratios are those the benchmark's own functions give; at 0.54 B the bare
+    processes did not fit side by side on the 80 GB GPU, so that size has no side-by-side figure. Counted from the
+    diff's start, each first child's start-up plus set-up stayed within 1.15x of its bare twin's at 0.54 B and at
+    the default size with --dropout 0 (1.15-1.16x), not with the default size's defaults (1.33-1.36x)."""
     bench = _benchmark()
     rows = {row["size"]: row for row in json.loads(H100_TEMPLATE_COST.read_text())}
     assert set(rows) == {"default", "0.54b"}
@@ -330,8 +332,10 @@ def test_the_h100_template_run_forked_every_child_and_started_it_from_equal_weig
             assert run["ratio_slowest"] == round(run["process_s"] / row["bare_slowest_s"], 3)
             for child in run["children"]:
                 assert child["stages"]["imports"] < 1.0 < child["stages"]["interpreter"], child["name"]
-            assert run["twins"] == bench.twins(row["bare"], run["children"])
-            assert all(t["setup_ratio"] <= 1.15 for t in run["twins"]), run["twins"]
+            worst = max(t["setup_ratio"] for t in bench.twins(row["bare"], run["children"]))
+            assert round(worst, 2) == {("0.54b", "defaults"): 0.95, ("0.54b", "dropout0"): 0.92,
+                                       ("default", "defaults"): 1.36, ("default", "dropout0"): 1.16}[
+                                           row["size"], run["flags"]]
         verdicts = {run["flags"]: run["verdicts"] for run in row["diffs"]}
         assert verdicts == {"defaults": {"local": "rng-divergence", "full_iteration": "match"},
                             "dropout0": {"local": "match", "full_iteration": "match"}}
@@ -346,8 +350,9 @@ starts): issue 44's bound at full width is the sum of the bare runs."""
 def test_the_h100_llama_line_diff_cost_less_than_its_bare_runs_summed() -> None:
     """What the recorded full-width run says: the three bare processes did not fit side by side in 80 GB, the diff
     ran its three children one at a time, both implementations matched eager bitwise, and the diff cost less than
-    the bare runs one after another; every child started from one weights digest, each child's start-up plus set-up
-    stayed within 1.15x of its bare twin's, and the ratios are the benchmark's own."""
+    the bare runs one after another; every child started from one weights digest, and the ratios are the
+    benchmark's own. The graphed children imported torch and Megatron themselves (10.4-10.6 s), so their start-up
+    plus set-up was 2.2x their bare twins'."""
     bench = _benchmark()
     (row,) = json.loads(H100_LLAMA_COST.read_text())
     assert row["size"] == "llama3-8b-2l" and row["bare_failed"] == []
@@ -358,8 +363,31 @@ def test_the_h100_llama_line_diff_cost_less_than_its_bare_runs_summed() -> None:
     assert run["weights_equal"] is True and run["weights_reported"] == len(run["children"]) == 3
     assert run["jobs"].endswith("1 at a time once local-graphed-d0 measured about 48.5 GiB per child")
     assert run["ratio"] == round(run["process_s"] / row["bare_s"], 3) < 1.0
-    assert run["twins"] == bench.twins(row["bare"], run["children"])
-    assert all(t["setup_ratio"] <= 1.15 for t in run["twins"]), run["twins"]
+    twins = bench.twins(row["bare"], run["children"])
+    assert [round(t["setup_ratio"], 1) for t in twins] == [1.2, 2.2, 2.2]
+    assert all(c["stages"]["imports"] > 10 for c in run["children"] if "graphed" in c["name"])
+
+
+H100_LLAMA_TODAY = COST.with_name("h100_diff_cost_llama3_8b_2l_dropout0.json")
+"""The same benchmark and line on an H100 (2026-12-07): every child forked from the template."""
+
+
+def test_the_llama_lines_children_set_up_within_a_seventh_of_their_bare_twins() -> None:
+    """Issue 44's bound at full width: the diff costs no more than the bare runs summed (28.5 s against 45.6 s, one
+    child at a time on the 80 GB GPU), both implementations match eager bitwise from one weights digest, and each
+    first child's start-up plus set-up, counted from the diff's start (11.2 s of it resolving the launch line with
+    Megatron-LM's parser while the template imported), is 1.08-1.14x its bare twin's."""
+    bench = _benchmark()
+    (row,) = json.loads(H100_LLAMA_TODAY.read_text())
+    (run,) = row["diffs"]
+    assert row["size"] == "llama3-8b-2l" and row["bare_failed"] == [] and run["exit_code"] == 0
+    assert run["verdicts"] == {"local": "match", "full_iteration": "match"}
+    assert run["weights_equal"] is True and run["weights_reported"] == len(run["children"]) == 3
+    assert run["process_s"] <= row["bare_s"] and run["ratio"] == round(run["process_s"] / row["bare_s"], 3)
+    twins = bench.twins(row["bare"], run["children"])
+    assert [t["impl"] for t in twins] == ["eager", "local", "full_iteration"]
+    assert all(t["setup_ratio"] <= 1.15 for t in twins), twins
+    assert all(c["stages"].get("imports", 0.0) < 1.0 for c in run["children"])  # forked: the template imported
 
 
 H100_SIZES_COST = COST.with_name("h100_diff_cost_sizes.json")
@@ -383,7 +411,7 @@ def test_the_h100_sizes_run_keeps_its_ratios_and_its_one_failure() -> None:
                 assert "partially initialized module 'torch'" in run["stderr_tail"]
                 continue
             assert run["exit_code"] == 0 and run["weights_equal"] is True
-            assert run["twins"] == bench.twins(row["bare"], run["children"])
+            assert len(bench.twins(row["bare"], run["children"])) == 3
             expected = ({"local": "rng-divergence", "full_iteration": "match"} if run["flags"] == "defaults"
                         else {"local": "match", "full_iteration": "match"})
             assert run["verdicts"] == expected
@@ -399,9 +427,11 @@ the diff starts, torch imported whole before the parent's threads, children's en
 def test_the_h200_sizes_run_says_how_far_each_diff_is_from_the_slowest_bare_run() -> None:
     """What the recorded H200 run says: every diff exited 0 (the 0.54 B --dropout 0 diff too, which exited 3 on the
     H100 before torch was imported whole) from equal weights, with a clean model's verdicts; 0.54 B children ran
-    four at a time and 1.08 B two (three 1.08 B bare processes did not fit side by side either); each first child's
-    start-up plus set-up stayed within 1.15x of its bare twin's; and the ratios to the slowest bare run are the
-    benchmark's own: 1.35 and 1.47 at --dropout 0, 1.93 and 2.23 with the defaults, against issue 44's 1.3 and 1.6."""
+    four at a time and 1.08 B two (three 1.08 B bare processes did not fit side by side either); and the ratios to
+    the slowest bare run are the benchmark's own: 1.35 and 1.47 at --dropout 0, 1.93 and 2.23 with the defaults,
+    against issue 44's 1.3 and 1.6. Counted from the diff's start (3.2-3.8 s of it before the first child), each
+    first child's start-up plus set-up was at most 1.16x (0.54 B) and 1.24x (1.08 B) its bare twin's at --dropout 0,
+    and 1.34x and 1.19x with the defaults: over issue 44's 1.15x."""
     bench = _benchmark()
     rows = {row["size"]: row for row in json.loads(H200_SIZES_COST.read_text())}
     assert set(rows) == {"0.54b", "1.08b"}
@@ -413,8 +443,9 @@ def test_the_h200_sizes_run_says_how_far_each_diff_is_from_the_slowest_bare_run(
             assert run["exit_code"] == 0 and run["weights_equal"] is True
             assert run["weights_reported"] == len(run["children"])
             assert run["ratio_slowest"] == round(run["process_s"] / row["bare_slowest_s"], 3)
-            assert run["twins"] == bench.twins(row["bare"], run["children"])
-            assert all(t["setup_ratio"] <= 1.15 for t in run["twins"]), run["twins"]
+            worst = max(t["setup_ratio"] for t in bench.twins(row["bare"], run["children"]))
+            assert round(worst, 2) == {("0.54b", "defaults"): 1.34, ("0.54b", "dropout0"): 1.16,
+                                       ("1.08b", "defaults"): 1.19, ("1.08b", "dropout0"): 1.24}[size, run["flags"]]
             expected = ({"local": "rng-divergence", "full_iteration": "match"} if run["flags"] == "defaults"
                         else {"local": "match", "full_iteration": "match"})
             assert run["verdicts"] == expected
@@ -450,7 +481,7 @@ def test_lazy_communicators_shorten_set_up_and_let_three_bare_processes_share_an
         assert row["bare_failed"] == []
         for run in row["diffs"]:
             assert run["exit_code"] == 0 and run["weights_equal"] is True
-            assert run["twins"] == bench.twins(row["bare"], run["children"])
+            assert len(bench.twins(row["bare"], run["children"])) == 3
             expected = ({"local": "rng-divergence", "full_iteration": "match"} if run["flags"] == "defaults"
                         else {"local": "match", "full_iteration": "match"})
             assert run["verdicts"] == expected
