@@ -142,8 +142,7 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("localize", "localize", bool,
            "Taps that fingerprint dropout masks, random draws, module outputs and gradients "
            "inside graphs; --no-localize never taps.", "",
-           default_text="a tapped pair runs only after a divergence; at dropout > 0 on a model of 2^20 activation "
-                        "elements per layer and micro-batch or more, the first runs carry them"),
+           default_text="a tapped pair runs only after a divergence"),
     Option("align-rng", "align_rng", bool,
            "Restore RNG states around warmup and capture so graphed dropout matches eager.", ""),
     Option("allow-env", "allow_env", str,

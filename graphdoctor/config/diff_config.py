@@ -42,13 +42,6 @@ IMPLS: tuple[str, ...] = tuple(impl.value for impl in GRAPHED)
 """The graphed implementations diff runs (config.impl.GRAPHED, as plain names): DiffConfig.impls' choices and its
 default, every one compared against eager."""
 
-TAPS_IN_FIRST_RUNS_ELEMENTS = 1 << 20
-"""Activation elements per layer and micro-batch (seq_length x micro_batch_size x hidden_size) from which a dropout
-diff's first runs carry the taps (DiffConfig.taps_in_first_runs). tests/benchmarks/taps_cost.py on the H200: at
-hidden 1024, seq 512, mbs 2 (this size) the taps cost 1.01x (local) and 1.05x (full_iteration) of a replay step;
-at the default hidden 256, seq 128 (65,536 elements) 1.24x and 1.10x, a host-bound step (docs/forensics.md, Cost)."""
-
-
 @dataclass(kw_only=True, slots=True)
 class DiffConfig:
     """Everything one `graphdoctor diff` needs; the same object drives the CLI and the Python API."""
@@ -171,8 +164,8 @@ class DiffConfig:
 
     localize: bool | None = None
     """Capture-time taps (dropout masks, random draws, module outputs and gradients) on eager and
-    graphed runs; None: the first runs of a large enough model carry them at dropout > 0
-    (taps_in_first_runs), else an extra pair of runs does, only after a divergence; False: never."""
+    graphed runs; True: the first runs carry them (taps_in_first_runs); None: an extra pair of runs does, only
+    after a divergence; False: never."""
 
     align_rng: bool = False
     """Restore every RNG state around each implementation's warmup and capture, so graphed runs
@@ -383,18 +376,14 @@ class DiffConfig:
 
     @property
     def taps_in_first_runs(self) -> bool:
-        """Whether the eager reference and the graphed runs carry the taps themselves: with --localize always,
-        with --no-localize never. By default at dropout > 0 on a model of at least TAPS_IN_FIRST_RUNS_ELEMENTS
-        activation elements per layer and micro-batch. A diff then starts the control pair beside its first runs
-        before it knows whether anything differs, and a separate tapped pair started with it would cost two more
-        children's GPU memory (often a second round of them), where taps in the first runs add their kernels to
-        steps that run anyway. On a smaller model the step is host-bound, the taps' Python per operator shows in
-        its step times, and every child fits beside the others, so the tapped pair stays separate; at dropout 0
-        nothing is started ahead and a tapped pair runs only after a divergence, so a clean diff pays no taps."""
-        if self.localize is not None:
-            return self.localize
-        elements = self.seq_length * self.micro_batch_size * self.hidden_size
-        return self.dropout > 0 and elements >= TAPS_IN_FIRST_RUNS_ELEMENTS
+        """Whether the eager reference and the graphed runs carry the taps themselves: only with --localize. By
+        default a separate tapped pair runs after a divergence (at dropout > 0 it starts beside the first runs).
+        Taps in the first runs would save those two children, but their step times would count the taps: in
+        eager every operator of the step goes through the taps' dispatch mode, while a graph replays its taps'
+        kernels only. tests/benchmarks/taps_cost.py at 0.54 B on an H100 measured 1.17x for eager against 1.06x
+        (local) and 1.04x (full_iteration), so the speedup of tapped first runs would overstate the graphs' gain
+        by about a tenth, past the 10 % of a step taps may cost a timed run (docs/forensics.md, Cost)."""
+        return self.localize is True
 
     @property
     def bitwise(self) -> bool:

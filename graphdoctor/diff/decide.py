@@ -151,9 +151,9 @@ class DiffRun:
         """Reference and implementations, judged; scratch directories removed afterwards.
 
         The first children start at once, beside the plan-time checks (graphdoctor.parent.preflight), and with
-        them every child the decision tree may need next (at dropout > 0 the control pair, and the tapped pair where
-        the first runs do not carry the taps): they take GPU slots as they free up, and those the first results
-        rule out are cancelled."""
+        them every child the decision tree may need next (at dropout > 0 the control pair, and the tapped pair unless
+        the first runs carry the taps): they take GPU slots as they free up, and those the first results rule out
+        are cancelled."""
         schedule, cfg = self.schedule, self.config
         try:
             for folder in (cfg.trace_dir, cfg.snapshot_dir):

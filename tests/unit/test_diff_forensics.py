@@ -68,9 +68,9 @@ def test_auto_mode_runs_a_tapped_pair_after_a_divergence(tmp_path: Path) -> None
     assert any("GD401" in note for note in result.notes)
 
 
-def test_a_large_dropout_models_divergent_row_reads_the_taps_its_first_runs_carried(tmp_path: Path) -> None:
+def test_with_localize_a_divergent_row_reads_the_taps_its_first_runs_carried(tmp_path: Path) -> None:
     doc, ref, graphed = _pair()
-    config = DiffConfig(impls=("local",), hidden_size=1024, seq_length=512, num_attention_heads=8)
+    config = DiffConfig(impls=("local",), localize=True)
     session = RecordedSession(config, ref, graphed, tmp_path)
     result = _forensics(session, ImplResult(impl="local", verdict=Verdict.RNG_DIVERGENCE), ref, graphed)
     assert session.requests == []  # no tapped pair: the first runs carried the taps
