@@ -202,8 +202,8 @@ def test_the_plan_counts_slots_by_the_smaller_eager_need_and_says_both() -> None
 def test_the_defaults_five_children_fit_one_h200_by_kind_and_a_sixth_waits(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """At dropout 0.1 a diff of local and full_iteration asks for eager, local, full_iteration, then the control
-    pairs' eager, local and full_iteration (dropout 0): by kind the first five fit in 0.85 of an H200; the sixth
-    waits until one ends (it is cancelled once full_iteration matches)."""
+    pairs' eager, local and full_iteration (dropout 0), then the tapped pair: by kind the first five fit in 0.85 of an
+    H200; the sixth waits until one ends (it is cancelled once full_iteration matches)."""
     monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "runtime"))
     config = SIZE_054B.replace(jobs=8)
     session = ChildSession(config, tmp_path, plan=plan_jobs(config, [H200]))
