@@ -42,6 +42,7 @@ IMPLS: tuple[str, ...] = tuple(impl.value for impl in GRAPHED)
 """The graphed implementations diff runs (config.impl.GRAPHED, as plain names): DiffConfig.impls' choices and its
 default, every one compared against eager."""
 
+
 @dataclass(kw_only=True, slots=True)
 class DiffConfig:
     """Everything one `graphdoctor diff` needs; the same object drives the CLI and the Python API."""

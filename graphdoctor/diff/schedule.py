@@ -67,13 +67,12 @@ class ChildSchedule:
 
     def speculative(self, runnable: list[str]) -> list[ChildRequest]:
         """The children a divergence of the first runs would need next, started beside them: at dropout > 0 the
-        control pair of every implementation and, where forensics are automatic and the first runs do not carry
-        the taps (DiffConfig.taps_in_first_runs), the tapped pair."""
+        control pair of every implementation and, when forensics are automatic, the tapped pair."""
         cfg = self.config
         if cfg.dropout <= 0:
             return []
         wanted = [r for impl in runnable for r in self.control_requests(impl)]
-        if cfg.localize is None and not cfg.taps_in_first_runs:
+        if cfg.localize is None:
             wanted += [r for impl in runnable for r in self.tapped_requests(impl)]
         return list(dict.fromkeys(wanted))
 
