@@ -44,6 +44,9 @@ POLL_S = 0.5
 """How often a waiting child looks for a free slot."""
 MEMORY_POLL_S = 2.0
 """How long one reading of the GPU's used memory stands (nvidia-smi takes tens of milliseconds)."""
+TAKE_LOCK = "take.lock"
+"""The file whose flock makes one taker at a time read the holders and write its record (held for microseconds,
+never while waiting)."""
 MAX_HOLDER_BYTES = 4096
 """The most of a slot file read: what a holder writes is a short JSON object."""
 
@@ -209,7 +212,18 @@ class HostSlots:
     def try_take(self, need_bytes: int, what: str, headroom: float = MEMORY_HEADROOM) -> Slot | Busy:
         """A slot for a child that needs `need_bytes` of GPU memory, or why there is none now (beside other holders,
         the need must fit in `headroom` of the GPU's total: MEMORY_HEADROOM for an estimate, more for a measured
-        figure, graphdoctor.parent.sizing)."""
+        figure, graphdoctor.parent.sizing).
+
+        The look at the other holders and the writing of this one's record happen under the GPU's take lock, so two
+        takers (threads or processes) never each read the other's slot as empty and both fit beside it."""
+        guard = os.open(self.folder / TAKE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            return self._try_take(need_bytes, what, headroom)
+        finally:
+            os.close(guard)  # closing the last descriptor of the open file drops its lock
+
+    def _try_take(self, need_bytes: int, what: str, headroom: float) -> Slot | Busy:
         free: tuple[int, int] | None = None
         held: list[Holder] = []
         for index in range(self.limit):

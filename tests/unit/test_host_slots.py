@@ -121,6 +121,30 @@ def test_memory_keeps_a_second_child_out_but_never_the_first(tmp_path: Path) -> 
     first.release()
 
 
+def test_takers_at_the_same_instant_never_both_fit_where_one_does(tmp_path: Path) -> None:
+    """Eight takers of 40 GiB on a 100 GiB GPU, released by one barrier, fifty times over: the first holds the GPU
+    alone, a second fits beside it, and none of the others may read those two's slots as empty and fit a third."""
+    for round_ in range(50):
+        slots = [HostSlots("0", memory=lambda: (100 * GIB, 0), root=tmp_path / str(round_), limit=8)
+                 for _ in range(8)]
+        start = threading.Barrier(len(slots))
+        taken: list[Slot | Busy] = []
+
+        def take(host: HostSlots, start: threading.Barrier, taken: list[Slot | Busy]) -> None:
+            start.wait()
+            taken.append(host.try_take(40 * GIB, "graphed first run", headroom=1.0))
+
+        threads = [threading.Thread(target=take, args=(host, start, taken)) for host in slots]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        held = [t for t in taken if isinstance(t, Slot)]
+        assert len(held) == 2, (round_, [t.memory for t in taken if isinstance(t, Busy)])
+        for slot in held:
+            slot.release()
+
+
 def test_a_child_on_two_gpus_takes_both_or_neither(tmp_path: Path) -> None:
     gpus = [HostSlots("1", root=tmp_path, limit=1), HostSlots("0", root=tmp_path, limit=1)]
     both = HostTurn(gpus, GIB, "eager reference")
