@@ -19,7 +19,7 @@ from graphdoctor.child.batches import forward_step_name, step_batches
 from graphdoctor.child.checkpoint import save_run
 from graphdoctor.child.gpu_turn import GpuTurn
 from graphdoctor.child.megatron_setup import Setup, clear_moe_metrics
-from graphdoctor.child.names import strip_wrappers
+from graphdoctor.child.names import expert_shards, strip_wrappers
 from graphdoctor.child.reported import reduce_step
 from graphdoctor.child.schedule import EvalPoint, eval_plan, run_eval, with_tracker_values
 from graphdoctor.compare.reduce import FlatLayout, SegmentIndex, compare_flat, flatten
@@ -318,7 +318,8 @@ def run_steps(
                         printer=printer, taps=taps, fp8=fp8)
     emit(Tensors(names=families.layout.names, num_parameters=families.layout.total,
                  parameter_bytes=sum(p.numel() * p.element_size() for _, p in families.params),
-                 fingerprint_bytes=printer.extra_bytes if printer is not None else 0))
+                 fingerprint_bytes=printer.extra_bytes if printer is not None else 0,
+                 experts=expert_shards(setup.model)))
     profile_last = cfg.launches and spec.role is not Role.TAPPED and spec.stop_after is None
     last = cfg.steps + (1 if profile_last else 0) - 1 if spec.stop_after is None else spec.stop_after
     first = cfg.save_at if spec.resumed else 0  # a resumed process warms up and captures again

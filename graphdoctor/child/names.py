@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from graphdoctor.protocol.experts import ExpertShard
+
 
 def strip_wrappers(name: str) -> str:
     """A module or parameter name without the DDP/Float16Module `module.` prefixes ("" for them)."""
@@ -10,4 +14,18 @@ def strip_wrappers(name: str) -> str:
     return "" if name == "module" else name
 
 
-__all__ = ["strip_wrappers"]
+def expert_shards(model: Any) -> tuple[ExpertShard, ...]:
+    """Every MoE layer's experts on this rank as Megatron placed them (MoELayer.local_expert_indices, the global
+    numbers of the rank's local experts), named without wrappers; () for a model without MoE layers."""
+    found = []
+    for name, module in model.named_modules():
+        indices = getattr(module, "local_expert_indices", None)
+        if indices is None or not hasattr(module, "experts"):
+            continue
+        total = getattr(getattr(module, "config", None), "num_moe_experts", None) or len(indices)
+        found.append(ExpertShard(layer=strip_wrappers(name), experts=tuple(int(i) for i in indices),
+                                 num_experts=int(total)))
+    return tuple(found)
+
+
+__all__ = ["expert_shards", "strip_wrappers"]

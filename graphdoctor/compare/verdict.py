@@ -12,6 +12,7 @@ from typing import Any
 
 from graphdoctor.compare.cause import Cause
 from graphdoctor.compare.divergence import Divergence, find_divergence
+from graphdoctor.compare.experts import ExpertsDiff, compare_experts
 from graphdoctor.compare.forensics import Forensics
 from graphdoctor.compare.fp8_state import Fp8StateDiff, compare_fp8_state
 from graphdoctor.compare.phases import (
@@ -176,6 +177,9 @@ class ImplResult:
     fp8_state: Fp8StateDiff | None = None
     """The FP8 state (scales, amax histories, FP8 weights' scales) against eager, step by step; None without
     FP8 state (graphdoctor.compare.fp8_state)."""
+    experts: ExpertsDiff | None = None
+    """Every MoE expert of every rank against eager, step by step; None without MoE experts
+    (graphdoctor.compare.experts)."""
 
     @property
     def passed(self) -> bool:
@@ -200,6 +204,7 @@ class ImplResult:
             "forensics": self.forensics.to_dict() if self.forensics else None,
             "causes": [c.to_dict() for c in self.causes],
             "fp8_state": self.fp8_state.to_dict() if self.fp8_state else None,
+            "experts": self.experts.to_dict() if self.experts else None,
         }
         if include_steps:
             data["runs"] = [r.to_dict() for r in self.runs]
@@ -221,7 +226,8 @@ class ImplResult:
                    runs=tuple(RunRecord.from_dict(r) for r in data.get("runs", ())),
                    forensics=opt("forensics", Forensics.from_dict),
                    causes=tuple(Cause.from_dict(c) for c in data.get("causes") or ()),
-                   fp8_state=opt("fp8_state", Fp8StateDiff.from_dict))
+                   fp8_state=opt("fp8_state", Fp8StateDiff.from_dict),
+                   experts=opt("experts", ExpertsDiff.from_dict))
 
 
 def _phases(runs: tuple[RunRecord, ...]) -> list[str]:
@@ -310,6 +316,7 @@ def judge(
                           **common)  # type: ignore[arg-type]
     timing = steady_timing(reference, graphed, warmup_steps)
     common["fp8_state"] = compare_fp8_state(reference, graphed)
+    common["experts"] = compare_experts(reference, graphed)
     divergence = find_divergence(reference, graphed, rtol=rtol, atol=atol)
     capture_notes, divergence = capture_only_values(reference, graphed, divergence, rtol=rtol, atol=atol)
     phase_notes = capture_notes + scaler_notes(reference, graphed) + schedule_notes(

@@ -61,7 +61,7 @@ def record_from_events(spec: ChildSpec, log: EventLog, ended: ProcessResult) -> 
         end_allocated_bytes=end.end_allocated_bytes if end else None, teardown=teardown,
         checkpoints=tuple(log.of(Checkpoint)), seconds=child_seconds(end, teardown, ended),
         fp8_layouts=tuple(e.names for e in sorted(log.of(Fp8Layout), key=lambda e: e.index)),
-        weights=log.first(Weights),
+        weights=log.first(Weights), experts=tensors.experts if tensors else (),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from graphdoctor.protocol.record import RunRecord
+from graphdoctor.protocol.record import RunRecord, rank_prefix, split_rank
 from graphdoctor.protocol.steps import StepPrints, StepRecord
 from graphdoctor.types import Diagnosis, TensorDiff
 
@@ -18,19 +18,6 @@ RANK_STATUS_ORDER: tuple[str, ...] = ("ok", "stopped", "crashed", "timeout", "un
 """Which rank's status stands for the run, last wins: a rank that reported an error explains a run
 whose other ranks were torn down after it (crashed) or waited for it (timeout); a rank the stopped parent
 ended (stopped) stands over ranks that had finished."""
-
-
-def rank_prefix(rank: int) -> str:
-    """How a rank's tensors are named in a folded record: `rank1:decoder.layers.0...`."""
-    return f"rank{rank}:"
-
-
-def split_rank(name: str) -> tuple[int | None, str]:
-    """(rank, tensor name) of a folded tensor name; (None, name) for a one-process record."""
-    head, sep, rest = name.partition(":")
-    if sep and head.startswith("rank") and head[4:].isdigit():
-        return int(head[4:]), rest
-    return None, name
 
 
 def deciding_rank(records: list[RunRecord]) -> int:
@@ -107,7 +94,9 @@ def fold_ranks(records: list[RunRecord], *, wall_s: float) -> RunRecord:
         hazards=tuple(h for r in records for h in r.hazards), tensor_names=names, fp8_layouts=layouts,
         num_parameters=sum(r.num_parameters for r in records),
         parameter_bytes=sum(r.parameter_bytes for r in records),
-        fingerprint_bytes=max(r.fingerprint_bytes for r in records), ranks=tuple(records))
+        fingerprint_bytes=max(r.fingerprint_bytes for r in records), ranks=tuple(records),
+        experts=tuple(dataclasses.replace(shard, layer=rank_prefix(rank) + shard.layer)
+                      for rank, r in enumerate(records) for shard in r.experts))
 
 
 __all__ = ["RANK_STATUS_ORDER", "deciding_rank", "fold_ranks", "fold_step", "rank_prefix", "split_rank"]

@@ -86,7 +86,8 @@ def stitched(first: RunRecord, resumed: RunRecord) -> RunRecord:
         seconds=first.seconds.plus(resumed.seconds) if first.seconds and resumed.seconds else resumed.seconds,
         hazards=first.hazards + tuple(h for h in resumed.hazards if h not in first.hazards),
         teardown=first.teardown + resumed.teardown, checkpoints=first.checkpoints + resumed.checkpoints,
-        tensor_names=resumed.tensor_names or first.tensor_names, env=first.env or resumed.env, ranks=ranks,
+        tensor_names=resumed.tensor_names or first.tensor_names, experts=resumed.experts or first.experts,
+        env=first.env or resumed.env, ranks=ranks,
         diagnosis=diagnosis)
 
 

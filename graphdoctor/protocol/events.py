@@ -14,6 +14,7 @@ from typing import IO, Any, ClassVar
 
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
+from graphdoctor.protocol.experts import ExpertShard
 from graphdoctor.protocol.spec import ProtocolError
 from graphdoctor.protocol.steps import StepRecord
 from graphdoctor.protocol.taptable import TapTable
@@ -87,6 +88,8 @@ class Tensors:
     """Their bytes in the parameters' own dtypes."""
     fingerprint_bytes: int = 0
     """Peak device bytes the fingerprints use during a step (computed by their plan)."""
+    experts: tuple[ExpertShard, ...] = ()
+    """The MoE experts this rank holds, layer by layer (graphdoctor.protocol.experts); () without MoE layers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +320,8 @@ def encode(event: Event) -> str:
             data.update(value.to_dict())
         elif isinstance(value, MemorySection | LaunchSection | TapTable):
             data[f.name] = value.to_dict()
+        elif f.name == "experts":
+            data[f.name] = [shard.to_dict() for shard in value]
         elif f.name == "frames":
             data[f.name] = [list(frame) for frame in value]
         else:
@@ -350,6 +355,8 @@ def decode(line: str) -> Event:
             data["frames"] = tuple((str(f), int(n), str(fn)) for f, n, fn in data.get("frames", ()))
         if cls in (Tensors, Fp8Layout):
             data["names"] = tuple(str(n) for n in data["names"])
+        if cls is Tensors:
+            data["experts"] = tuple(ExpertShard.from_dict(e) for e in data.get("experts") or ())
         if cls is Weights:
             data["unseeded"] = tuple(str(n) for n in data.get("unseeded", ()))
         if cls is Hazard:

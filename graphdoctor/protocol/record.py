@@ -12,6 +12,7 @@ from typing import Any
 from graphdoctor.launches.compare import LaunchSection
 from graphdoctor.memory.sections import MemorySection
 from graphdoctor.protocol.events import Checkpoint, Hazard, RunEnv, Weights
+from graphdoctor.protocol.experts import ExpertShard
 from graphdoctor.protocol.seconds import ChildSeconds
 from graphdoctor.protocol.spec import impl_name
 from graphdoctor.protocol.steps import StepRecord
@@ -19,6 +20,19 @@ from graphdoctor.protocol.taptable import TapTable
 from graphdoctor.types import Diagnosis, EvalRecord, RankExit
 
 END_MEMORY_FIELDS: tuple[str, ...] = ("peak_allocated_bytes", "end_reserved_bytes", "end_allocated_bytes")
+
+
+def rank_prefix(rank: int) -> str:
+    """How a rank's tensors (and MoE layers) are named in a multi-GPU run's folded record: `rank1:decoder...`."""
+    return f"rank{rank}:"
+
+
+def split_rank(name: str) -> tuple[int | None, str]:
+    """(rank, name) of a folded record's tensor or layer name; (None, name) for a one-process record."""
+    head, sep, rest = name.partition(":")
+    if sep and head.startswith("rank") and head[4:].isdigit():
+        return int(head[4:]), rest
+    return None, name
 
 
 ENVIRONMENT_FAILED = "environment-failed"
@@ -107,6 +121,9 @@ class RunRecord:
     fp8_layouts: tuple[tuple[str, ...], ...] = ()
     """The FP8 state tensors (`module:what`) of each FP8 layout the run's steps fingerprinted, by layout index
     (StepPrints.fp8_layout); empty without FP8 state."""
+    experts: tuple[ExpertShard, ...] = ()
+    """The MoE experts the run's tensors hold, layer by layer (graphdoctor.protocol.experts): a folded record's
+    layers carry their rank (`rank1:decoder.layers.0.mlp`); () without MoE layers."""
     weights: Weights | None = None
     """The weights a gpu_init child built: their digest and what was seeded (None: CPU initialisation)."""
     ranks: tuple[RunRecord, ...] = ()
@@ -141,6 +158,7 @@ class RunRecord:
             **{key: getattr(self, key) for key in END_MEMORY_FIELDS},
             "seconds": self.seconds.to_dict() if self.seconds else None,
             "fp8_layouts": [list(names) for names in self.fp8_layouts],
+            "experts": [shard.to_dict() for shard in self.experts],
             "weights": None if self.weights is None else {"digest": self.weights.digest,
                                                           "num_seeded": self.weights.num_seeded,
                                                           "unseeded": list(self.weights.unseeded)},
@@ -175,6 +193,7 @@ class RunRecord:
                                          seconds=float(c["seconds"])) for c in data.get("checkpoints", ())),
             seconds=ChildSeconds.from_dict(data["seconds"]) if isinstance(data.get("seconds"), dict) else None,
             fp8_layouts=tuple(tuple(str(n) for n in names) for names in data.get("fp8_layouts", ())),
+            experts=tuple(ExpertShard.from_dict(e) for e in data.get("experts") or ()),
             weights=_weights(data.get("weights")),
             ranks=tuple(cls.from_dict(r) for r in data.get("ranks", ())),
         )
@@ -187,4 +206,4 @@ def _weights(data: Any) -> Weights | None:
                    unseeded=tuple(str(n) for n in data.get("unseeded", ())))
 
 
-__all__ = ["END_MEMORY_FIELDS", "ENVIRONMENT_FAILED", "RunRecord"]
+__all__ = ["END_MEMORY_FIELDS", "ENVIRONMENT_FAILED", "RunRecord", "rank_prefix", "split_rank"]

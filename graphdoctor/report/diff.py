@@ -318,6 +318,8 @@ def _details(report: DiffReport, *, verbose: bool) -> list[str]:
             out.append(f"{result.impl}: note: {note}")
         if result.fp8_state is not None:
             out.append(f"{result.impl}: {result.fp8_state.line()}")
+        if result.experts is not None:
+            out.append(f"{result.impl}: {result.experts.line()}")
         if verbose and result.forensics is not None:
             out.append(f"{result.impl}: forensics (capture-time taps):")
             out += ["  " + line for line in forensics_table(result.forensics).splitlines()]

@@ -32,11 +32,12 @@ from graphdoctor.parent.launch import (
     multi_gpu_placement,
     run_launched,
 )
-from graphdoctor.parent.ranks import RANK_STATUS_ORDER, split_rank
+from graphdoctor.parent.ranks import RANK_STATUS_ORDER
 from graphdoctor.parent.runner import ProcessResult
 from graphdoctor.parent.static import installation_refusals
 from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Role, RunRecord, run_name
 from graphdoctor.protocol.events import End, RunEnv, Started, Step, Tensors
+from graphdoctor.protocol.record import split_rank
 from graphdoctor.protocol.spec import rank_path
 from graphdoctor.protocol.steps import StepPrints, StepRecord
 from graphdoctor.report.diff import placement_line

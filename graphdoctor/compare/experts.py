@@ -1,0 +1,164 @@
+"""MoE experts compared one by one: for every expert of every MoE layer on every rank, the first step at which its
+main_grads and its parameters leave eager's, from the steps' per-tensor fingerprints.
+
+With expert parallelism each rank holds a shard of every MoE layer's experts; a folded multi-GPU record names
+each rank's tensors `rank<r>:...` and its shards `rank<r>:<layer>` (graphdoctor.parent.ranks), so an expert is
+named by its global number, the rank that holds it and its local index there, as Megatron placed it
+(graphdoctor.protocol.experts). Pure Python on RunRecords.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from graphdoctor.compare.prints import FAMILIES
+from graphdoctor.protocol.experts import ExpertShard, expert_of
+from graphdoctor.protocol.lanes import BitprintError, differing_tensors, pairs
+from graphdoctor.protocol.record import RunRecord, split_rank
+
+FAMILY_WORDS = {"grads": "main_grads", "params": "parameters"}
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertRow:
+    """One expert of one MoE layer on one rank, against the same expert in eager."""
+
+    layer: str
+    """The MoE layer's module (`decoder.layers.0.mlp`), without the rank."""
+    rank: int | None
+    """The rank that holds the expert (None: a one-process run)."""
+    expert: int | None
+    """Its global number (None: tensors of the layer's experts that no single expert owns)."""
+    local: int | None
+    """Its index among the rank's local experts."""
+    tensors: int
+    """Its fingerprinted tensors."""
+    grads_step: int | None = None
+    """First step whose main_grads of the expert differ (None: equal at every compared step)."""
+    params_step: int | None = None
+    """First step whose parameters of the expert differ."""
+
+    @property
+    def first(self) -> tuple[int, str] | None:
+        """(step, family) of the expert's first difference; main_grads before parameters within a step."""
+        found = [(step, family) for family, step in (("grads", self.grads_step), ("params", self.params_step))
+                 if step is not None]
+        return min(found, key=lambda f: (f[0], FAMILIES.index(f[1]))) if found else None
+
+    @property
+    def label(self) -> str:
+        """`decoder.layers.0.mlp expert 2 on rank 1 (its local expert 0)`."""
+        who = "the experts' shared tensors" if self.expert is None else f"expert {self.expert}"
+        where = "" if self.rank is None else f" on rank {self.rank}"
+        local = "" if self.rank is None or self.local is None else f" (its local expert {self.local})"
+        return f"{self.layer} {who}{where}{local}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view."""
+        return {"layer": self.layer, "rank": self.rank, "expert": self.expert, "local": self.local,
+                "tensors": self.tensors, "grads_step": self.grads_step, "params_step": self.params_step}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExpertRow:
+        """Inverse of to_dict."""
+        def opt(key: str) -> int | None:
+            value = data.get(key)
+            return None if value is None else int(value)
+
+        return cls(layer=str(data["layer"]), rank=opt("rank"), expert=opt("expert"), local=opt("local"),
+                   tensors=int(data["tensors"]), grads_step=opt("grads_step"), params_step=opt("params_step"))
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertsDiff:
+    """Every expert of a graphed MoE run against eager."""
+
+    steps: int
+    """Steps compared (both runs fingerprinted them)."""
+    rows: tuple[ExpertRow, ...]
+    """One per (layer, rank, expert), in the records' tensor order."""
+
+    @property
+    def differing(self) -> tuple[ExpertRow, ...]:
+        """The experts that differ at some step, first difference first."""
+        rows = [r for r in self.rows if r.first is not None]
+        return tuple(sorted(rows, key=lambda r: (r.first[0], FAMILIES.index(r.first[1]))))  # type: ignore[index]
+
+    def _shape(self) -> str:
+        layers = len({r.layer for r in self.rows})
+        experts = len({(r.layer, r.expert) for r in self.rows if r.expert is not None})
+        ranks = len({r.rank for r in self.rows if r.rank is not None})
+        per_layer = experts // layers if layers else 0
+        return (f"{layers} layer{'s' * (layers != 1)} x {per_layer} experts"
+                + (f" on {ranks} ranks" if ranks > 1 else ""))
+
+    def line(self) -> str:
+        """`experts: 2 layers x 4 experts on 2 ranks, equal at 8 steps` or the first that differs."""
+        differing = self.differing
+        if not differing:
+            return f"experts: {self._shape()}, every expert's main_grads and parameters equal at {self.steps} steps"
+        first = differing[0]
+        step, family = first.first  # type: ignore[misc]
+        return (f"experts: {len(differing)} of {len(self.rows)} differ ({self._shape()}); first {first.label}: "
+                f"{FAMILY_WORDS[family]} at step {step}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view (docs/moe.md, `impls[].experts`)."""
+        return {"steps": self.steps, "rows": [r.to_dict() for r in self.rows],
+                "differing": len(self.differing)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExpertsDiff:
+        """Inverse of to_dict."""
+        return cls(steps=int(data["steps"]), rows=tuple(ExpertRow.from_dict(r) for r in data.get("rows") or ()))
+
+
+def _expert_tensors(names: tuple[str, ...], shards: tuple[ExpertShard, ...]) -> dict[tuple[str, int | None], list[int]]:
+    """Tensor indices of each (shard layer, local expert), in tensor order."""
+    found: dict[tuple[str, int | None], list[int]] = {}
+    for index, name in enumerate(names):
+        ref = expert_of(name, shards)
+        if ref is not None:
+            found.setdefault((ref.shard.layer, ref.local), []).append(index)
+    return found
+
+
+def compare_experts(reference: RunRecord, graphed: RunRecord) -> ExpertsDiff | None:
+    """The expert-by-expert comparison of two runs; None without MoE experts or fingerprints to compare."""
+    shards = graphed.experts or reference.experts
+    names = graphed.tensor_names or reference.tensor_names
+    groups = _expert_tensors(names, shards)
+    if not groups:
+        return None
+    by_layer = {s.layer: s for s in shards}
+    first: dict[tuple[str, int | None], dict[str, int]] = {key: {} for key in groups}
+    by_step = {s.step: s for s in reference.steps}
+    compared = 0
+    for rec in graphed.steps:
+        ref = by_step.get(rec.step)
+        if ref is None or ref.prints is None or rec.prints is None:
+            continue
+        compared += 1
+        for family in FAMILIES:
+            try:
+                unequal = set(differing_tensors(pairs(getattr(ref.prints, family)),
+                                                pairs(getattr(rec.prints, family))))
+            except BitprintError:
+                return None  # not the same model: find_divergence says so
+            for key, indices in groups.items():
+                if family not in first[key] and unequal.intersection(indices):
+                    first[key][family] = rec.step
+    if not compared:
+        return None
+    rows = []
+    for (layer, local), indices in groups.items():
+        rank, bare = split_rank(layer)
+        shard = by_layer[layer]
+        rows.append(ExpertRow(layer=bare, rank=rank, expert=None if local is None else shard.experts[local],
+                              local=local, tensors=len(indices), grads_step=first[(layer, local)].get("grads"),
+                              params_step=first[(layer, local)].get("params")))
+    return ExpertsDiff(steps=compared, rows=tuple(rows))
+
+
+__all__ = ["ExpertRow", "ExpertsDiff", "compare_experts"]
