@@ -8,17 +8,20 @@
 #   c   issue 20's exits (tests/gpu/test_hang_gpu.py): the planted graph kept past training is a teardown-hang
 #       (GD516) with both ranks' stacks; T=2 with evaluation exits cleanly
 #   te  T=2 sequence parallel with the TE layer spec (needs Transformer Engine staged: source .whl/te-env.sh)
+#   ep  expert parallel 2 on the MoE run files: dropless alltoall and allgather under the TE scopes
+#       attn,moe_router,moe_preprocess, drop-and-pad under the TE `moe` scope (those need Transformer Engine
+#       staged), and dropless `local` whole layers (capture-failed, GD217; runs without Transformer Engine)
 # Every part ends with the step-time table of every report under $OUT/reports and ps_after.txt (what was
 # left running). Logs and reports go under $OUT as each step finishes; summary.txt has one line per step.
 # Parts joined by + run one after the other in one call, under one budget (a step the budget cannot hold
 # says "not run (budget spent)"): `a+b` once the exits are fast.
-#   source .whl/gpu-env.sh && [PYTHONPATH=/tmp/te-site:$PYTHONPATH] bash tests/gpu/run_multi_gpu_acceptance.sh a|b|c|te[+...]
+#   source .whl/gpu-env.sh && [PYTHONPATH=/tmp/te-site:$PYTHONPATH] bash tests/gpu/run_multi_gpu_acceptance.sh a|b|c|te|ep[+...]
 set -u
 parts=${1:-}
 for part in ${parts//+/ }; do
-    case "$part" in a|b|c|te) ;; *) echo "usage: $0 a|b|c|te[+...]" >&2; exit 2 ;; esac
+    case "$part" in a|b|c|te|ep) ;; *) echo "usage: $0 a|b|c|te|ep[+...]" >&2; exit 2 ;; esac
 done
-[ -n "$parts" ] || { echo "usage: $0 a|b|c|te[+...]" >&2; exit 2; }
+[ -n "$parts" ] || { echo "usage: $0 a|b|c|te|ep[+...]" >&2; exit 2; }
 part=$parts
 out=${OUT:-/tmp/gd-multi-gpu}
 mkdir -p "$out/reports"
@@ -70,6 +73,9 @@ c)
     ;;
 te)
     tests tp2_sp_te $mg "sequence_parallel" 200
+    ;;
+ep)
+    tests ep2 $mg "expert_parallel" 480
     ;;
 esac
 done

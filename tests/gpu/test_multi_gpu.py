@@ -148,3 +148,76 @@ def test_pipeline_parallel_with_one_mask_for_every_microbatch_fails_in_megatrons
     assert "shared by every micro-batch" in diag.meaning and diag.fix is not None, diag
     assert not any("culprit hunt" in note for note in local.notes), local.notes
     assert report.reference.status == "ok"
+
+
+RUNFILES = Path(__file__).resolve().parents[2] / "fixtures" / "runfiles"
+EP2: dict[str, Any] = {"nproc_per_node": 2, "expert_model_parallel_size": 2, "dropout": 0.0, "timeout_s": MODEL["timeout_s"]}
+TE_MOE_SCOPE = "attn,moe_router,moe_preprocess"
+RAN = (Verdict.MATCH, Verdict.NUMERIC_DIVERGENCE, Verdict.RNG_DIVERGENCE)
+
+
+def moe_run(name: str, impl: str, modules: str, **values: Any) -> DiffConfig:
+    """fixtures/runfiles/moe_<name>.yaml (2 layers, hidden 256, 4 experts top-2) with expert parallel 2."""
+    from graphdoctor.config import diff_config_from, load_run_file
+
+    return diff_config_from(load_run_file(RUNFILES / f"moe_{name}.yaml"), impls=impl, cuda_graph_modules=modules,
+                            **EP2, **values)
+
+
+def check_experts(report: DiffReport) -> None:
+    """Every expert of both layers compared on the rank Megatron placed it: rank 0 holds experts 0-1, rank 1
+    experts 2-3."""
+    for result in report.results:
+        assert result.experts is not None, result
+        placed = {(row.rank, row.expert) for row in result.experts.rows}
+        assert placed == {(0, 0), (0, 1), (1, 2), (1, 3)}, result.experts
+        assert len(result.experts.rows) == 2 * 4, result.experts
+
+
+def assert_ran_or_diagnosed_at_megatron(report: DiffReport) -> None:
+    """A verdict with step times and every expert compared, or a failure diagnosed at Megatron's line with its
+    rule (the dispatchers' capture hazards: Megatron-Bridge#3517, Megatron-LM#1598)."""
+    assert report.reference.status == "ok", report.reference.diagnosis
+    for result in report.results:
+        if result.verdict in RAN:
+            assert result.timing is not None and result.timing.graphed_ms is not None, result
+            check_experts(report)
+            continue
+        diag = result.diagnosis
+        assert diag is not None and diag.rule, result
+        assert diag.location is not None and diag.location.startswith("megatron/core/"), diag
+
+
+@pytest.mark.needs_te
+@pytest.mark.parametrize("dispatcher", ["dropless_alltoall", "dropless_allgather"])
+def test_expert_parallel_dropless_under_the_te_router_and_preprocess_scopes(dispatcher: str) -> None:
+    """EP = 2, bf16 (Megatron's TECudaGraphHelper captures with bf16 sample inputs): the scope Megatron's own
+    MoE CI graphs. On one H200 every dispatcher matched eager here (docs/moe.md)."""
+    report = run(f"ep2_{dispatcher}_te", moe_run(dispatcher, "transformer_engine", TE_MOE_SCOPE, dtype="bf16"))
+    assert_ran_or_diagnosed_at_megatron(report)
+    check_ranks(report)
+
+
+@pytest.mark.needs_te
+def test_expert_parallel_drop_and_pad_under_the_te_moe_scope() -> None:
+    """EP = 2, drop-and-pad (static shapes, no host copies): the whole MoE layer in one TE graph."""
+    report = run("ep2_drop_pad_te_moe", moe_run("drop_pad", "transformer_engine", "moe", dtype="bf16"))
+    assert_ran_or_diagnosed_at_megatron(report)
+    check_ranks(report)
+
+
+@pytest.mark.without_te
+def test_expert_parallel_dropless_whole_layer_is_capture_failed_at_the_dispatcher() -> None:
+    """EP = 2, `local` whole layers: token dispatch is in the graph, so capture fails at the dispatcher's host
+    copy on a rank, diagnosed GD217 at Megatron's line as on one GPU; the eager reference compares every
+    expert."""
+    report = run("ep2_dropless_alltoall_local", moe_run("dropless_alltoall", "local", ""))
+    (local,) = report.results
+    assert report.reference.status == "ok", report.reference.diagnosis
+    assert local.verdict == Verdict.CAPTURE_FAILED, local
+    diag = local.diagnosis
+    assert diag is not None and diag.rule == "GD217", diag
+    assert diag.location is not None and diag.location.startswith("megatron/core/transformer/moe/"), diag
+    assert diag.message.startswith("rank "), diag
+    shards = {shard.layer: shard.experts for shard in report.reference.experts}
+    assert shards == {f"rank{r}:decoder.layers.{layer}.mlp": (2 * r, 2 * r + 1) for r in range(2) for layer in range(2)}
