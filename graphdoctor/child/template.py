@@ -22,6 +22,7 @@ Protocol (JSON lines; graphdoctor.parent.template is the other side):
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -131,6 +132,7 @@ def serve() -> int:
 def main() -> None:
     """Import, say ready (or why not), serve."""
     began = time.time()
+    gc.disable()  # for the imports before preload's too; preload turns it on again (graphdoctor.child.entry.preload)
     os.environ.setdefault(NVML_CHECK_ENV, "1")
     from graphdoctor.child.stacks import die_with_parent
 

@@ -184,3 +184,20 @@ def test_an_early_template_of_another_environment_is_closed(tmp_path: Path) -> N
     assert unused is not None
     parent_template.close_early()
     assert unused._proc.poll() is not None and not unused.log_path.exists() and parent_template._early is None
+
+
+def test_the_imports_are_frozen_out_of_later_collections() -> None:
+    """preload imports with the collector off, then freezes what the imports made: the collector is on again,
+    tens of thousands of objects are out of its reach, and garbage made afterwards is still collected."""
+    import subprocess
+    import sys
+
+    code = ("import gc; from graphdoctor.child.entry import preload; preload(); "
+            "a = []; a.append(a); del a; print(gc.isenabled(), gc.get_freeze_count(), gc.collect())")
+    proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=240,
+                          check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    enabled_after, frozen, collected = proc.stdout.split()
+    assert enabled_after == "True"
+    assert int(frozen) > 50_000
+    assert int(collected) >= 1
