@@ -19,7 +19,7 @@ from graphdoctor.protocol.record import RunRecord
 from graphdoctor.report.html_causes import breakable, causes_table, location_html, name_html
 from graphdoctor.report.html_model import ReportView, compared_steps, control_run, magnitudes
 from graphdoctor.report.html_page import badge, figure, page, stopped_badge, table, verdict_class
-from graphdoctor.report.html_sections import forensics_section, launches_section, memory_section
+from graphdoctor.report.html_sections import experts_section, forensics_section, launches_section, memory_section
 from graphdoctor.report.schedule import eval_section
 from graphdoctor.report.svg import EAGER_COLOUR, HeatCell, Series, heat_strip, line_chart, series_style
 from graphdoctor.types import Diagnosis, TensorDiff
@@ -336,6 +336,10 @@ def render_report(report: DiffReport | TapRecording, *, source: str = "") -> str
             toc.append(("eval", "eval"))
     else:
         toc = [("run", "run")]
+    experts = experts_section(view.impls) if view.source == "diff" else ""
+    if experts:
+        sections.append(experts)
+        toc.append(("experts", "experts"))
     forensics = forensics_section(view.impls)
     if forensics:
         sections.append(forensics)

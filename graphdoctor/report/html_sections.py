@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
+from graphdoctor.compare.experts import FAMILY_WORDS, ExpertRow, ExpertsDiff
 from graphdoctor.compare.forensics import Forensics, SiteSummary, TapDivergence
 from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.launches.compare import LaunchComparison
@@ -15,7 +16,7 @@ from graphdoctor.memory.leaks import MemoryReport
 from graphdoctor.report.html_model import ReportView
 from graphdoctor.report.html_page import figure, table, tile
 from graphdoctor.report.memory import fmt_bytes
-from graphdoctor.report.svg import EAGER_COLOUR, Series, bar_chart, series_style
+from graphdoctor.report.svg import EAGER_COLOUR, HeatCell, Series, bar_chart, heat_strip, series_style
 
 DRAW_KINDS = frozenset({"dropout", "random", "host-random"})
 """Tap kinds that are random draws (the others are module outputs and gradients)."""
@@ -235,4 +236,43 @@ def _census(items: Sequence[tuple[str, LaunchComparison]]) -> str:
                                             rows, numeric=(2, 3), wrap=(1,)) + check)
 
 
-__all__ = ["DRAW_KINDS", "MAX_SITE_ROWS", "forensics_section", "short_path", "launches_section", "memory_section"]
+def _expert_cell(row: ExpertRow | None, steps: int, earliest: int, latest: int) -> HeatCell:
+    """A differing expert's first step, darker the earlier it differs; `=` for an equal one."""
+    if row is None:
+        return HeatCell("\u00b7", None, "not on any rank's records")
+    who = row.label
+    if row.first is None:
+        return HeatCell("=", 0.0, f"{who}: main_grads and parameters equal at {steps} steps")
+    step, _ = row.first
+    level = 1.0 if latest == earliest else 1.0 - 0.65 * (step - earliest) / (latest - earliest)
+    parts = [f"{FAMILY_WORDS[f]} from step {s}" for f, s in (("grads", row.grads_step), ("params", row.params_step))
+             if s is not None]
+    return HeatCell(str(step), level, f"{who}: {', '.join(parts)}")
+
+
+def _experts_block(impl: str, experts: ExpertsDiff) -> str:
+    layers = list(dict.fromkeys(r.layer for r in experts.rows))
+    numbers = sorted({r.expert for r in experts.rows if r.expert is not None})
+    by_key = {(r.layer, r.expert): r for r in experts.rows if r.expert is not None}
+    firsts = [r.first[0] for r in experts.differing if r.first is not None]
+    earliest, latest = (min(firsts), max(firsts)) if firsts else (0, 0)
+    rows = [(layer, [_expert_cell(by_key.get((layer, e)), experts.steps, earliest, latest) for e in numbers])
+            for layer in layers]
+    caption = f"{impl}: first step each expert differs from eager (= equal)"
+    return figure(caption, heat_strip(rows, [str(e) for e in numbers], title=caption, axis="expert"),
+                  note=experts.line(), data={"experts": impl})
+
+
+def experts_section(impls: Sequence[ImplResult]) -> str:
+    """The MoE experts section (graphdoctor.compare.experts), or "" when no implementation has experts."""
+    blocks = [_experts_block(i.impl, i.experts) for i in impls if i.experts is not None and i.experts.rows]
+    if not blocks:
+        return ""
+    return ('<section id="experts"><h2>MoE experts</h2><p class="muted small">Each expert of each MoE layer against '
+            "the same expert in eager, by its global number as Megatron placed it (hover: its rank and local index). "
+            "A cell gives the first step at which its main_grads or parameters differ.</p>"
+            f'{"".join(blocks)}</section>')
+
+
+__all__ = ["DRAW_KINDS", "MAX_SITE_ROWS", "experts_section", "forensics_section", "launches_section",
+           "memory_section", "short_path"]

@@ -366,13 +366,14 @@ def heat_colour(level: float | None) -> str:
 
 
 def heat_strip(rows: Sequence[tuple[str, Sequence[HeatCell]]], columns: Sequence[str], *, title: str,
-               width: int = 1080, label_width: int = 230) -> str:
-    """Rows of coloured cells (one column per step) with their value written inside.
+               width: int = 1080, label_width: int = 230, axis: str = "step") -> str:
+    """Rows of coloured cells (one column per step, or per `axis`) with their value written inside.
 
     Args:
         rows: (row label, cells) pairs; every row has one cell per column.
         columns: column headers (step numbers).
         title: accessible name.
+        axis: what the columns are, written left of their headers.
         width: viewBox width.
         label_width: room for the row labels.
 
@@ -385,7 +386,7 @@ def heat_strip(rows: Sequence[tuple[str, Sequence[HeatCell]]], columns: Sequence
     used_w = label_width + cell_w * len(columns) + 8
     parts = [f'<svg class="chart heat" viewBox="0 0 {used_w:.0f} {height}" role="img" aria-label="{escape(title)}"'
              f' style="max-width:{used_w:.0f}px">']
-    parts.append(f'<text class="tick" x="{label_width - 8}" y="12" text-anchor="end">step</text>')
+    parts.append(f'<text class="tick" x="{label_width - 8}" y="12" text-anchor="end">{escape(axis)}</text>')
     for c, name in enumerate(columns):
         parts.append(f'<text class="tick" x="{label_width + c * cell_w + cell_w / 2:.1f}" y="12" '
                      f'text-anchor="middle">{escape(name)}</text>')

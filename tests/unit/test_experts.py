@@ -2,12 +2,14 @@
 processes build the dropless MoE run file's GPT model with expert parallel 2 on the CPU (megatron-core's own
 initialize_model_parallel and MoELayer decide which rank holds which experts); their parameters, fingerprinted as a
 child fingerprints them, make an eager and a graphed two-rank run, and the graphed run moves one element of rank
-1's first local expert by one ulp. The diff names that expert by its global number, its rank and its local index."""
+1's first local expert by one ulp. The diff names that expert by its global number, its rank and its local index, in
+the terminal, the JSON and the HTML report's grid of experts."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,6 +23,7 @@ from graphdoctor.compare.bitprint import BitFingerprinter, host_lanes
 from graphdoctor.compare.experts import ExpertsDiff, compare_experts
 from graphdoctor.compare.verdict import ImplResult, judge
 from graphdoctor.config import DiffConfig
+from graphdoctor.diff import DiffReport
 from graphdoctor.parent.launch import fold_launch, multi_gpu_placement
 from graphdoctor.parent.runner import ProcessResult
 from graphdoctor.protocol import EAGER, ChildSpec, EventWriter, Role, RunRecord, run_name
@@ -29,6 +32,7 @@ from graphdoctor.protocol.experts import ExpertShard, expert_of
 from graphdoctor.protocol.spec import rank_path
 from graphdoctor.protocol.steps import StepPrints, StepRecord
 from graphdoctor.report.diff import render_text
+from graphdoctor.report.html import render_report
 from graphdoctor.types import Verdict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,14 +161,23 @@ def test_a_difference_in_rank_1s_first_local_expert_is_named_global_expert_2(
     loaded = ImplResult.from_dict(result.to_dict())
     assert loaded.experts == experts
     assert RunRecord.from_dict(graphed.to_dict()).experts == graphed.experts
+    page = render_report(_report(eager, result))
+    assert '<section id="experts">' in page and '<figure data-experts="local">' in page
+    grid = page.split('<figure data-experts="local">', 1)[1].split("</figure>", 1)[0]
+    cells = re.findall(r'<text class="cell[^"]*"[^>]*>([^<]*)</text><title>([^<]*)</title>', grid)
+    assert len(cells) == 2 * 4  # a row per layer, a column per global expert
+    assert [c for c in cells if c[0] != "="] == [
+        ("3", "decoder.layers.1.mlp expert 2 on rank 1 (its local expert 0): main_grads from step 3, "
+              "parameters from step 3")]
+
+
+def _report(eager: RunRecord, result: ImplResult) -> DiffReport:
+    return DiffReport(config=DiffConfig(dropout=0.0, nproc_per_node=2,  # type: ignore[arg-type]
+                                        expert_model_parallel_size=2), reference=eager, results=(result,))
 
 
 def _text(eager: RunRecord, result: ImplResult) -> str:
-    from graphdoctor.diff import DiffReport
-
-    report = DiffReport(config=DiffConfig(dropout=0.0, nproc_per_node=2,  # type: ignore[arg-type]
-                                          expert_model_parallel_size=2), reference=eager, results=(result,))
-    return render_text(report)
+    return render_text(_report(eager, result))
 
 
 def test_a_dense_model_has_no_expert_comparison(tmp_path: Path) -> None:
