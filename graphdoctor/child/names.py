@@ -23,8 +23,9 @@ def expert_shards(model: Any) -> tuple[ExpertShard, ...]:
         if indices is None or not hasattr(module, "experts"):
             continue
         total = getattr(getattr(module, "config", None), "num_moe_experts", None) or len(indices)
+        number = getattr(module, "layer_number", None)
         found.append(ExpertShard(layer=strip_wrappers(name), experts=tuple(int(i) for i in indices),
-                                 num_experts=int(total)))
+                                 num_experts=int(total), layer_number=number if isinstance(number, int) else None))
     return tuple(found)
 
 

@@ -4,7 +4,9 @@ main_grads and its parameters leave eager's, from the steps' per-tensor fingerpr
 With expert parallelism each rank holds a shard of every MoE layer's experts; a folded multi-GPU record names
 each rank's tensors `rank<r>:...` and its shards `rank<r>:<layer>` (graphdoctor.parent.ranks), so an expert is
 named by its global number, the rank that holds it and its local index there, as Megatron placed it
-(graphdoctor.protocol.experts). Pure Python on RunRecords.
+(graphdoctor.protocol.experts). One layer of the model is one Megatron layer_number: pipeline stages restart their
+module names at `decoder.layers.0`, and data-parallel ranks hold copies of the same experts, which the grid of
+experts (ExpertsDiff.grid) shows as one cell. Pure Python on RunRecords.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class ExpertRow:
     """Its index among the rank's local experts."""
     tensors: int
     """Its fingerprinted tensors."""
+    layer_number: int | None = None
+    """Megatron's layer_number of the layer (1-based over every pipeline stage); None where unknown."""
     grads_step: int | None = None
     """First step whose main_grads of the expert differ (None: equal at every compared step)."""
     params_step: int | None = None
@@ -56,8 +60,9 @@ class ExpertRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
-        return {"layer": self.layer, "rank": self.rank, "expert": self.expert, "local": self.local,
-                "tensors": self.tensors, "grads_step": self.grads_step, "params_step": self.params_step}
+        return {"layer": self.layer, "layer_number": self.layer_number, "rank": self.rank, "expert": self.expert,
+                "local": self.local, "tensors": self.tensors, "grads_step": self.grads_step,
+                "params_step": self.params_step}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExpertRow:
@@ -67,7 +72,13 @@ class ExpertRow:
             return None if value is None else int(value)
 
         return cls(layer=str(data["layer"]), rank=opt("rank"), expert=opt("expert"), local=opt("local"),
-                   tensors=int(data["tensors"]), grads_step=opt("grads_step"), params_step=opt("params_step"))
+                   tensors=int(data["tensors"]), layer_number=opt("layer_number"), grads_step=opt("grads_step"),
+                   params_step=opt("params_step"))
+
+    @property
+    def layer_key(self) -> int | str:
+        """The model layer the row belongs to, whichever rank holds it: its layer_number, else its module name."""
+        return self.layer if self.layer_number is None else self.layer_number
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +96,31 @@ class ExpertsDiff:
         rows = [r for r in self.rows if r.first is not None]
         return tuple(sorted(rows, key=lambda r: (r.first[0], FAMILIES.index(r.first[1]))))  # type: ignore[index]
 
+    def grid(self) -> tuple[tuple[str, ...], tuple[int, ...], dict[tuple[str, int], tuple[ExpertRow, ...]]]:
+        """(row labels, global expert numbers, the rows of each (label, expert) cell): one row per model layer and
+        a cell per expert holding every rank's copy of it. A label is the layer's module name, with its ranks
+        where pipeline stages share that name."""
+        keys = list(dict.fromkeys(r.layer_key for r in self.rows))
+        names: dict[int | str, str] = {}
+        for row in self.rows:
+            names.setdefault(row.layer_key, row.layer)
+        shared = {name for name in names.values() if list(names.values()).count(name) > 1}
+        labels: dict[int | str, str] = {}
+        for key in keys:
+            ranks = sorted({r.rank for r in self.rows if r.layer_key == key and r.rank is not None})
+            labels[key] = names[key] + (f" on rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
+                                        if names[key] in shared and ranks else "")
+        cells: dict[tuple[str, int], list[ExpertRow]] = {}
+        for row in self.rows:
+            if row.expert is not None:
+                cells.setdefault((labels[row.layer_key], row.expert), []).append(row)
+        experts = tuple(sorted({r.expert for r in self.rows if r.expert is not None}))
+        return tuple(labels[k] for k in keys), experts, {k: tuple(v) for k, v in cells.items()}
+
     def _shape(self) -> str:
-        layers = len({r.layer for r in self.rows})
-        experts = len({(r.layer, r.expert) for r in self.rows if r.expert is not None})
+        labels, experts, _ = self.grid()
         ranks = len({r.rank for r in self.rows if r.rank is not None})
-        per_layer = experts // layers if layers else 0
-        return (f"{layers} layer{'s' * (layers != 1)} x {per_layer} experts"
+        return (f"{len(labels)} layer{'s' * (len(labels) != 1)} x {len(experts)} experts"
                 + (f" on {ranks} ranks" if ranks > 1 else ""))
 
     def line(self) -> str:
@@ -156,7 +186,8 @@ def compare_experts(reference: RunRecord, graphed: RunRecord) -> ExpertsDiff | N
         rank, bare = split_rank(layer)
         shard = by_layer[layer]
         rows.append(ExpertRow(layer=bare, rank=rank, expert=None if local is None else shard.experts[local],
-                              local=local, tensors=len(indices), grads_step=first[(layer, local)].get("grads"),
+                              local=local, tensors=len(indices), layer_number=shard.layer_number,
+                              grads_step=first[(layer, local)].get("grads"),
                               params_step=first[(layer, local)].get("params")))
     return ExpertsDiff(steps=compared, rows=tuple(rows))
 

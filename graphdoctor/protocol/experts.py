@@ -33,16 +33,21 @@ class ExpertShard:
     """Global numbers of the rank's local experts, in local order (Megatron's local_expert_indices)."""
     num_experts: int
     """Experts of the layer over every expert-parallel rank."""
+    layer_number: int | None = None
+    """Megatron's layer_number of the layer (1-based, counted over every pipeline stage: module names restart at
+    `decoder.layers.0` on each stage); None where the layer has none."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON view."""
-        return {"layer": self.layer, "experts": list(self.experts), "num_experts": self.num_experts}
+        return {"layer": self.layer, "experts": list(self.experts), "num_experts": self.num_experts,
+                "layer_number": self.layer_number}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExpertShard:
         """Inverse of to_dict."""
+        number = data.get("layer_number")
         return cls(layer=str(data["layer"]), experts=tuple(int(e) for e in data["experts"]),
-                   num_experts=int(data["num_experts"]))
+                   num_experts=int(data["num_experts"]), layer_number=None if number is None else int(number))
 
 
 @dataclass(frozen=True, slots=True)

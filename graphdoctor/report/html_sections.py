@@ -236,28 +236,32 @@ def _census(items: Sequence[tuple[str, LaunchComparison]]) -> str:
                                             rows, numeric=(2, 3), wrap=(1,)) + check)
 
 
-def _expert_cell(row: ExpertRow | None, steps: int, earliest: int, latest: int) -> HeatCell:
-    """A differing expert's first step, darker the earlier it differs; `=` for an equal one."""
-    if row is None:
-        return HeatCell("\u00b7", None, "not on any rank's records")
-    who = row.label
-    if row.first is None:
-        return HeatCell("=", 0.0, f"{who}: main_grads and parameters equal at {steps} steps")
-    step, _ = row.first
-    level = 1.0 if latest == earliest else 1.0 - 0.65 * (step - earliest) / (latest - earliest)
+def _expert_words(row: ExpertRow, steps: int) -> str:
     parts = [f"{FAMILY_WORDS[f]} from step {s}" for f, s in (("grads", row.grads_step), ("params", row.params_step))
              if s is not None]
-    return HeatCell(str(step), level, f"{who}: {', '.join(parts)}")
+    return f"{row.label}: {', '.join(parts) or f'main_grads and parameters equal at {steps} steps'}"
+
+
+def _expert_cell(rows: tuple[ExpertRow, ...], steps: int, earliest: int, latest: int) -> HeatCell:
+    """An expert's first differing step over every rank that holds a copy, darker the earlier; `=` where every copy
+    is equal."""
+    if not rows:
+        return HeatCell("\u00b7", None, "not on any rank's records")
+    title = "; ".join(_expert_words(r, steps) for r in rows)
+    firsts = [r.first[0] for r in rows if r.first is not None]
+    if not firsts:
+        return HeatCell("=", 0.0, title)
+    step = min(firsts)
+    level = 1.0 if latest == earliest else 1.0 - 0.65 * (step - earliest) / (latest - earliest)
+    return HeatCell(str(step), level, title)
 
 
 def _experts_block(impl: str, experts: ExpertsDiff) -> str:
-    layers = list(dict.fromkeys(r.layer for r in experts.rows))
-    numbers = sorted({r.expert for r in experts.rows if r.expert is not None})
-    by_key = {(r.layer, r.expert): r for r in experts.rows if r.expert is not None}
+    labels, numbers, cells = experts.grid()
     firsts = [r.first[0] for r in experts.differing if r.first is not None]
     earliest, latest = (min(firsts), max(firsts)) if firsts else (0, 0)
-    rows = [(layer, [_expert_cell(by_key.get((layer, e)), experts.steps, earliest, latest) for e in numbers])
-            for layer in layers]
+    rows = [(label, [_expert_cell(cells.get((label, e), ()), experts.steps, earliest, latest) for e in numbers])
+            for label in labels]
     caption = f"{impl}: first step each expert differs from eager (= equal)"
     return figure(caption, heat_strip(rows, [str(e) for e in numbers], title=caption, axis="expert"),
                   note=experts.line(), data={"experts": impl})

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from graphdoctor.compare.bitprint import BitFingerprinter, host_lanes
-from graphdoctor.compare.experts import ExpertsDiff, compare_experts
+from graphdoctor.compare.experts import ExpertRow, ExpertsDiff, compare_experts
 from graphdoctor.compare.verdict import ImplResult, judge
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport
@@ -75,8 +75,8 @@ def ep2(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def test_megatron_places_two_experts_of_each_layer_on_each_rank(ep2: list[dict[str, Any]]) -> None:
     for rank, built in enumerate(ep2):
         shards = tuple(ExpertShard.from_dict(s) for s in built["shards"])
-        assert [(s.layer, s.experts, s.num_experts) for s in shards] == [
-            (f"decoder.layers.{layer}.mlp", (2 * rank, 2 * rank + 1), 4) for layer in range(2)]
+        assert [(s.layer, s.experts, s.num_experts, s.layer_number) for s in shards] == [
+            (f"decoder.layers.{layer}.mlp", (2 * rank, 2 * rank + 1), 4, layer + 1) for layer in range(2)]
         names = [n for n, _ in built["params"]]
         experts = {n: expert_of(n, shards) for n in names}
         owned = {n: (ref.shard.layer, ref.expert) for n, ref in experts.items() if ref is not None}
@@ -178,6 +178,27 @@ def _report(eager: RunRecord, result: ImplResult) -> DiffReport:
 
 def _text(eager: RunRecord, result: ImplResult) -> str:
     return render_text(_report(eager, result))
+
+
+def test_pipeline_stages_sharing_module_names_and_data_parallel_copies_in_the_grid() -> None:
+    """P = 2: both stages name their first layer `decoder.layers.0.mlp` (layer_number 1 and 2): two grid rows, each
+    with its rank. D = 2 without expert parallel: both ranks hold every expert of the same layer: one row, a cell
+    per expert holding both copies, the differing copy deciding the cell."""
+    stages = ExpertsDiff(steps=6, rows=tuple(
+        ExpertRow(layer="decoder.layers.0.mlp", rank=rank, expert=e, local=e, tensors=2, layer_number=rank + 1)
+        for rank in range(2) for e in range(4)))
+    labels, experts, cells = stages.grid()
+    assert labels == ("decoder.layers.0.mlp on rank 0", "decoder.layers.0.mlp on rank 1") and experts == (0, 1, 2, 3)
+    assert stages.line().startswith("experts: 2 layers x 4 experts on 2 ranks, every expert")
+    copies = ExpertsDiff(steps=6, rows=tuple(
+        ExpertRow(layer="decoder.layers.0.mlp", rank=rank, expert=e, local=e, tensors=2, layer_number=1,
+                  params_step=4 if (rank, e) == (1, 1) else None)
+        for rank in range(2) for e in range(4)))
+    labels, _, cells = copies.grid()
+    assert labels == ("decoder.layers.0.mlp",)
+    assert [(r.rank, r.params_step) for r in cells[("decoder.layers.0.mlp", 1)]] == [(0, None), (1, 4)]
+    assert copies.line() == ("experts: 1 of 8 differ (1 layer x 4 experts on 2 ranks); first decoder.layers.0.mlp "
+                             "expert 1 on rank 1 (its local expert 1): parameters at step 4")
 
 
 def test_a_dense_model_has_no_expert_comparison(tmp_path: Path) -> None:
