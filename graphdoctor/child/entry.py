@@ -249,26 +249,17 @@ def count_start(clock: StageClock, entered_at: float, spawned: float | None) -> 
 
 def preload() -> None:
     """Import PRELOADED (a module that does not import here is left to fail where set-up needs it), with the garbage
-    collector off, then move what the imports made out of its reach.
-
-    The imports leave some 400,000 objects that live as long as the process. With the collector on, each of its
-    full passes walks all of them: six passes during the imports, a sixth of their seconds. Frozen
-    (gc.freeze), they stay out of every later collection, a forked child's too, whose collections then neither scan
-    nor write to the template's pages. Only objects made before this returns are frozen: the graphs and graph
-    managers graphdoctor looks for with gc.get_objects are made later."""
-    import gc
+    collector off, then frozen out of its reach (graphdoctor.collector)."""
     import importlib
 
-    gc.disable()
-    try:
+    from graphdoctor.collector import imports_frozen
+
+    with imports_frozen():
         for name in PRELOADED:
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001, S112 - set-up imports it again and reports what fails
                 continue
-    finally:
-        gc.freeze()
-        gc.enable()
 
 
 def _close_taps(taps: Any) -> Any:

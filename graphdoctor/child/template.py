@@ -22,7 +22,6 @@ Protocol (JSON lines; graphdoctor.parent.template is the other side):
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import select
@@ -30,6 +29,8 @@ import signal
 import sys
 import time
 from typing import Any
+
+from graphdoctor.collector import imports_frozen
 
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 """Makes torch.cuda.is_available() ask NVML instead of the CUDA driver, so an import that asks does not
@@ -132,18 +133,18 @@ def serve() -> int:
 def main() -> None:
     """Import, say ready (or why not), serve."""
     began = time.time()
-    gc.disable()  # for the imports before preload's too; preload turns it on again (graphdoctor.child.entry.preload)
     os.environ.setdefault(NVML_CHECK_ENV, "1")
-    from graphdoctor.child.stacks import die_with_parent
+    with imports_frozen():
+        from graphdoctor.child.stacks import die_with_parent
 
-    die_with_parent()
-    import warnings
+        die_with_parent()
+        import warnings
 
-    warnings.filterwarnings("ignore")  # megatron and torch warn at every import
-    from graphdoctor.child.entry import preload
+        warnings.filterwarnings("ignore")  # megatron and torch warn at every import
+        from graphdoctor.child.entry import preload
 
-    preload()
-    import torch
+        preload()
+        import torch
 
     if torch.cuda.is_initialized():
         _send({"error": "an import initialised CUDA in the template process: children cannot be forked from it"})

@@ -101,31 +101,34 @@ def diff_command(config_path: str | None, settings: tuple[str, ...], json_path: 
     Exit code 0 when every implementation passes (rng-divergence passes unless --strict-rng),
     1 otherwise, 2 for usage, config or environment errors (no GPU).
     """
-    values = _under_torchrun(values)
-    if not plan_only:
-        start_template_early(values)
-    if settings:
-        values["transformer"] = parse_settings(settings)
-    config = build_config(config_path, values)
-    said_by = "launch line" if config.megatron_args or not config_path else "config"
-    for note in config.launch_notes:  # on stderr where stdout carries the JSON (`--json -`)
-        click.echo(f"{said_by}: {note}", err=json_path == "-")
-    # Refused before any GPU work: a report never overwrites the run file or launch script it came from.
-    line = config.megatron_args or ""
-    inputs = [config_path, line[1:] if line.startswith("@") else None]
-    if plan_only:
-        write_plan("diff", config, json_path, html_path, inputs)
-    from graphdoctor.inputs import check_output_path
+    from graphdoctor.collector import imports_frozen
 
-    for flag, target in (("--json", json_path), ("--html", html_path)):
-        if target:
-            check_output_path(target, flag, inputs)
-    if html_path and json_path and Path(html_path).resolve() == Path(json_path).resolve():
-        from graphdoctor.errors import UsageError
+    with imports_frozen():  # the parent's imports of torch and Megatron, before its first child
+        values = _under_torchrun(values)
+        if not plan_only:
+            start_template_early(values)
+        if settings:
+            values["transformer"] = parse_settings(settings)
+        config = build_config(config_path, values)
+        said_by = "launch line" if config.megatron_args or not config_path else "config"
+        for note in config.launch_notes:  # on stderr where stdout carries the JSON (`--json -`)
+            click.echo(f"{said_by}: {note}", err=json_path == "-")
+        # Refused before any GPU work: a report never overwrites the run file or launch script it came from.
+        line = config.megatron_args or ""
+        inputs = [config_path, line[1:] if line.startswith("@") else None]
+        if plan_only:
+            write_plan("diff", config, json_path, html_path, inputs)
+        from graphdoctor.inputs import check_output_path
 
-        raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
-    from graphdoctor.diff.decide import diff
-    from graphdoctor.parent.timeline import process_started_at
+        for flag, target in (("--json", json_path), ("--html", html_path)):
+            if target:
+                check_output_path(target, flag, inputs)
+        if html_path and json_path and Path(html_path).resolve() == Path(json_path).resolve():
+            from graphdoctor.errors import UsageError
+
+            raise UsageError(f"--html {html_path}: the same file as --json; expected another path")
+        from graphdoctor.diff.decide import diff
+        from graphdoctor.parent.timeline import process_started_at
 
     started_at = process_started_at()
     report = run_then_write(lambda board: diff(config, workdir=workdir, progress=board, started_at=started_at),

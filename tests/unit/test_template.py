@@ -188,12 +188,21 @@ def test_an_early_template_of_another_environment_is_closed(tmp_path: Path) -> N
 
 def test_the_imports_are_frozen_out_of_later_collections() -> None:
     """preload imports with the collector off, then freezes what the imports made: the collector is on again,
-    tens of thousands of objects are out of its reach, and garbage made afterwards is still collected."""
+    tens of thousands of objects are out of its reach, and garbage made afterwards is still collected. A block
+    inside one that turned the collector off leaves it off (graphdoctor.collector.imports_frozen)."""
     import subprocess
     import sys
 
-    code = ("import gc; from graphdoctor.child.entry import preload; preload(); "
-            "a = []; a.append(a); del a; print(gc.isenabled(), gc.get_freeze_count(), gc.collect())")
+    code = ("import gc\n"
+            "from graphdoctor.collector import imports_frozen\n"
+            "with imports_frozen():\n"
+            "    with imports_frozen():\n"
+            "        pass\n"
+            "    assert not gc.isenabled()\n"
+            "from graphdoctor.child.entry import preload\n"
+            "preload()\n"
+            "a = []; a.append(a); del a\n"
+            "print(gc.isenabled(), gc.get_freeze_count(), gc.collect())")
     proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=240,
                           check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
