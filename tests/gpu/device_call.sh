@@ -5,7 +5,7 @@
 #   source .whl/gpu-env.sh && [source .whl/te-env.sh &&] bash tests/gpu/device_call.sh SECONDS PART[@GPU] ...
 # PART: core | i15 | i20 | i33 | i34 | i35 | i42 | i43 | i45 | i45b | i49 | i49te | te | moe-te | i30 (tests/gpu/run_acceptance.sh parts),
 # readme (`graphdoctor diff --json` with the defaults: the README's main job), te-removed (the TE GPU tests with
-# GRAPHDOCTOR_EXPECT_TE=1 where TE is not staged: passes only when they fail naming transformer_engine), mg-a | mg-b | mg-c | mg-te | mg-a+b (the parts of
+# GRAPHDOCTOR_EXPECT_TE=1 where TE is not staged: passes only when they fail naming transformer_engine), mg-a | mg-b | mg-c | mg-te | mg-ep | mg-a+b (the parts of
 # tests/gpu/run_multi_gpu_acceptance.sh; they take every visible GPU), advise-core | advise-moe | advise-te
 # (tests/gpu/run_advise_acceptance.sh), scale (tests/benchmarks/diff_scale.py at default,0.5b,1.3b),
 # schedule-cost (diff_scale.py --sizes schedule: issue 20's schedule with and without comparison), holders-cost
@@ -15,8 +15,9 @@
 # each diff, each first child against its bare twin), gpu-init (tests/gpu/test_gpu_init_gpu.py: equal weights in
 # every child, with transformer_engine where tests/gpu/te_env.sh staged it), taps-cost (tests/benchmarks/fingerprint_cost.py, one mask's
 # fingerprint; then tests/benchmarks/taps_cost.py at GD_TAPS_SIZES, default 0.54b: eager and graphed, plain against tapped), mem-stages
-# (tests/benchmarks/child_memory_stages.py: a child's memory outside the allocator, stage by stage).
-# te, moe-te, i30, i35, i43, i49te, advise-te, advise-moe and mg-te see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
+# (tests/benchmarks/child_memory_stages.py: a child's memory outside the allocator, stage by stage), imports
+# (tests/benchmarks/import_collector.py: a bare process's imports against the template's, collector on and frozen).
+# te, moe-te, i30, i35, i43, i49te, advise-te, advise-moe, mg-te and mg-ep see Transformer Engine where tests/gpu/te_env.sh installed it (/tmp/te-site);
 # the other parts do not, so `without_te` tests run in the same call. @GPU pins a one-GPU part to one GPU (CUDA_VISIBLE_DEVICES), e.g. `i15@0 i20@1`. SECONDS bounds the whole call
 # (default 560: under the device tool's 600 s limit, with time left to pack).
 set -u
@@ -41,7 +42,7 @@ start_part() {  # part, gpu
     local pin=()
     [ -n "$gpu" ] && pin=(env CUDA_VISIBLE_DEVICES="$gpu")
     case "$part" in  # Transformer Engine only where a part needs it (tests/gpu/te_env.sh installs it in /tmp/te-site)
-        te|moe-te|i30|i35|i43|i49te|advise-te|advise-moe|mg-te|mg-*+te*|mg-te+*)
+        te|moe-te|i30|i35|i43|i49te|advise-te|advise-moe|mg-te|mg-ep|mg-*+te*|mg-*+ep*|mg-te+*|mg-ep+*)
             export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} GRAPHDOCTOR_EXPECT_TE=1 ;;
         gpu-init) [ -d /tmp/te-site ] && export PYTHONPATH=/tmp/te-site${PYTHONPATH:+:$PYTHONPATH} GRAPHDOCTOR_EXPECT_TE=1 ;;
     esac
@@ -84,6 +85,9 @@ start_part() {  # part, gpu
         gpu-init) "${pin[@]}" timeout "$inner" python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_init_gpu.py \
                       > "$dir/gpu_init.txt" 2>&1
                   echo "gpu-init: exit $? $(tail -1 "$dir/gpu_init.txt")" >> "$dir/summary.txt" ;;
+        imports) "${pin[@]}" timeout "$inner" python tests/benchmarks/import_collector.py --rounds 5 \
+                     --json "$dir/import_collector.json" > "$dir/summary.txt" 2>&1
+                 echo "imports: exit $?" >> "$dir/summary.txt" ;;
         schedule-cost) "${pin[@]}" timeout "$inner" python tests/benchmarks/diff_scale.py --sizes schedule \
                    --out "$dir/schedule.json" > "$dir/summary.txt" 2>&1; echo "schedule-cost: exit $?" >> "$dir/summary.txt" ;;
         *) echo "unknown part $part" > "$dir/summary.txt" ;;

@@ -10,7 +10,7 @@
 #   te  T=2 sequence parallel with the TE layer spec (needs Transformer Engine staged: source .whl/te-env.sh)
 #   ep  expert parallel 2 on the MoE run files: dropless alltoall and allgather under the TE scopes
 #       attn,moe_router,moe_preprocess, drop-and-pad under the TE `moe` scope (those need Transformer Engine
-#       staged), and dropless `local` whole layers (capture-failed, GD217; runs without Transformer Engine)
+#       staged), and dropless `local` whole layers (capture-failed, GD217; with or without Transformer Engine)
 # Every part ends with the step-time table of every report under $OUT/reports and ps_after.txt (what was
 # left running). Logs and reports go under $OUT as each step finishes; summary.txt has one line per step.
 # Parts joined by + run one after the other in one call, under one budget (a step the budget cannot hold

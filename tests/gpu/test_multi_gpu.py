@@ -206,7 +206,6 @@ def test_expert_parallel_drop_and_pad_under_the_te_moe_scope() -> None:
     check_ranks(report)
 
 
-@pytest.mark.without_te
 def test_expert_parallel_dropless_whole_layer_is_capture_failed_at_the_dispatcher() -> None:
     """EP = 2, `local` whole layers: token dispatch is in the graph, so capture fails at the dispatcher's host
     copy on a rank, diagnosed GD217 at Megatron's line as on one GPU; the eager reference compares every
