@@ -5,6 +5,11 @@ each of its full passes walks all of them: six passes during the imports, a sixt
 (counted with gc.callbacks). Frozen (gc.freeze), they stay out of every later collection, a forked child's too,
 whose collections then neither scan nor write to its parent's pages. Only objects made before the freeze are
 frozen: the CUDA graphs and graph managers graphdoctor finds with gc.get_objects are made later.
+
+Freezing also keeps whatever cyclic garbage exists at that moment for the rest of the process, so only processes
+graphdoctor starts for themselves freeze (the template and its children). The parent may run inside someone
+else's long-lived process (click's CliRunner, a pytest session): it only pauses the collector while it imports,
+and the first collection after that finds the garbage as usual.
 """
 
 from __future__ import annotations
@@ -12,6 +17,18 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Run the block with the collector off; then turn it back on, unless an outer block turned it off."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 @contextlib.contextmanager
@@ -28,4 +45,4 @@ def imports_frozen() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["imports_frozen"]
+__all__ = ["collector_paused", "imports_frozen"]

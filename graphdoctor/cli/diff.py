@@ -101,9 +101,9 @@ def diff_command(config_path: str | None, settings: tuple[str, ...], json_path: 
     Exit code 0 when every implementation passes (rng-divergence passes unless --strict-rng),
     1 otherwise, 2 for usage, config or environment errors (no GPU).
     """
-    from graphdoctor.collector import imports_frozen
+    from graphdoctor.collector import collector_paused
 
-    with imports_frozen():  # the parent's imports of torch and Megatron, before its first child
+    with collector_paused():  # the parent's imports of torch and Megatron, before its first child
         values = _under_torchrun(values)
         if not plan_only:
             start_template_early(values)

@@ -189,12 +189,17 @@ def test_an_early_template_of_another_environment_is_closed(tmp_path: Path) -> N
 def test_the_imports_are_frozen_out_of_later_collections() -> None:
     """preload imports with the collector off, then freezes what the imports made: the collector is on again,
     tens of thousands of objects are out of its reach, and garbage made afterwards is still collected. A block
-    inside one that turned the collector off leaves it off (graphdoctor.collector.imports_frozen)."""
+    inside one that turned the collector off leaves it off (graphdoctor.collector.imports_frozen); the parent's
+    pause (collector_paused) freezes nothing."""
     import subprocess
     import sys
 
     code = ("import gc\n"
-            "from graphdoctor.collector import imports_frozen\n"
+            "from graphdoctor.collector import collector_paused, imports_frozen\n"
+            "before = gc.get_freeze_count()\n"
+            "with collector_paused():\n"
+            "    assert not gc.isenabled()\n"
+            "assert gc.isenabled() and gc.get_freeze_count() == before\n"
             "with imports_frozen():\n"
             "    with imports_frozen():\n"
             "        pass\n"
