@@ -1,4 +1,6 @@
-"""Imports with the garbage collector off, then frozen out of its reach.
+"""The garbage collector paused while a process builds many long-lived objects: imports (then frozen out of its
+reach) and the loads of large acyclic files (memory snapshots, profiler traces), where each full pass would walk
+everything built so far and could free nothing.
 
 Importing torch and Megatron leaves some 400,000 objects that live as long as the process. With the collector on,
 each of its full passes walks all of them: six passes during the imports, a sixth of their seconds on our machines

@@ -6,13 +6,13 @@ trace, each `ProfilerStep#N` and each graphdoctor phase range. Pure Python: no t
 
 from __future__ import annotations
 
-import gc
 import os
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from graphdoctor.collector import collector_paused
 from graphdoctor.inputs import MAX_TRACE_BYTES
 from graphdoctor.launches.counts import (
     PHASES,
@@ -300,13 +300,8 @@ def account_trace(path: str | os.PathLike[str], *, max_bytes: int = MAX_TRACE_BY
     # The decoded trace holds millions of dicts; with the collector on, every few thousand new
     # containers trigger a collection that re-walks all of them (measured: 0.7 s to build 5k
     # small dicts after loading a 100 MB trace). Nothing here creates reference cycles.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return account_events(read_trace(path, max_bytes=max_bytes))
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 __all__ = [

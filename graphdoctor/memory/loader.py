@@ -8,7 +8,6 @@ load_snapshot_segments stops at the allocator history (device_traces) when the f
 from __future__ import annotations
 
 import contextlib
-import gc
 import gzip
 import io
 import os
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from graphdoctor.collector import collector_paused
 from graphdoctor.errors import InputFileError
 from graphdoctor.inputs import (
     MAX_GZIP_RATIO,
@@ -116,22 +116,11 @@ def _check_stat(path: Path, max_bytes: int) -> int:
     return size
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    # A snapshot is millions of acyclic dicts and lists: the cyclic GC would rescan them again and
-    # again while they are built (a third of the load time) and can free nothing.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-
-
 def _unpickle_stream(stream: BinaryIO, where: str) -> Any:
     try:
-        with _gc_paused():
+        # A snapshot is millions of acyclic dicts and lists: the cyclic GC would rescan them again and
+        # again while they are built (a third of the load time) and can free nothing.
+        with collector_paused():
             return _NoGlobalsUnpickler(stream).load()
     except InputFileError:
         raise
@@ -370,7 +359,7 @@ def _frames_reach_stop(stream: BinaryIO, last_byte: bytes, size: int | None) -> 
 def _load_prefix(prefix: bytes, where: str) -> list[Any] | None:
     """The segments list from a cut prefix, or None when it does not load to exactly {"segments": list}."""
     try:
-        with _gc_paused():
+        with collector_paused():
             unpickler = _NoGlobalsUnpickler(io.BytesIO(prefix))
             data = unpickler.load()
             # The top-level dict is memo slot 0; anything else means the key was cut inside a
