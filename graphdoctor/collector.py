@@ -35,16 +35,13 @@ def collector_paused() -> Iterator[None]:
 
 @contextlib.contextmanager
 def imports_frozen() -> Iterator[None]:
-    """Run the block with the collector off; then freeze what exists and turn the collector back on, unless an
-    outer block turned it off (nested blocks freeze once more, which costs nothing)."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if was_on:
-            gc.enable()
+    """Run the block with the collector paused; then freeze what exists before it is turned back on (nested blocks
+    freeze once more, which costs nothing)."""
+    with collector_paused():
+        try:
+            yield
+        finally:
+            gc.freeze()
 
 
 __all__ = ["collector_paused", "imports_frozen"]
