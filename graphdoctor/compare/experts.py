@@ -11,6 +11,7 @@ experts (ExpertsDiff.grid) shows as one cell. Pure Python on RunRecords.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,11 @@ from graphdoctor.protocol.lanes import BitprintError, differing_tensors, pairs
 from graphdoctor.protocol.record import RunRecord, split_rank
 
 FAMILY_WORDS = {"grads": "main_grads", "params": "parameters"}
+
+
+def _order(first: tuple[int, str]) -> tuple[int, int]:
+    """A (step, family) difference's place: by step, main_grads before parameters within one."""
+    return first[0], FAMILIES.index(first[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +54,7 @@ class ExpertRow:
         """(step, family) of the expert's first difference; main_grads before parameters within a step."""
         found = [(step, family) for family, step in (("grads", self.grads_step), ("params", self.params_step))
                  if step is not None]
-        return min(found, key=lambda f: (f[0], FAMILIES.index(f[1]))) if found else None
+        return min(found, key=_order) if found else None
 
     @property
     def label(self) -> str:
@@ -93,8 +99,8 @@ class ExpertsDiff:
     @property
     def differing(self) -> tuple[ExpertRow, ...]:
         """The experts that differ at some step, first difference first."""
-        rows = [r for r in self.rows if r.first is not None]
-        return tuple(sorted(rows, key=lambda r: (r.first[0], FAMILIES.index(r.first[1]))))  # type: ignore[index]
+        found = [(first, row) for row in self.rows if (first := row.first) is not None]
+        return tuple(row for _, row in sorted(found, key=lambda pair: _order(pair[0])))
 
     def grid(self) -> tuple[tuple[str, ...], tuple[int, ...], dict[tuple[str, int], tuple[ExpertRow, ...]]]:
         """(row labels, global expert numbers, the rows of each (label, expert) cell): one row per model layer and
@@ -104,7 +110,7 @@ class ExpertsDiff:
         names: dict[int | str, str] = {}
         for row in self.rows:
             names.setdefault(row.layer_key, row.layer)
-        shared = {name for name in names.values() if list(names.values()).count(name) > 1}
+        shared = {name for name, count in Counter(names.values()).items() if count > 1}
         labels: dict[int | str, str] = {}
         for key in keys:
             ranks = sorted({r.rank for r in self.rows if r.layer_key == key and r.rank is not None})
