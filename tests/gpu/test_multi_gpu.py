@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from graphdoctor.compare.verdict import ImplResult
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport, diff
 from graphdoctor.report.diff import render_text, write_json
@@ -164,14 +165,13 @@ def moe_run(name: str, impl: str, modules: str, **values: Any) -> DiffConfig:
                             **EP2, **values)
 
 
-def check_experts(report: DiffReport) -> None:
+def check_experts(result: ImplResult) -> None:
     """Every expert of both layers compared on the rank Megatron placed it: rank 0 holds experts 0-1, rank 1
     experts 2-3."""
-    for result in report.results:
-        assert result.experts is not None, result
-        placed = {(row.rank, row.expert) for row in result.experts.rows}
-        assert placed == {(0, 0), (0, 1), (1, 2), (1, 3)}, result.experts
-        assert len(result.experts.rows) == 2 * 4, result.experts
+    assert result.experts is not None, result
+    placed = {(row.rank, row.expert) for row in result.experts.rows}
+    assert placed == {(0, 0), (0, 1), (1, 2), (1, 3)}, result.experts
+    assert len(result.experts.rows) == 2 * 4, result.experts
 
 
 def assert_ran_or_diagnosed_at_megatron(report: DiffReport) -> None:
@@ -181,7 +181,7 @@ def assert_ran_or_diagnosed_at_megatron(report: DiffReport) -> None:
     for result in report.results:
         if result.verdict in RAN:
             assert result.timing is not None and result.timing.graphed_ms is not None, result
-            check_experts(report)
+            check_experts(result)
             continue
         diag = result.diagnosis
         assert diag is not None and diag.rule, result
