@@ -4,6 +4,7 @@ and "-inf" (JSON has no NaN), and read back as floats. One home for the conventi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 NON_FINITE: tuple[str, ...] = ("nan", "inf", "-inf")
@@ -30,3 +31,8 @@ def is_non_finite_text(value: Any) -> bool:
 
 
 __all__ = ["NON_FINITE", "is_non_finite_text", "json_safe"]
+
+
+def nullable[T](convert: Callable[[Any], T], value: Any) -> T | None:
+    """`convert(value)`, or None where the field is null: a record's optional field read back from JSON."""
+    return None if value is None else convert(value)

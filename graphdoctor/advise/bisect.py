@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphdoctor.advise.candidates import Candidate
+from graphdoctor.strict_json import nullable
 
 Judge = Callable[[Candidate], "bool | None"]
 """Differs from eager (True), matches (False), or could not tell (None)."""
@@ -40,7 +41,7 @@ class BisectStep:
         """Inverse of to_dict."""
         differs = data.get("differs")
         return cls(stage=str(data["stage"]), candidate=Candidate.from_dict(data["candidate"]),
-                   differs=None if differs is None else bool(differs))
+                   differs=nullable(bool, differs))
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from graphdoctor.parent.stopping import partial_report_on_stop
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
 from graphdoctor.rules.facts import EnvironmentFacts
+from graphdoctor.strict_json import nullable
 
 DEFAULT_MAX_CANDIDATES = 32
 """Graphed configurations advise runs at most (candidates and bisection runs together)."""
@@ -65,7 +66,7 @@ class Budget:
         """Inverse of to_dict."""
         limit = data.get("time_budget_s")
         return cls(max_candidates=int(data.get("max_candidates", DEFAULT_MAX_CANDIDATES)),
-                   time_budget_s=None if limit is None else float(limit),
+                   time_budget_s=nullable(float, limit),
                    exhausted=tuple(data.get("exhausted", ())))
 
 

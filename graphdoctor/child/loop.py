@@ -27,6 +27,7 @@ from graphdoctor.config.impl import Impl
 from graphdoctor.protocol.events import Capture, Eval, Event, Phase, Step, Tensors
 from graphdoctor.protocol.spec import EAGER, ChildSpec, Role
 from graphdoctor.protocol.steps import StepPrints, StepRecord
+from graphdoctor.strict_json import nullable
 from graphdoctor.types import TensorDiff
 
 
@@ -271,7 +272,7 @@ class StepRunner:
         params = None if profiled else self.io.process(step, "params")
         loss, reported = values.host()
         return StepRecord(step=step, phase=phase, loss=loss, step_time_ms=step_ms,
-                          grad_norm=None if grad_norm is None else float(grad_norm),
+                          grad_norm=nullable(float, grad_norm),
                           grads=grads, params=params, profiled=profiled, prints=prints, reported=reported,
                           skipped=updated is False, loss_scale=loss_scale)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from graphdoctor.strict_json import nullable
+
 FACTORIES: tuple[str, ...] = ("full", "tensor", "as_tensor", "scalar_tensor", "full_like", "fill_")
 """torch functions (and the Tensor method `fill_`) that turn host numbers into a device tensor: the subjects of
 GD518 evidence of a host number baked into a graph while it was captured."""
@@ -58,12 +60,12 @@ class Cause:
         step = data.get("step")
         return cls(rule=str(data["rule"]), name=str(data.get("name", "")), severity=str(data.get("severity", "")),
                    module=str(data.get("module") or ""),
-                   location=None if data.get("location") is None else str(data["location"]),
+                   location=nullable(str, data.get("location")),
                    message=str(data.get("message", "")), fix=str(data.get("fix", "")),
-                   step=None if step is None else int(step), also_at=tuple(str(a) for a in data.get("also_at") or ()),
+                   step=nullable(int, step), also_at=tuple(str(a) for a in data.get("also_at") or ()),
                    explains=bool(data.get("explains", False)),
-                   phase=None if data.get("phase") is None else str(data["phase"]),
-                   subject=None if data.get("subject") is None else str(data["subject"]))
+                   phase=nullable(str, data.get("phase")),
+                   subject=nullable(str, data.get("subject")))
 
 
 __all__ = ["FACTORIES", "HOOK", "Cause"]

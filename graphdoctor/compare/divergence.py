@@ -13,6 +13,7 @@ from graphdoctor.compare.prints import FAMILIES, family_diff
 from graphdoctor.compare.scaler import both_skipped, finite_difference, skip_difference
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.steps import StepRecord
+from graphdoctor.strict_json import nullable
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +77,8 @@ class Divergence:
         return cls(step=int(data["step"]), what=str(data["what"]), tensor=data.get("tensor"),
                    max_abs=float(data["max_abs"]), max_rel=float(data["max_rel"]),
                    loss_max_abs=float(data.get("loss_max_abs", 0.0)), measured=bool(data.get("measured", True)),
-                   key=None if key is None else str(key),
-                   backward_tensor=None if data.get("backward_tensor") is None else str(data["backward_tensor"]))
+                   key=nullable(str, key),
+                   backward_tensor=nullable(str, data.get("backward_tensor")))
 
 
 def _loss_differs(a: float, b: float, rtol: float, atol: float) -> bool:

@@ -19,6 +19,7 @@ from graphdoctor.compare.prints import FAMILIES
 from graphdoctor.protocol.experts import ExpertShard, expert_of
 from graphdoctor.protocol.lanes import BitprintError, differing_tensors, pairs
 from graphdoctor.protocol.record import RunRecord, split_rank
+from graphdoctor.strict_json import nullable
 
 FAMILY_WORDS = {"grads": "main_grads", "params": "parameters"}
 
@@ -73,13 +74,9 @@ class ExpertRow:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExpertRow:
         """Inverse of to_dict."""
-        def opt(key: str) -> int | None:
-            value = data.get(key)
-            return None if value is None else int(value)
-
-        return cls(layer=str(data["layer"]), rank=opt("rank"), expert=opt("expert"), local=opt("local"),
-                   tensors=int(data["tensors"]), layer_number=opt("layer_number"), grads_step=opt("grads_step"),
-                   params_step=opt("params_step"))
+        ints = {key: nullable(int, data.get(key))
+                for key in ("rank", "expert", "local", "layer_number", "grads_step", "params_step")}
+        return cls(layer=str(data["layer"]), tensors=int(data["tensors"]), **ints)
 
     @property
     def layer_key(self) -> int | str:

@@ -10,6 +10,7 @@ from typing import Any
 from graphdoctor.compare.prints import prints_diff
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.steps import StepRecord
+from graphdoctor.strict_json import nullable
 
 
 def module_of(name: str) -> str:
@@ -85,8 +86,8 @@ class Fp8StateDiff:
         """Inverse of to_dict."""
         first = data.get("first_step")
         return cls(tensors=int(data["tensors"]), modules=int(data["modules"]), steps=int(data["steps"]),
-                   first_step=None if first is None else int(first),
-                   first_tensor=None if data.get("first_tensor") is None else str(data["first_tensor"]),
+                   first_step=nullable(int, first),
+                   first_tensor=nullable(str, data.get("first_tensor")),
                    differing_steps=tuple(int(s) for s in data.get("differing_steps") or ()))
 
 

@@ -18,6 +18,7 @@ from graphdoctor.inputs import read_json
 from graphdoctor.parent.timeline import Timeline, observer_costs, unique_runs
 from graphdoctor.protocol.events import RunEnv
 from graphdoctor.protocol.record import RunRecord
+from graphdoctor.strict_json import nullable
 from graphdoctor.types import Diagnosis, Verdict
 
 SCHEMA_VERSION = 2
@@ -177,7 +178,7 @@ class TapRecording:
                             notes=tuple(str(n) for n in data.get("live_notes") or ()),
                             forensics=opt("live_analysis", Forensics.from_dict))
         return cls(recorded=str(data.get("recorded") or ""), command=str(data.get("command") or ""),
-                   dropout=None if dropout is None else float(dropout), result=result)
+                   dropout=nullable(float, dropout), result=result)
 
 
 def read_saved(data: Any, where: str = "") -> DiffReport | TapRecording:

@@ -10,6 +10,7 @@ from typing import Any
 
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.seconds import STAGE_NAMES
+from graphdoctor.strict_json import nullable
 
 
 def process_started_at() -> float:
@@ -67,12 +68,9 @@ class Timeline:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Timeline:
         """Inverse of to_dict."""
-        def opt(key: str) -> float | None:
-            value = data.get(key)
-            return None if value is None else float(value)
-
         return cls(started_at=float(data.get("started_at", 0.0)), finished_at=float(data.get("finished_at", 0.0)),
-                   first_child_at=opt("first_child_at"), last_child_at=opt("last_child_at"),
+                   first_child_at=nullable(float, data.get("first_child_at")),
+                   last_child_at=nullable(float, data.get("last_child_at")),
                    children=int(data.get("children", 0)))
 
 

@@ -18,6 +18,7 @@ from graphdoctor.protocol.experts import ExpertShard
 from graphdoctor.protocol.spec import ProtocolError
 from graphdoctor.protocol.steps import StepRecord
 from graphdoctor.protocol.taptable import TapTable
+from graphdoctor.strict_json import nullable
 from graphdoctor.types import EvalRecord
 
 Frame = tuple[str, int, str]
@@ -178,12 +179,12 @@ class Hazard:
         """Inverse of to_dict (records written before location and step have only rule, module, message)."""
         step = data.get("step")
         return cls(rule=str(data.get("rule")), module=str(data.get("module")), message=str(data.get("message")),
-                   location=None if data.get("location") is None else str(data["location"]),
-                   step=None if step is None else int(step),
-                   subject=None if data.get("subject") is None else str(data["subject"]),
+                   location=nullable(str, data.get("location")),
+                   step=nullable(int, step),
+                   subject=nullable(str, data.get("subject")),
                    also_at=tuple(str(a) for a in data.get("also_at") or ()),
-                   phase=None if data.get("phase") is None else str(data["phase"]),
-                   fix=None if data.get("fix") is None else str(data["fix"]))
+                   phase=nullable(str, data.get("phase")),
+                   fix=nullable(str, data.get("fix")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from graphdoctor.strict_json import nullable
+
 _SEQUENTIAL = re.compile(r"local_experts\.(\d+)\.")
 _GROUPED = re.compile(r"[^.]+\.(?:weight|bias)(\d+)$")
 
@@ -47,7 +49,7 @@ class ExpertShard:
         """Inverse of to_dict."""
         number = data.get("layer_number")
         return cls(layer=str(data["layer"]), experts=tuple(int(e) for e in data["experts"]),
-                   num_experts=int(data["num_experts"]), layer_number=None if number is None else int(number))
+                   num_experts=int(data["num_experts"]), layer_number=nullable(int, number))
 
 
 @dataclass(frozen=True, slots=True)

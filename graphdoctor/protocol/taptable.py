@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphdoctor.errors import GraphDoctorError
-from graphdoctor.strict_json import is_non_finite_text, json_safe
+from graphdoctor.strict_json import is_non_finite_text, json_safe, nullable
 
 FORMAT_VERSION = 1
 """The `forensics` format version this module reads (and that `Forensics.to_dict` writes)."""
@@ -66,7 +66,7 @@ class Site:
         return cls(slot=_get(obj, "slot", int, where), kind=kind,
                    module=_get(obj, "module", str, where, nullable=True) or "",
                    op=_get(obj, "op", str, where), location=_get(obj, "location", str, where, nullable=True),
-                   numel=_get(obj, "numel", int, where), p=None if p is None else float(p),
+                   numel=_get(obj, "numel", int, where), p=nullable(float, p),
                    captured=_get(obj, "captured", bool, where))
 
 
