@@ -365,9 +365,27 @@ def heat_colour(level: float | None) -> str:
     return f"#{r:02x}{g:02x}{bl:02x}"
 
 
+CHAR_W = 6.5
+"""Width of one character of the charts' 10.5 px tick and cell text, in viewBox units (a digit is about 6 px)."""
+
+HEADER_STRIDES = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100)
+"""Column-header strides a narrow heat strip may write every n-th header at (powers of two for expert numbers,
+round numbers for steps)."""
+
+
+def _header_stride(columns: Sequence[str], cell_w: float) -> int:
+    """The smallest stride at which the written headers do not overlap."""
+    need = CHAR_W * max((len(c) for c in columns), default=1) + 4
+    return next((s for s in HEADER_STRIDES if s * cell_w >= need), HEADER_STRIDES[-1])
+
+
 def heat_strip(rows: Sequence[tuple[str, Sequence[HeatCell]]], columns: Sequence[str], *, title: str,
                width: int = 1080, label_width: int = 230, axis: str = "step") -> str:
     """Rows of coloured cells (one column per step, or per `axis`) with their value written inside.
+
+    Where the columns are too many for their text (a MoE layer's 64 or 256 experts, a long run's steps), the cells
+    keep their colour and hover and drop the written value, and only every n-th column header is written (n from
+    HEADER_STRIDES), so no text overlaps.
 
     Args:
         rows: (row label, cells) pairs; every row has one cell per column.
@@ -384,10 +402,15 @@ def heat_strip(rows: Sequence[tuple[str, Sequence[HeatCell]]], columns: Sequence
     cell_h, head = 22, 18
     height = head + cell_h * len(rows) + 4
     used_w = label_width + cell_w * len(columns) + 8
+    stride = _header_stride(columns, cell_w)
+    widest = max((len(cell.text) for _, cells in rows for cell in cells), default=0)
+    write_values = cell_w >= CHAR_W * widest + 4
     parts = [f'<svg class="chart heat" viewBox="0 0 {used_w:.0f} {height}" role="img" aria-label="{escape(title)}"'
              f' style="max-width:{used_w:.0f}px">']
     parts.append(f'<text class="tick" x="{label_width - 8}" y="12" text-anchor="end">{escape(axis)}</text>')
     for c, name in enumerate(columns):
+        if c % stride:
+            continue
         parts.append(f'<text class="tick" x="{label_width + c * cell_w + cell_w / 2:.1f}" y="12" '
                      f'text-anchor="middle">{escape(name)}</text>')
     for r, (label, cells) in enumerate(rows):
@@ -396,10 +419,12 @@ def heat_strip(rows: Sequence[tuple[str, Sequence[HeatCell]]], columns: Sequence
         for c, cell in enumerate(cells):
             x = label_width + c * cell_w
             dark = cell.level is not None and cell.level > 0.55
-            parts.append(f'<g><rect x="{x + 1:.1f}" y="{y + 1}" width="{cell_w - 2:.1f}" height="{cell_h - 2}" '
-                         f'rx="2" fill="{heat_colour(cell.level)}"/><text class="cell{" dark" if dark else ""}" '
-                         f'x="{x + cell_w / 2:.1f}" y="{y + 15}" text-anchor="middle">{escape(cell.text)}</text>'
-                         f"<title>{escape(cell.title)}</title></g>")
+            value = (f'<text class="cell{" dark" if dark else ""}" x="{x + cell_w / 2:.1f}" y="{y + 15}" '
+                     f'text-anchor="middle">{escape(cell.text)}</text>') if write_values else ""
+            hover = cell.title if write_values else f"{axis} {columns[c]}: {cell.title}"
+            parts.append(f'<g><rect x="{x + 1:.1f}" y="{y + 1}" width="{max(cell_w - 2, 1):.1f}" '
+                         f'height="{cell_h - 2}" rx="{2 if cell_w > 8 else 0}" fill="{heat_colour(cell.level)}"/>'
+                         f"{value}<title>{escape(hover)}</title></g>")
     parts.append("</svg>")
     return "".join(parts)
 

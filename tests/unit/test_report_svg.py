@@ -53,6 +53,26 @@ def test_heat_strip_writes_values_and_scales_colour() -> None:
     assert ">=<" in svg and ">53<" in svg and heat_colour(1.0) == "#b91c1c" and heat_colour(None) == "#e5e7eb"
 
 
+def test_a_strip_of_256_experts_keeps_colour_and_hover_and_writes_no_overlapping_text() -> None:
+    cells = [HeatCell("=", 0.0, "equal") for _ in range(255)] + [HeatCell("3", 1.0, "main_grads at step 3")]
+    svg = heat_strip([("decoder.layers.0.mlp", cells)], [str(e) for e in range(256)], title="experts", axis="expert")
+    assert svg.count("<rect") == 256 and heat_colour(1.0) in svg  # every expert keeps its cell and colour
+    assert 'class="cell' not in svg  # 3.3 px cells: no value written inside
+    assert "<title>expert 255: main_grads at step 3</title>" in svg  # the hover names the column
+    heads = [(float(x), name) for x, name in re.findall(r'class="tick" x="([\d.]+)" y="12" text-anchor="middle">(\d+)<', svg)]
+    assert [name for _, name in heads] == [str(e) for e in range(0, 256, 8)]
+    gaps = [b[0] - a[0] for a, b in zip(heads, heads[1:], strict=False)]
+    assert min(gaps) >= 3 * 6.5 + 4  # three-digit headers never overlap
+
+
+def test_a_strip_of_eight_steps_writes_every_value_and_header() -> None:
+    cells = [HeatCell(str(n), n / 8, f"{n} tensors") for n in range(8)]
+    svg = heat_strip([("local grads", cells)], [str(s) for s in range(1, 9)], title="steps")
+    assert re.findall(r'class="cell[^"]*"[^>]*>(\d+)<', svg) == [str(n) for n in range(8)]
+    assert len(re.findall(r'y="12" text-anchor="middle">', svg)) == 8
+    assert "<title>3 tensors</title>" in svg
+
+
 def test_byte_ticks_are_powers_of_two_multiples() -> None:
     ticks = byte_ticks(238.4 * 2**20)
     assert ticks[0] == 0 and ticks[-1] >= 238.4 * 2**20
