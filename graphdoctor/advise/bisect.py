@@ -39,9 +39,8 @@ class BisectStep:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BisectStep:
         """Inverse of to_dict."""
-        differs = data.get("differs")
         return cls(stage=str(data["stage"]), candidate=Candidate.from_dict(data["candidate"]),
-                   differs=nullable(bool, differs))
+                   differs=nullable(bool, data.get("differs")))
 
 
 @dataclass(frozen=True, slots=True)

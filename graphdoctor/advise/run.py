@@ -64,9 +64,8 @@ class Budget:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Budget:
         """Inverse of to_dict."""
-        limit = data.get("time_budget_s")
         return cls(max_candidates=int(data.get("max_candidates", DEFAULT_MAX_CANDIDATES)),
-                   time_budget_s=nullable(float, limit),
+                   time_budget_s=nullable(float, data.get("time_budget_s")),
                    exhausted=tuple(data.get("exhausted", ())))
 
 

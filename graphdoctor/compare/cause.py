@@ -57,12 +57,11 @@ class Cause:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Cause:
         """Inverse of to_dict."""
-        step = data.get("step")
         return cls(rule=str(data["rule"]), name=str(data.get("name", "")), severity=str(data.get("severity", "")),
                    module=str(data.get("module") or ""),
                    location=nullable(str, data.get("location")),
                    message=str(data.get("message", "")), fix=str(data.get("fix", "")),
-                   step=nullable(int, step), also_at=tuple(str(a) for a in data.get("also_at") or ()),
+                   step=nullable(int, data.get("step")), also_at=tuple(str(a) for a in data.get("also_at") or ()),
                    explains=bool(data.get("explains", False)),
                    phase=nullable(str, data.get("phase")),
                    subject=nullable(str, data.get("subject")))

@@ -73,11 +73,10 @@ class Divergence:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Divergence:
         """Inverse of to_dict."""
-        key = data.get("key")
         return cls(step=int(data["step"]), what=str(data["what"]), tensor=data.get("tensor"),
                    max_abs=float(data["max_abs"]), max_rel=float(data["max_rel"]),
                    loss_max_abs=float(data.get("loss_max_abs", 0.0)), measured=bool(data.get("measured", True)),
-                   key=nullable(str, key),
+                   key=nullable(str, data.get("key")),
                    backward_tensor=nullable(str, data.get("backward_tensor")))
 
 

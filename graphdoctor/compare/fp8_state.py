@@ -84,9 +84,8 @@ class Fp8StateDiff:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Fp8StateDiff:
         """Inverse of to_dict."""
-        first = data.get("first_step")
         return cls(tensors=int(data["tensors"]), modules=int(data["modules"]), steps=int(data["steps"]),
-                   first_step=nullable(int, first),
+                   first_step=nullable(int, data.get("first_step")),
                    first_tensor=nullable(str, data.get("first_tensor")),
                    differing_steps=tuple(int(s) for s in data.get("differing_steps") or ()))
 

@@ -171,14 +171,13 @@ class TapRecording:
             value = data.get(key)
             return load(value) if value else None
 
-        dropout = data.get("dropout")
         result = ImplResult(impl=str(data["impl"]), verdict=Verdict(data["live_verdict"]),
                             divergence=opt("live_first_divergence", Divergence.from_dict),
                             diagnosis=opt("live_diagnosis", Diagnosis.from_dict),
                             notes=tuple(str(n) for n in data.get("live_notes") or ()),
                             forensics=opt("live_analysis", Forensics.from_dict))
         return cls(recorded=str(data.get("recorded") or ""), command=str(data.get("command") or ""),
-                   dropout=nullable(float, dropout), result=result)
+                   dropout=nullable(float, data.get("dropout")), result=result)
 
 
 def read_saved(data: Any, where: str = "") -> DiffReport | TapRecording:

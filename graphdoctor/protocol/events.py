@@ -177,10 +177,9 @@ class Hazard:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Hazard:
         """Inverse of to_dict (records written before location and step have only rule, module, message)."""
-        step = data.get("step")
         return cls(rule=str(data.get("rule")), module=str(data.get("module")), message=str(data.get("message")),
                    location=nullable(str, data.get("location")),
-                   step=nullable(int, step),
+                   step=nullable(int, data.get("step")),
                    subject=nullable(str, data.get("subject")),
                    also_at=tuple(str(a) for a in data.get("also_at") or ()),
                    phase=nullable(str, data.get("phase")),

@@ -47,9 +47,8 @@ class ExpertShard:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExpertShard:
         """Inverse of to_dict."""
-        number = data.get("layer_number")
         return cls(layer=str(data["layer"]), experts=tuple(int(e) for e in data["experts"]),
-                   num_experts=int(data["num_experts"]), layer_number=nullable(int, number))
+                   num_experts=int(data["num_experts"]), layer_number=nullable(int, data.get("layer_number")))
 
 
 @dataclass(frozen=True, slots=True)
