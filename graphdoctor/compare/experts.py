@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphdoctor.compare.prints import FAMILIES
-from graphdoctor.protocol.experts import ExpertShard, expert_of
+from graphdoctor.protocol.experts import ExpertRef, ExpertShard, expert_of
 from graphdoctor.protocol.lanes import BitprintError, differing_tensors, pairs
 from graphdoctor.protocol.record import RunRecord, split_rank
 from graphdoctor.strict_json import nullable
@@ -121,9 +121,10 @@ class ExpertsDiff:
         return tuple(labels[k] for k in keys), experts, {k: tuple(v) for k, v in cells.items()}
 
     def _shape(self) -> str:
-        labels, experts, _ = self.grid()
+        layers = len({r.layer_key for r in self.rows})
+        experts = len({r.expert for r in self.rows if r.expert is not None})
         ranks = len({r.rank for r in self.rows if r.rank is not None})
-        return (f"{len(labels)} layer{'s' * (len(labels) != 1)} x {len(experts)} experts"
+        return (f"{layers} layer{'s' * (layers != 1)} x {experts} experts"
                 + (f" on {ranks} ranks" if ranks > 1 else ""))
 
     def line(self) -> str:
@@ -147,13 +148,13 @@ class ExpertsDiff:
         return cls(steps=int(data["steps"]), rows=tuple(ExpertRow.from_dict(r) for r in data.get("rows") or ()))
 
 
-def _expert_tensors(names: tuple[str, ...], shards: tuple[ExpertShard, ...]) -> dict[tuple[str, int | None], list[int]]:
-    """Tensor indices of each (shard layer, local expert), in tensor order."""
-    found: dict[tuple[str, int | None], list[int]] = {}
+def _expert_tensors(names: tuple[str, ...], shards: tuple[ExpertShard, ...]) -> dict[ExpertRef, list[int]]:
+    """Tensor indices of each expert (and of each shard's tensors no single expert owns), in tensor order."""
+    found: dict[ExpertRef, list[int]] = {}
     for index, name in enumerate(names):
         ref = expert_of(name, shards)
         if ref is not None:
-            found.setdefault((ref.shard.layer, ref.local), []).append(index)
+            found.setdefault(ref, []).append(index)
     return found
 
 
@@ -164,8 +165,7 @@ def compare_experts(reference: RunRecord, graphed: RunRecord) -> ExpertsDiff | N
     groups = _expert_tensors(names, shards)
     if not groups:
         return None
-    by_layer = {s.layer: s for s in shards}
-    first: dict[tuple[str, int | None], dict[str, int]] = {key: {} for key in groups}
+    first: dict[ExpertRef, dict[str, int]] = {owner: {} for owner in groups}
     by_step = {s.step: s for s in reference.steps}
     compared = 0
     for rec in graphed.steps:
@@ -179,19 +179,17 @@ def compare_experts(reference: RunRecord, graphed: RunRecord) -> ExpertsDiff | N
                                                 pairs(getattr(rec.prints, family))))
             except BitprintError:
                 return None  # not the same model: find_divergence says so
-            for key, indices in groups.items():
-                if family not in first[key] and unequal.intersection(indices):
-                    first[key][family] = rec.step
+            for owner, indices in groups.items():
+                if family not in first[owner] and unequal.intersection(indices):
+                    first[owner][family] = rec.step
     if not compared:
         return None
     rows = []
-    for (layer, local), indices in groups.items():
-        rank, bare = split_rank(layer)
-        shard = by_layer[layer]
-        rows.append(ExpertRow(layer=bare, rank=rank, expert=None if local is None else shard.experts[local],
-                              local=local, tensors=len(indices), layer_number=shard.layer_number,
-                              grads_step=first[(layer, local)].get("grads"),
-                              params_step=first[(layer, local)].get("params")))
+    for owner, indices in groups.items():
+        rank, bare = split_rank(owner.shard.layer)
+        rows.append(ExpertRow(layer=bare, rank=rank, expert=owner.expert, local=owner.local, tensors=len(indices),
+                              layer_number=owner.shard.layer_number, grads_step=first[owner].get("grads"),
+                              params_step=first[owner].get("params")))
     return ExpertsDiff(steps=compared, rows=tuple(rows))
 
 

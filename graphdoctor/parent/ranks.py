@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from graphdoctor.protocol.record import RunRecord, rank_prefix, split_rank
+from graphdoctor.protocol.record import RunRecord, rank_prefix
 from graphdoctor.protocol.steps import StepPrints, StepRecord
 from graphdoctor.types import Diagnosis, TensorDiff
 
@@ -99,4 +99,4 @@ def fold_ranks(records: list[RunRecord], *, wall_s: float) -> RunRecord:
                       for rank, r in enumerate(records) for shard in r.experts))
 
 
-__all__ = ["RANK_STATUS_ORDER", "deciding_rank", "fold_ranks", "fold_step", "rank_prefix", "split_rank"]
+__all__ = ["RANK_STATUS_ORDER", "deciding_rank", "fold_ranks", "fold_step"]
