@@ -122,18 +122,20 @@ def diff(config: DiffConfig, *, workdir: str | Path | None = None,
         run = DiffRun(session, preflight)
         # stopped: the children are ended already; the partial report says how far they got
         with partial_report_on_stop(lambda signal_name: _finished(run.stopped_report(signal_name), started,
-                                                                  started_at, preflight, stopped=True)):
+                                                                  started_at, preflight, session, stopped=True)):
             report = run.run_all()
-    return _finished(report, started, started_at, preflight)
+    return _finished(report, started, started_at, preflight, session)
 
 
-def _finished(report: DiffReport, started: float, started_at: float, preflight: Preflight, *,
-              stopped: bool = False) -> DiffReport:
+def _finished(report: DiffReport, started: float, started_at: float, preflight: Preflight, session: ChildSession,
+              *, stopped: bool = False) -> DiffReport:
     """The report with its wall time, model facts and timeline (finished now); a stopped diff does not wait for
     the preflight thread's checks to get them."""
     report = dataclasses.replace(report, wall_s=time.perf_counter() - started,
                                  model=preflight.model(wait=not stopped))
-    return dataclasses.replace(report, timeline=timeline_of(report.runs(), started_at, time.time()))
+    template = session.first_template
+    span = None if template is None else (template.started_at, template.ready_at)
+    return dataclasses.replace(report, timeline=timeline_of(report.runs(), started_at, time.time(), span))
 
 
 class DiffRun:

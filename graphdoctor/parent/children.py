@@ -266,6 +266,8 @@ class ChildSession:
         self.template: ForkTemplate | None = None
         """The process this session's one-process children are forked from (graphdoctor.parent.template),
         started with the first of them (_template)."""
+        self.first_template: ForkTemplate | None = None
+        """The first template this session used, kept after close() for the report's timeline."""
 
     @property
     def memory_gated(self) -> bool:
@@ -356,6 +358,8 @@ class ChildSession:
                 except OSError as exc:  # the children start as their own interpreters instead
                     self._no_template = True
                     self.note(f"children start as their own interpreters: the template process did not start ({exc})")
+            if self.first_template is None:
+                self.first_template = self.template
             return self.template
 
     def close(self) -> None:

@@ -123,6 +123,10 @@ class ForkTemplate:
         self._cond = threading.Condition()
         self.ready_s: float | None = None
         """The template's import seconds, once it is ready."""
+        self.started_at = time.time()
+        """time.time() when the template process was asked for."""
+        self.ready_at: float | None = None
+        """time.time() when this process heard it was ready (None until then)."""
         self.imported_env: dict[str, str] = {}
         """The template's environment as its imports left it, once it is ready."""
         self.failed: str | None = None
@@ -174,6 +178,7 @@ class ForkTemplate:
                 if "ready" in message:
                     self.imported_env = {str(k): str(v) for k, v in dict(message.get("env") or {}).items()}
                     self.ready_s = float(message["ready"])
+                    self.ready_at = time.time()
                 elif "error" in message:
                     self.failed = str(message["error"])
                 elif "pid" in message:

@@ -47,6 +47,22 @@ class Timeline:
     first_child_at: float | None = None
     last_child_at: float | None = None
     children: int = 0
+    template_started_at: float | None = None
+    """The template the children were forked from was asked for (graphdoctor.parent.template); None without one."""
+    template_ready_at: float | None = None
+    """It had imported torch, Megatron and graphdoctor's child modules; None without one, or one never ready."""
+
+    @property
+    def template_after_s(self) -> float | None:
+        """The command's own seconds before it asked for the template."""
+        return None if self.template_started_at is None else max(0.0, self.template_started_at - self.started_at)
+
+    @property
+    def template_imports_s(self) -> float | None:
+        """The template's seconds from being asked for to ready: a child's start-up, less the fork."""
+        if self.template_started_at is None or self.template_ready_at is None:
+            return None
+        return max(0.0, self.template_ready_at - self.template_started_at)
 
     @property
     def before_first_child_s(self) -> float | None:
@@ -63,7 +79,9 @@ class Timeline:
         return {"started_at": self.started_at, "finished_at": self.finished_at,
                 "first_child_at": self.first_child_at, "last_child_at": self.last_child_at,
                 "children": self.children, "before_first_child_s": self.before_first_child_s,
-                "after_last_child_s": self.after_last_child_s}
+                "after_last_child_s": self.after_last_child_s, "template_started_at": self.template_started_at,
+                "template_ready_at": self.template_ready_at, "template_after_s": self.template_after_s,
+                "template_imports_s": self.template_imports_s}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Timeline:
@@ -71,7 +89,9 @@ class Timeline:
         return cls(started_at=float(data.get("started_at", 0.0)), finished_at=float(data.get("finished_at", 0.0)),
                    first_child_at=nullable(float, data.get("first_child_at")),
                    last_child_at=nullable(float, data.get("last_child_at")),
-                   children=int(data.get("children", 0)))
+                   children=int(data.get("children", 0)),
+                   template_started_at=nullable(float, data.get("template_started_at")),
+                   template_ready_at=nullable(float, data.get("template_ready_at")))
 
 
 def unique_runs(runs: Iterable[RunRecord | None]) -> list[RunRecord]:
@@ -86,12 +106,16 @@ def unique_runs(runs: Iterable[RunRecord | None]) -> list[RunRecord]:
     return out
 
 
-def timeline_of(runs: Iterable[RunRecord], started_at: float, finished_at: float) -> Timeline:
-    """The timeline of a command whose children are `runs`."""
+def timeline_of(runs: Iterable[RunRecord], started_at: float, finished_at: float,
+                template: tuple[float, float | None] | None = None) -> Timeline:
+    """The timeline of a command whose children are `runs`; `template`: when the template they were forked from
+    was asked for and when it was ready (time.time() values), where there was one."""
     spans = [r.seconds for r in runs if r.seconds is not None and r.seconds.started_at]
     return Timeline(started_at=started_at, finished_at=finished_at,
                     first_child_at=min((s.started_at for s in spans), default=None),
-                    last_child_at=max((s.ended_at for s in spans), default=None), children=len(spans))
+                    last_child_at=max((s.ended_at for s in spans), default=None), children=len(spans),
+                    template_started_at=None if template is None else template[0],
+                    template_ready_at=None if template is None else template[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +166,9 @@ def cost_line(timeline: Timeline | None, runs: list[RunRecord], jobs: str) -> st
     if timeline is not None and timeline.before_first_child_s is not None:
         parts.append(f"parent {timeline.before_first_child_s:.1f} s before the first, "
                      f"{timeline.after_last_child_s or 0.0:.1f} s after the last")
+    if timeline is not None and timeline.template_imports_s is not None:
+        parts.append(f"template asked for {timeline.template_after_s or 0.0:.1f} s into the command, "
+                     f"ready {timeline.template_imports_s:.1f} s later")
     stages = {name: s for name, s in stage_costs(runs).items() if s >= 0.05}
     if stages:
         parts.append("start-up and set-up per child: " + ", ".join(f"{n} {s:.1f} s" for n, s in stages.items()))

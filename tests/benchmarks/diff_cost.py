@@ -178,6 +178,7 @@ def diff_run(size: str, flags: list[str], impls: str, out: Path, name: str) -> d
         "before_first_child_s": round(first - began, 2) if first else None,
         "after_last_child_s": round(exited - last, 2) if last else None,
         "report_after_last_child_s": timeline.get("after_last_child_s"),
+        "template_after_s": timeline.get("template_after_s"), "template_imports_s": timeline.get("template_imports_s"),
         "verdicts": {r["impl"]: r["verdict"] for r in report.get("impls", ())},
         "weights_equal": weights_equal(report),
         "weights_reported": sum(isinstance(r.get("weights"), dict) for r in runs),
@@ -227,11 +228,12 @@ def _figure(value: float | None, width: int, digits: int) -> str:
 def summary_lines(results: list[dict[str, Any]]) -> list[str]:
     """The summary table: per size and flag set the bare seconds (one after another, side by side, the slowest),
     the diff's seconds and ratios, the parent's seconds before its first child and after its last, whether the
-    children's weights were equal (`-`: no digests in the report) and the verdicts."""
+    children's weights were equal (`-`: no digests in the report), when the template was asked for and how long
+    it took to be ready (`tmpl at`, `imports`: against a bare run's start-up) and the verdicts."""
     size_w = max([len("size"), *(len(row["size"]) for row in results)])
     flags_w = max([len("flags"), *(len(run["flags"]) for row in results for run in row["diffs"])])
     lines = [f"{'size':<{size_w}}  bare: sum  together  slowest  {'flags':<{flags_w}}  diff s   /sum  /together  "
-             f"/slowest  before  after  weights  verdicts"]
+             f"/slowest  before  after  tmpl at  imports  weights  verdicts"]
     for row in results:
         for run in row["diffs"]:
             weights = {True: "equal", False: "DIFFER", None: "-"}[run.get("weights_equal")]
@@ -240,7 +242,8 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
                 f"{_figure(row['bare_slowest_s'], 8, 1)}  {run['flags']:<{flags_w}}  {_figure(run['process_s'], 6, 1)} "
                 f"{_figure(run['ratio'], 6, 2)} {_figure(run['ratio_together'], 10, 2)} "
                 f"{_figure(run['ratio_slowest'], 9, 2)} {_figure(run['before_first_child_s'] or 0, 7, 1)} "
-                f"{_figure(run['after_last_child_s'] or 0, 6, 1)}  {weights:<7}  {run['verdicts']}")
+                f"{_figure(run['after_last_child_s'] or 0, 6, 1)} {_figure(run.get('template_after_s'), 8, 1)} "
+                f"{_figure(run.get('template_imports_s'), 8, 1)}  {weights:<7}  {run['verdicts']}")
     return lines
 
 

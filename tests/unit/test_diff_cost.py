@@ -91,6 +91,18 @@ def test_the_timeline_counts_the_parent_before_the_first_child_and_after_the_las
     text = cost_line(line, runs, "2 children at a time")
     assert "parent 0.5 s before the first, 0.4 s after the last" in text and "launches 0.4 s (2 %)" in text
     assert "memory" not in text  # under 0.05 s a child
+    assert "template" not in text and line.template_imports_s is None  # no template: children were started
+
+
+def test_the_timeline_says_when_the_template_was_asked_for_and_ready() -> None:
+    runs = [_run("a", 103.0, 120.0, {})]
+    line = timeline_of(runs, started_at=100.0, finished_at=121.0, template=(100.4, 111.9))
+    assert line.template_after_s == pytest.approx(0.4) and line.template_imports_s == pytest.approx(11.5)
+    assert Timeline.from_dict(line.to_dict()) == line
+    assert "template asked for 0.4 s into the command, ready 11.5 s later" in cost_line(line, runs, "")
+    never_ready = timeline_of(runs, started_at=100.0, finished_at=121.0, template=(100.4, None))
+    assert never_ready.template_imports_s is None and "template" not in cost_line(never_ready, runs, "")
+    assert Timeline.from_dict(never_ready.to_dict()) == never_ready
 
 
 def test_this_process_started_before_now_and_after_boot() -> None:

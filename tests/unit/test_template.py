@@ -54,6 +54,7 @@ def test_a_forked_child_runs_the_child_entry_to_its_error_event(template: ForkTe
     kinds = [type(e).__name__ for e in read_events(str(tmp_path / f"events-{name}.jsonl")).events]
     assert kinds[0] == "Started" and kinds[-1] == "Error", kinds
     assert template.ready_s is not None and template.ready_s > 0
+    assert template.ready_at is not None and template.started_at < template.ready_at  # the report's timeline
     with template._cond:
         assert len(template._pids) >= 1 and set(template._pids) == set(template._exits)
 
