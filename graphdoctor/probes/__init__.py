@@ -11,24 +11,18 @@ not pull in `probes.api`, which starts children and so imports the parent's modu
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from graphdoctor.lazy import names_from
 
 if TYPE_CHECKING:
     from graphdoctor.probes.api import probe, report_from_payloads
     from graphdoctor.probes.combined import ProbedCheck, check_with_probes
     from graphdoctor.probes.types import CaptureResult, Observation, ProbeReport
 
-_HOME = {"probe": "api", "report_from_payloads": "api", "ProbedCheck": "combined", "check_with_probes": "combined",
-         "CaptureResult": "types", "Observation": "types", "ProbeReport": "types"}
-
-
-def __getattr__(name: str) -> Any:
-    """One of __all__, imported from its module when first asked for."""
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"graphdoctor.probes.{_HOME[name]}"), name)
-
+__getattr__ = names_from(__name__, {"api": ("probe", "report_from_payloads"),
+                                   "combined": ("ProbedCheck", "check_with_probes"),
+                                   "types": ("CaptureResult", "Observation", "ProbeReport")})
 
 __all__ = ["CaptureResult", "Observation", "ProbeReport", "ProbedCheck", "check_with_probes", "probe",
            "report_from_payloads"]

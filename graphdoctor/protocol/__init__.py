@@ -7,42 +7,57 @@
 - graphdoctor.protocol.record: RunRecord, the events of one run folded into one typed record.
 
 docs/protocol.md describes the events and the files a run leaves in `--workdir`.
+
+The names load on first use (graphdoctor.lazy): the template and the command before it asks for the template
+import graphdoctor.protocol.processes alone, not the events and records.
 """
 
 from __future__ import annotations
 
-from graphdoctor.protocol.events import (
-    Capture,
-    Checkpoint,
-    End,
-    Error,
-    Eval,
-    Event,
-    EventLog,
-    EventWriter,
-    Hazard,
-    Launches,
-    Memory,
-    RunEnv,
-    Started,
-    Step,
-    Taps,
-    decode,
-    encode,
-    read_events,
-)
-from graphdoctor.protocol.record import RunRecord
-from graphdoctor.protocol.spec import (
-    EAGER,
-    ChildSpec,
-    Placement,
-    ProbeJob,
-    ProtocolError,
-    Role,
-    impl_name,
-    placement_for_child,
-    run_name,
-)
+from typing import TYPE_CHECKING
+
+from graphdoctor.lazy import names_from
+
+if TYPE_CHECKING:
+    from graphdoctor.protocol.events import (
+        Capture,
+        Checkpoint,
+        End,
+        Error,
+        Eval,
+        Event,
+        EventLog,
+        EventWriter,
+        Hazard,
+        Launches,
+        Memory,
+        RunEnv,
+        Started,
+        Step,
+        Taps,
+        decode,
+        encode,
+        read_events,
+    )
+    from graphdoctor.protocol.record import RunRecord
+    from graphdoctor.protocol.spec import (
+        EAGER,
+        ChildSpec,
+        Placement,
+        ProbeJob,
+        ProtocolError,
+        Role,
+        impl_name,
+        placement_for_child,
+        run_name,
+    )
+
+__getattr__ = names_from(__name__, {
+    "events": ("Capture", "Checkpoint", "End", "Error", "Eval", "Event", "EventLog", "EventWriter", "Hazard",
+               "Launches", "Memory", "RunEnv", "Started", "Step", "Taps", "decode", "encode", "read_events"),
+    "record": ("RunRecord",),
+    "spec": ("EAGER", "ChildSpec", "Placement", "ProbeJob", "ProtocolError", "Role", "impl_name",
+             "placement_for_child", "run_name")})
 
 __all__ = [
     "EAGER",

@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 FLOORS: dict[str, int] = {
     "graphdoctor.errors": 1, "graphdoctor.installed": 1, "graphdoctor.suggest": 1, "graphdoctor.strict_json": 1,
     "graphdoctor.types": 1, "graphdoctor.locations": 1, "graphdoctor.process_env": 1, "graphdoctor.collector": 1,
+    "graphdoctor.lazy": 1,
     "graphdoctor.inputs": 2, "graphdoctor.envelope": 2, "graphdoctor.cuda_errors": 2,
     "graphdoctor.config": 3, "graphdoctor.memory": 3, "graphdoctor.launches": 3,
     "graphdoctor.rules": 4, "graphdoctor.options": 4, "graphdoctor.protocol": 4,
