@@ -145,11 +145,12 @@ def start_template_early(values: dict[str, Any]) -> None:
     and no multi-GPU run is asked for."""
     if not children_may_run_here(values):
         return
-    from graphdoctor.diff.decide import import_torch_whole
     from graphdoctor.parent.runner import child_env
     from graphdoctor.parent.template import start_early
 
     start_early(child_env())
+    from graphdoctor.diff.decide import import_torch_whole  # a third of a second's imports: after the template
+
     import_torch_whole()
 
 
@@ -232,7 +233,7 @@ def write_outputs(report: Any, json_path: str | None, html_path: str | None, ver
 def _under_torchrun(values: dict[str, Any]) -> dict[str, Any]:
     """Started by a user's torchrun: rank 0 runs the diff over every launched process (graphdoctor
     starts the children's ranks itself); the other ranks exit 0 at once, before touching CUDA."""
-    from graphdoctor.parent.launch import leave_user_torchrun, under_user_torchrun
+    from graphdoctor.parent.torchrun import leave_user_torchrun, under_user_torchrun
 
     placed = under_user_torchrun()
     if placed is None:

@@ -25,7 +25,7 @@ from graphdoctor.errors import GraphDoctorError
 from graphdoctor.parent.environment import environment_cause, environment_failed
 from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.gpus import JobPlan, child_bytes, cpu_slots
-from graphdoctor.parent.launch import fold_launch, launch_env, multi_gpu_placement, run_launched, under_user_torchrun
+from graphdoctor.parent.launch import fold_launch, launch_env, multi_gpu_placement, run_launched
 from graphdoctor.parent.progress import ProgressBoard
 from graphdoctor.parent.resume import checkpoint_dir, clear_checkpoint, first_process, resumed_process, saves, stitched
 from graphdoctor.parent.runner import (
@@ -42,6 +42,7 @@ from graphdoctor.parent.sizing import ChildMemory, SlotPool, kind_of, resize
 from graphdoctor.parent.slots import HostTurn, physical_gpus
 from graphdoctor.parent.template import ForkTemplate, adopt_early
 from graphdoctor.parent.template import enabled as template_enabled
+from graphdoctor.parent.torchrun import under_user_torchrun
 from graphdoctor.protocol.events import (
     read_events,
 )

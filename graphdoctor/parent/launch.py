@@ -10,12 +10,12 @@ the diff over all the launched processes and the other ranks leaving at once (un
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from graphdoctor.parent.fold import record_from_events
 from graphdoctor.parent.runner import ProcessResult, child_env, run_isolated
+from graphdoctor.parent.torchrun import TORCHRUN_VARIABLES
 from graphdoctor.protocol.events import End, read_events
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.spec import ChildSpec, Placement, rank_path
@@ -29,13 +29,6 @@ MULTICAST_OFF_ENV: dict[str, str] = {
 }
 """NVLink multicast stays off in every rank (unless the user or the run file set these)."""
 
-TORCHRUN_VARIABLES: tuple[str, ...] = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-    "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-)
-"""What an outer torchrun put in our environment; removed before we start launchers of our own."""
 
 
 def multi_gpu_placement(nproc: int, tp: int, pp: int) -> Placement:
@@ -111,24 +104,5 @@ def run_launched(spec: ChildSpec, spec_path: Path, log_path: Path, env: dict[str
     return fold_launch(spec, ended)
 
 
-def under_user_torchrun(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
-    """(rank, world size) when this process is one rank of a user's torchrun, else None."""
-    env = os.environ if env is None else env
-    if "WORLD_SIZE" not in env or "LOCAL_RANK" not in env:
-        return None
-    try:
-        return int(env.get("RANK", env["LOCAL_RANK"])), int(env["WORLD_SIZE"])
-    except ValueError:
-        return None
-
-
-def leave_user_torchrun() -> None:
-    """Rank 0 of a user's torchrun runs the diff itself: forget the outer launcher's variables so
-    the children get rendezvous of their own."""
-    for key in TORCHRUN_VARIABLES:
-        os.environ.pop(key, None)
-
-
-__all__ = ["LAUNCHER_MODULE", "MULTICAST_OFF_ENV", "TORCHRUN_VARIABLES", "fold_launch", "launch_command",
-           "launch_env", "leave_user_torchrun", "multi_gpu_placement", "rank_result", "run_launched",
-           "under_user_torchrun"]
+__all__ = ["LAUNCHER_MODULE", "MULTICAST_OFF_ENV", "fold_launch", "launch_command",
+           "launch_env", "multi_gpu_placement", "rank_result", "run_launched"]

@@ -98,13 +98,21 @@ from graphdoctor.cli import diff as cli_diff
 from graphdoctor.parent import template
 
 cli_diff.children_may_run_here = lambda values: True  # as on a GPU machine
+asked = []
+real_init = template.ForkTemplate.__init__
+
+def init(self, *args, **kwargs):
+    asked.append(sorted(m for m in sys.modules if m == "torch" or m.startswith("graphdoctor.")))
+    real_init(self, *args, **kwargs)
+
+template.ForkTemplate.__init__ = init
 before = [t.name for t in threading.enumerate()]
-cli_diff.start_template_early({})
+cli_diff.start_template_early(cli_diff._under_torchrun({}))  # in diff_command's order
 started = template._early is not None
 torch = sys.modules.get("torch")
 whole = torch is not None and hasattr(torch, "dtype") and hasattr(torch, "cuda")
 template.close_early()
-print(json.dumps({"threads_before": before, "started": started, "whole": whole}))
+print(json.dumps({"threads_before": before, "started": started, "whole": whole, "asked": asked}))
 """
 
 
@@ -116,4 +124,11 @@ def test_graphdoctor_diff_starts_the_template_then_imports_torch_whole_before_an
                           cwd=str(Path(__file__).resolve().parents[2]))
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
+    asked = seen.pop("asked")
     assert seen == {"threads_before": ["MainThread"], "started": True, "whole": True}
+    # The template is asked for before the command imports the diff, the launcher or the events: each tenth of a
+    # second here is one the template's imports start later than a bare process's would.
+    assert len(asked) == 1
+    late = [m for m in asked[0] if m == "torch" or m.split(".")[:2] == ["graphdoctor", "diff"]
+            or m in ("graphdoctor.parent.launch", "graphdoctor.protocol.events", "graphdoctor.protocol.record")]
+    assert late == []
