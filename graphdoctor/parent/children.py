@@ -259,8 +259,10 @@ class ChildSession:
         self._starts = threading.Semaphore(self.starts)
         self.num_gates = 0
         self._idle = threading.Condition()
-        self._running = 0
-        """Children of this session running now (an environment retry waits until it is alone)."""
+        self._live: set[str] = set()
+        """Children of this session running now, by name (an environment retry waits until it is alone)."""
+        self.ran_beside: set[str] = set()
+        """Children that ran while another child of this session ran (on a shared GPU: beside its memory)."""
         self._models: dict[tuple[str, float], ModelDescription | None] = {}
         """Each (impl, dropout)'s model, resolved once (_child_model)."""
         self._no_template = False
@@ -376,10 +378,11 @@ class ChildSession:
     def run_request(self, request: ChildRequest, cancel: threading.Event | None = None) -> RunRecord:
         """Run one request on the next free GPU slot (again, on a new port, when its port was taken) and
         account its time; `cancel` set ends it (graphdoctor.parent.runner.run_isolated). A child the machine
-        failed before its first step (graphdoctor.parent.environment) runs once more after the session's other
-        children have finished; failed so again, its record is `environment-failed`."""
+        failed (graphdoctor.parent.environment: before its first step, or out of memory beside the session's other
+        children on a shared GPU) runs once more, alone, after the session's other children have finished; failed
+        before its first step again, its record is `environment-failed`."""
         first = self._run_once(request, cancel, 0)
-        cause = environment_cause(first)
+        cause = environment_cause(first, shared=self.memory_gated and first.name in self.ran_beside)
         if cause is None or _cancelled(cancel):
             return first
         self.note(f"{request.impl} {request.describe()}: {cause}; it runs again once this run's other children "
@@ -395,7 +398,7 @@ class ChildSession:
         """Until no other child of this session runs (each is bounded by its own time limit), or `cancel`."""
         deadline = time.monotonic() + 2 * self.config.timeout_s + 60.0
         with self._idle:
-            while self._running and time.monotonic() < deadline and not _cancelled(cancel):
+            while self._live and time.monotonic() < deadline and not _cancelled(cancel):
                 self._idle.wait(timeout=1.0)
 
     def _run_once(self, request: ChildRequest, cancel: threading.Event | None, attempt: int) -> RunRecord:
@@ -467,14 +470,16 @@ class ChildSession:
             with self._lock:
                 self.started.append((request, spec))
             with self._idle:
-                self._running += 1
+                self._live.add(spec.name)
+                if len(self._live) > 1:
+                    self.ran_beside.update(self._live)
             try:
                 record = run_child(spec, self.workdir, env=env, cancel=cancel,
                                    clock=grant.granted if grant is not None else None,
                                    template=None if spec.placement.launcher else self._template())
             finally:
                 with self._idle:
-                    self._running -= 1
+                    self._live.discard(spec.name)
                     self._idle.notify_all()
             with self._lock:
                 self.finished[spec.name] = record

@@ -1,10 +1,13 @@
 """Failures of the machine, not of the user's model: a child that fails before its first step with an NCCL or
-CUDA initialisation error, out of memory, a busy or lost GPU, or a taken port says nothing about the model.
+CUDA initialisation error, out of memory, a busy or lost GPU, or a taken port says nothing about the model; nor
+does a child that ran out of memory at any step while other children of its diff shared its GPU (their memory was
+planned from a first estimate, graphdoctor.parent.gpus.child_bytes, which can fall short).
 
-ChildSession retries such a child once, after its other children have finished; a second environment failure
-makes the run `environment-failed` (compare.verdict: the row's verdict, never `reference-failed` or
+ChildSession retries such a child once, alone, after its other children have finished. A second failure before
+the first step makes the run `environment-failed` (compare.verdict: the row's verdict, never `reference-failed` or
 `setup-failed`), with the likely cause read from the GPU at that moment (graphdoctor processes, other processes,
-free memory) and the fix.
+free memory) and the fix; a retry alone that runs out of memory after its first step is the model's own failure,
+and its record stands.
 """
 
 from __future__ import annotations
@@ -15,13 +18,18 @@ import re
 
 from graphdoctor.protocol.record import ENVIRONMENT_FAILED, RunRecord
 
+_OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED",
+                            re.IGNORECASE)
+
+SHARED_OUT_OF_MEMORY = ("out of memory while other children of this run shared the GPU (the first estimate of "
+                        "their memory fell short); not yet a result of the model")
+
 _CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"NCCL error.*(unhandled cuda error|unhandled system error|internal error)|ncclUnhandledCudaError"
                 r"|ncclSystemError", re.IGNORECASE | re.DOTALL),
      "NCCL could not set up its communicator (on one GPU this is most often too many processes on it at once, "
      "or its memory exhausted)"),
-    (re.compile(r"out of memory|OutOfMemoryError|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED",
-                re.IGNORECASE),
+    (_OUT_OF_MEMORY,
      "out of memory before the first step (other processes held the GPU's memory, or the model does not fit "
      "in it alone)"),
     (re.compile(r"busy or unavailable|cudaErrorDevicesUnavailable|devices are busy", re.IGNORECASE),
@@ -38,15 +46,16 @@ FIX = ("run fewer graphdoctor diffs or other GPU jobs at once on this GPU (graph
        "the GPU's slots; GRAPHDOCTOR_SLOTS_PER_GPU lowers their number), free its memory, then run the diff again")
 
 
-def environment_cause(record: RunRecord) -> str | None:
+def environment_cause(record: RunRecord, *, shared: bool = False) -> str | None:
     """The likely cause when `record` failed for the machine's sake: an error (or a crash) before its first step
-    whose message or traceback names NCCL's or CUDA's set-up, memory, a busy or lost device, or a taken port."""
+    whose message or traceback names NCCL's or CUDA's set-up, memory, a busy or lost device, or a taken port; or,
+    where it `shared` its GPU with other children of its run, out of memory at any step."""
     if record.status not in ("error", "crashed") or record.diagnosis is None:
-        return None
-    if any(step.step >= 0 for step in record.steps):
         return None
     diagnosis = record.diagnosis
     text = "\n".join([diagnosis.error_type, diagnosis.message, diagnosis.cuda_error or ""])
+    if any(step.step >= 0 for step in record.steps):
+        return SHARED_OUT_OF_MEMORY if shared and _OUT_OF_MEMORY.search(text) else None
     for pattern, cause in _CAUSES:
         if pattern.search(text):
             return cause
@@ -98,8 +107,8 @@ def environment_failed(record: RunRecord, cause: str, devices: list[str], first:
     diagnosis = record.diagnosis
     assert diagnosis is not None
     before = first.diagnosis.message if first.diagnosis is not None else ""
-    meaning = (f"{cause}; not a result of the model: it failed before its first step, and again when retried "
-               f"after the run's other children had finished ({gpu_now(devices)})")
+    meaning = (f"{cause}; not a result of the model: it failed before its first step when retried alone, after "
+               f"the run's other children had finished ({gpu_now(devices)})")
     if before and before != diagnosis.message:
         meaning += f"; the first attempt said: {before[:300]}"
     return dataclasses.replace(record, status=ENVIRONMENT_FAILED,
@@ -107,4 +116,4 @@ def environment_failed(record: RunRecord, cause: str, devices: list[str], first:
                                wall_s=record.wall_s + first.wall_s)
 
 
-__all__ = ["ENVIRONMENT_FAILED", "FIX", "environment_cause", "environment_failed", "gpu_now"]
+__all__ = ["ENVIRONMENT_FAILED", "FIX", "SHARED_OUT_OF_MEMORY", "environment_cause", "environment_failed", "gpu_now"]

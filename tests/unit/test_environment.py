@@ -17,7 +17,7 @@ from graphdoctor.compare.verdict import judge, verdict_for_failure
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffReport, load_report
 from graphdoctor.parent.children import ChildRequest, ChildSession
-from graphdoctor.parent.environment import FIX, environment_cause, environment_failed
+from graphdoctor.parent.environment import FIX, SHARED_OUT_OF_MEMORY, environment_cause, environment_failed
 from graphdoctor.plugin_session import Verdicts, count_line
 from graphdoctor.protocol.record import ENVIRONMENT_FAILED, RunRecord
 from graphdoctor.protocol.spec import EAGER, Role
@@ -62,6 +62,41 @@ def test_the_models_own_failures_are_not_the_machines() -> None:
     assert environment_cause(_failed("zero_centered_gamma not supported by torch LayerNorm", "AssertionError")) is None
     assert environment_cause(_failed("CUDA out of memory", steps=3)) is None  # after its first step: the model's
     assert environment_cause(_failed("NCCL error: unhandled cuda error", status="timeout")) is None
+
+
+SHARED_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.18 GiB of which 60.50 "
+              "MiB is free. Including non-PyTorch memory, this process has 38.05 GiB memory in use. Process 3216 has "
+              "41.05 GiB memory in use. Of the allocated memory 34.53 GiB is allocated by PyTorch, and 1.16 GiB is "
+              "reserved by PyTorch but unallocated.")
+"""The eager reference of a 1.08 B diff with the defaults on an H100 80GB (2026-12-07), at its step 1 beside
+another child of the same diff that held 41 GiB: two children the first estimate let share the GPU."""
+
+
+def test_out_of_memory_after_the_first_step_is_the_machines_only_beside_other_children() -> None:
+    beside = _failed(SHARED_OOM, "OutOfMemoryError", steps=1)
+    assert environment_cause(beside, shared=True) == SHARED_OUT_OF_MEMORY
+    assert environment_cause(beside) is None  # alone on its GPU: the model's own
+    model = _failed("zero_centered_gamma not supported by torch LayerNorm", "AssertionError", steps=1)
+    assert environment_cause(model, shared=True) is None  # beside others, but not out of memory
+
+
+def test_a_child_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) -> None:
+    beside = dataclasses.replace(_failed(SHARED_OOM, "OutOfMemoryError", steps=1), name="eager-reference-d0.1")
+    ok = RunRecord(impl=EAGER, dropout=0.1, status="ok", name="eager-reference-d0.1")
+    session = _Recorded([beside, ok], tmp_path)
+    session.plan = dataclasses.replace(session.plan, shared=True, gpus=("0",))  # children share one GPU
+    session.ran_beside.add("eager-reference-d0.1")
+    assert session.memory_gated
+    assert session.run_request(_request(tmp_path)) is ok and session.attempts == [0, 10]
+    assert session.notes[0].startswith("eager reference: out of memory while other children of this run shared")
+    alone_too = dataclasses.replace(beside, wall_s=2.0)
+    session = _Recorded([beside, alone_too], tmp_path)
+    session.plan = dataclasses.replace(session.plan, shared=True, gpus=("0",))
+    session.ran_beside.add("eager-reference-d0.1")
+    record = session.run_request(_request(tmp_path))
+    assert record is alone_too and record.status == "error"  # out of memory alone: the model's, as it failed
+    unshared = _Recorded([beside], tmp_path)
+    assert unshared.run_request(_request(tmp_path)) is beside and unshared.attempts == [0]
 
 
 def test_a_second_failure_is_environment_failed_with_its_cause_and_fix(nccl: DiffReport) -> None:
@@ -135,11 +170,11 @@ def test_a_retry_that_runs_is_the_record(nccl: DiffReport, tmp_path: Path) -> No
 def test_the_retry_waits_until_the_sessions_other_children_have_finished(nccl: DiffReport, tmp_path: Path) -> None:
     ok = RunRecord(impl=EAGER, dropout=0.0, status="ok")
     session = _Recorded([nccl.reference, ok], tmp_path)
-    session._running = 1  # another child of the session runs
+    session._live.add("local-graphed-d0")  # another child of the session runs
 
     def other_child_ends() -> None:
         with session._idle:
-            session._running = 0
+            session._live.clear()
             session._idle.notify_all()
 
     threading.Timer(0.5, other_child_ends).start()
