@@ -179,19 +179,36 @@ def num_parameters(config: DiffConfig) -> int:
 def child_bytes(config: DiffConfig, parameters: int | None = None, *, graphed: bool = True) -> int:
     """A generous first estimate of one child's peak GPU memory, before any child measured it
     (graphdoctor.parent.sizing): weights, fp32 main_grads, Adam state (and fp32 master weights in bf16/fp16),
-    activations (twice over for a `graphed` child: its graph pools keep a copy; once for an eager one), a
-    context. `parameters`: the count the skeleton built (graphdoctor.parent.skeleton), else num_parameters. On
-    the H200 (bf16) the processes held up to 32 GiB at 0.54 B (8 x 2048, seq 2048, mbs 2; estimate 26 GiB)
-    while each also held 8.75 GiB of NCCL communicators, and 47-60 GiB at 1.08 B (4 x 4096, seq 4096; estimate
-    45 GiB), so MEMORY_HEADROOM stays: five 0.54 B children at once ran out of memory then."""
+    activations (twice over for a `graphed` child: its graph pools keep a copy; once for an eager one), the
+    logits, the transients of the peak, a context. `parameters`: the count the skeleton built
+    (graphdoctor.parent.skeleton), else num_parameters.
+
+    Activations per layer are Korthikanti et al.'s 34sbh at 16 bits, and where the attention is Megatron's unfused
+    one (every spec but Transformer Engine's, whose attention is fused) its 5as^2b plus the fp32 softmax output it
+    saves in bf16/fp16 (attention_softmax_in_fp32). The logits are held in 16 bits, in fp32 for the loss and as
+    its fp32 gradient. The transients are the optimizer step's fp32 temporaries (torch's foreach Adam, which
+    Megatron falls back to without Transformer Engine or Apex: one fp32 value per parameter) and, unfused, one
+    layer's fp32 softmax gradient. Against the H200's measured eager children (peak allocated or reserved plus the
+    1.9 GiB a process holds outside the allocator): 21.3 GiB at 0.54 B (8 x 2048, seq 2048, mbs 2; estimate
+    24.9 GiB), 41.5 GiB at 1.08 B (4 x 4096, seq 4096; estimate 44.6 GiB) and 44.4 GiB for two full-width Llama-3
+    8B layers with Transformer Engine's spec (seq 8192, vocab 128256; estimate 48.2 GiB). Without the softmax, the
+    logits and the transients the 1.08 B estimate was 33.3 GiB, and two eager children it let share an H100 80GB
+    ran out of memory."""
+    from graphdoctor.config.entry_points import TE_LAYER_SPECS
+
     params = num_parameters(config) if parameters is None else parameters
     per_param = 16 if config.dtype == "fp32" else 18
     width = 4 if config.dtype == "fp32" else 2
     s, b, h = config.seq_length, config.micro_batch_size, config.hidden_size
-    heads = config.num_attention_heads
-    activations = config.num_layers * s * b * h * (17 + 5 * heads * s // h // 2) * width
+    unfused = config.layer_spec not in TE_LAYER_SPECS
+    scores = config.num_attention_heads * s * s * b if unfused else 0  # one layer's attention scores, elements
+    softmax_fp32 = 0 if config.dtype == "fp32" else 2 * scores  # beside the formula's 16-bit copy
+    layer = s * b * h * 17 * width + scores * 5 * width // 2 + softmax_fp32
+    activations = config.num_layers * layer * config.num_microbatches
+    logits = s * b * config.vocab_size * (width + 8)
+    transients = 4 * params + 4 * scores
     copies = 2 if graphed else 1
-    return params * per_param + copies * activations * config.num_microbatches + CONTEXT_BYTES
+    return params * per_param + copies * activations + logits + transients + CONTEXT_BYTES
 
 
 def plan_jobs(config: DiffConfig, gpus: list[Gpu] | None = None, *, parameters: int | None = None) -> JobPlan:
