@@ -188,12 +188,12 @@ def child_bytes(config: DiffConfig, parameters: int | None = None, *, graphed: b
     saves in bf16/fp16 (attention_softmax_in_fp32). The logits are held in 16 bits, in fp32 for the loss and as
     its fp32 gradient. The transients are the optimizer step's fp32 temporaries (torch's foreach Adam, which
     Megatron falls back to without Transformer Engine or Apex: one fp32 value per parameter) and, unfused, one
-    layer's fp32 softmax gradient. Against the H200's measured eager children (peak allocated or reserved plus the
-    1.9 GiB a process holds outside the allocator): 21.3 GiB at 0.54 B (8 x 2048, seq 2048, mbs 2; estimate
-    24.9 GiB), 41.5 GiB at 1.08 B (4 x 4096, seq 4096; estimate 44.6 GiB) and 44.4 GiB for two full-width Llama-3
-    8B layers with Transformer Engine's spec (seq 8192, vocab 128256; estimate 48.2 GiB). Without the softmax, the
-    logits and the transients the 1.08 B estimate was 33.3 GiB, and two eager children it let share an H100 80GB
-    ran out of memory."""
+    layer's fp32 softmax gradient. Against the measured eager children (peak allocated or reserved plus the
+    1.9 GiB a process holds outside the allocator): 21.3 GiB at 0.54 B on the H200 (8 x 2048, seq 2048, mbs 2;
+    estimate 24.9 GiB); 41.5 GiB at 1.08 B on the H200 and 44.7 GiB on an H100 at dropout 0.1 (4 x 4096, seq
+    4096; estimate 44.6 GiB); 44.4 GiB for two full-width Llama-3 8B layers with Transformer Engine's spec (seq
+    8192, vocab 128256; estimate 48.2 GiB). Without the softmax, the logits and the transients the 1.08 B estimate
+    would be 33.3 GiB, which lets two eager children share an H100 80GB, where they run out of memory."""
     from graphdoctor.config.entry_points import TE_LAYER_SPECS
 
     params = num_parameters(config) if parameters is None else parameters

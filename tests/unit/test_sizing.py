@@ -19,6 +19,7 @@ from graphdoctor.parent.sizing import (
     OUTSIDE_ALLOCATOR_BYTES,
     ChildMemory,
     SlotPool,
+    kind_of,
     measured_bytes,
 )
 from graphdoctor.parent.slots import RUNTIME_ENV, Busy, HostSlots, Slot
@@ -283,6 +284,28 @@ def test_two_108b_eager_children_do_not_share_an_h100_before_one_has_measured(
                                  "0")
         taken.append(slots.try_take(turn._need, f"eager d{dropout}", turn._headroom))
     assert isinstance(taken[0], Slot) and isinstance(taken[1], Busy) and taken[1].memory
+
+
+H100_108B = REPO / "fixtures" / "data" / "diff" / "h100_108b_defaults_after_estimate.json.gz"
+"""`graphdoctor diff --impl local,full_iteration` at tests/benchmarks/diff_cost.py's 1.08 B size with the defaults
+on an H100 80GB (2026-12-07), after the estimate gained the logits, the fp32 softmax and the optimizer's
+temporaries: its seven children ran one at a time and every row has its verdict."""
+
+
+def test_the_h100_108b_diff_ran_one_at_a_time_and_its_children_measured_within_the_estimate() -> None:
+    from graphdoctor.diff import load_report
+
+    report = load_report(H100_108B)
+    assert report.jobs.startswith("one child at a time until one has measured its memory")
+    assert [r.verdict.value for r in report.results] == ["rng-divergence", "match"] and report.exit_code() == 0
+    runs = report.runs()
+    assert len(runs) == 7 and {r.status for r in runs} == {"ok"}
+    config = report.config
+    for run in runs:
+        estimate = child_bytes(config, graphed=kind_of(run.impl) == "graphed")
+        assert measured_bytes(run) <= 1.01 * estimate, run.name  # type: ignore[operator]
+    eager = max(measured_bytes(r) for r in runs if kind_of(r.impl) == "eager")  # type: ignore[type-var]
+    assert 2 * eager > 0.85 * H100.total_bytes  # two eager children would not have fitted beside each other
 
 
 def test_a_kind_not_measured_yet_takes_the_others_figure_scaled_up_never_down(llama: dict) -> None:
