@@ -30,7 +30,6 @@ MULTICAST_OFF_ENV: dict[str, str] = {
 """NVLink multicast stays off in every rank (unless the user or the run file set these)."""
 
 
-
 def multi_gpu_placement(nproc: int, tp: int, pp: int) -> Placement:
     """The placement a multi-GPU child's spec carries (each rank reads its own from the launcher)."""
     return Placement(world_size=nproc, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
@@ -104,5 +103,5 @@ def run_launched(spec: ChildSpec, spec_path: Path, log_path: Path, env: dict[str
     return fold_launch(spec, ended)
 
 
-__all__ = ["LAUNCHER_MODULE", "MULTICAST_OFF_ENV", "fold_launch", "launch_command",
-           "launch_env", "multi_gpu_placement", "rank_result", "run_launched"]
+__all__ = ["LAUNCHER_MODULE", "MULTICAST_OFF_ENV", "fold_launch", "launch_command", "launch_env",
+           "multi_gpu_placement", "rank_result", "run_launched"]
