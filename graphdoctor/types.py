@@ -53,8 +53,9 @@ class Verdict(enum.StrEnum):
 
     ENVIRONMENT_FAILED = "environment-failed"
     """The machine failed the run, not the model: before its first step, NCCL's or CUDA's set-up failed, memory
-    ran out, the GPU was busy or lost, or a port was taken, and again when the run was retried alone
-    (graphdoctor.parent.environment). The eager reference's such failure makes every row environment-failed."""
+    ran out, the GPU was busy or lost, or a port was taken (or memory ran out at any step beside other children on
+    its GPU), and again when the run was retried (graphdoctor.parent.environment). The eager reference's such
+    failure makes every row environment-failed."""
 
     STOPPED = "stopped"
     """graphdoctor was stopped (SIGTERM, SIGHUP, SIGINT) before this implementation's comparison finished; the

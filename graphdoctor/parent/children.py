@@ -379,8 +379,9 @@ class ChildSession:
         """Run one request on the next free GPU slot (again, on a new port, when its port was taken) and
         account its time; `cancel` set ends it (graphdoctor.parent.runner.run_isolated). A child the machine
         failed (graphdoctor.parent.environment: before its first step, or out of memory beside the session's other
-        children on a shared GPU) runs once more, alone, after the session's other children have finished; failed
-        before its first step again, its record is `environment-failed`."""
+        children on a shared GPU) runs once more after the session's other children have finished; failed so
+        again, its record is `environment-failed`. A retry that ran alone and ran out of memory after its first
+        step keeps its own record: the model does not fit."""
         first = self._run_once(request, cancel, 0)
         cause = environment_cause(first, shared=self.memory_gated and first.name in self.ran_beside)
         if cause is None or _cancelled(cancel):
@@ -389,7 +390,7 @@ class ChildSession:
                   "have finished")
         self._wait_alone(cancel)
         retry = self._run_once(request, cancel, ENVIRONMENT_ATTEMPT)
-        again = environment_cause(retry)
+        again = environment_cause(retry, shared=self.memory_gated and retry.name in self.ran_beside)
         if again is None or _cancelled(cancel):
             return retry
         return environment_failed(retry, again, physical_gpus(",".join(self.plan.gpus) or None), first)

@@ -3,11 +3,11 @@ CUDA initialisation error, out of memory, a busy or lost GPU, or a taken port sa
 does a child that ran out of memory at any step while other children of its diff shared its GPU (their memory was
 planned from a first estimate, graphdoctor.parent.gpus.child_bytes, which can fall short).
 
-ChildSession retries such a child once, alone, after its other children have finished. A second failure before
-the first step makes the run `environment-failed` (compare.verdict: the row's verdict, never `reference-failed` or
+ChildSession retries such a child once, after its other children have finished. A second failure of the
+machine's makes the run `environment-failed` (compare.verdict: the row's verdict, never `reference-failed` or
 `setup-failed`), with the likely cause read from the GPU at that moment (graphdoctor processes, other processes,
-free memory) and the fix; a retry alone that runs out of memory after its first step is the model's own failure,
-and its record stands.
+free memory) and the fix; a retry that ran alone and ran out of memory after its first step is the model's own
+failure, and its record stands.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def environment_failed(record: RunRecord, cause: str, devices: list[str], first:
     diagnosis = record.diagnosis
     assert diagnosis is not None
     before = first.diagnosis.message if first.diagnosis is not None else ""
-    meaning = (f"{cause}; not a result of the model: it failed before its first step when retried alone, after "
-               f"the run's other children had finished ({gpu_now(devices)})")
+    meaning = (f"{cause}; not a result of the model: it failed so again when retried after the run's other "
+               f"children had finished ({gpu_now(devices)})")
     if before and before != diagnosis.message:
         meaning += f"; the first attempt said: {before[:300]}"
     return dataclasses.replace(record, status=ENVIRONMENT_FAILED,

@@ -36,8 +36,8 @@ def split_rank(name: str) -> tuple[int | None, str]:
 
 
 ENVIRONMENT_FAILED = "environment-failed"
-"""RunRecord.status of a run the machine failed before its first step, and again when retried alone
-(graphdoctor.parent.environment)."""
+"""RunRecord.status of a run the machine failed twice: before its first step, or out of memory beside other
+children on its GPU (graphdoctor.parent.environment)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class RunRecord:
 
     status: str
     """ok | error | hang | timeout | crashed | unavailable | stopped (graphdoctor was stopped first) |
-    environment-failed (ENVIRONMENT_FAILED: the machine failed it twice before its first step)."""
+    environment-failed (ENVIRONMENT_FAILED: the machine failed it twice)."""
 
     steps: tuple[StepRecord, ...] = ()
     """Recorded steps, in order (possibly fewer than asked when the run failed)."""

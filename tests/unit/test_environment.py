@@ -89,12 +89,18 @@ def test_a_child_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) ->
     assert session.memory_gated
     assert session.run_request(_request(tmp_path)) is ok and session.attempts == [0, 10]
     assert session.notes[0].startswith("eager reference: out of memory while other children of this run shared")
-    alone_too = dataclasses.replace(beside, wall_s=2.0)
+    alone_too = dataclasses.replace(beside, wall_s=2.0, name="eager-reference-d0.1-attempt10")
     session = _Recorded([beside, alone_too], tmp_path)
     session.plan = dataclasses.replace(session.plan, shared=True, gpus=("0",))
     session.ran_beside.add("eager-reference-d0.1")
     record = session.run_request(_request(tmp_path))
     assert record is alone_too and record.status == "error"  # out of memory alone: the model's, as it failed
+    crowded_again = dataclasses.replace(beside, name="eager-reference-d0.1-attempt10")
+    session = _Recorded([beside, crowded_again], tmp_path)
+    session.plan = dataclasses.replace(session.plan, shared=True, gpus=("0",))
+    session.ran_beside.update({"eager-reference-d0.1", "eager-reference-d0.1-attempt10"})  # a later child beside it
+    record = session.run_request(_request(tmp_path))
+    assert record.status == ENVIRONMENT_FAILED and (record.diagnosis.meaning or "").startswith(SHARED_OUT_OF_MEMORY)
     unshared = _Recorded([beside], tmp_path)
     assert unshared.run_request(_request(tmp_path)) is beside and unshared.attempts == [0]
 
