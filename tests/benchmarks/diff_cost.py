@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -227,13 +228,15 @@ def _figure(value: float | None, width: int, digits: int) -> str:
 
 def summary_lines(results: list[dict[str, Any]]) -> list[str]:
     """The summary table: per size and flag set the bare seconds (one after another, side by side, the slowest),
-    the diff's seconds and ratios, the parent's seconds before its first child and after its last, whether the
-    children's weights were equal (`-`: no digests in the report), when the template was asked for and how long
-    it took to be ready (`tmpl at`, `imports`: against a bare run's start-up) and the verdicts."""
+    the diff's seconds and ratios (to the median bare run too: one bare process's start-up varies by seconds on
+    the GPU machines, and a slow one flatters the ratio to the slowest), the parent's seconds before its first
+    child and after its last, whether the children's weights were equal (`-`: no digests in the report), when
+    the template was asked for and how long it took to be ready (`tmpl at`, `imports`: against a bare run's
+    start-up) and the verdicts."""
     size_w = max([len("size"), *(len(row["size"]) for row in results)])
     flags_w = max([len("flags"), *(len(run["flags"]) for row in results for run in row["diffs"])])
     lines = [f"{'size':<{size_w}}  bare: sum  together  slowest  {'flags':<{flags_w}}  diff s   /sum  /together  "
-             f"/slowest  before  after  tmpl at  imports  weights  verdicts"]
+             f"/slowest  /median  before  after  tmpl at  imports  weights  verdicts"]
     for row in results:
         for run in row["diffs"]:
             weights = {True: "equal", False: "DIFFER", None: "-"}[run.get("weights_equal")]
@@ -241,7 +244,8 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
                 f"{row['size']:<{size_w}}  {_figure(row['bare_s'], 9, 1)} {_figure(row['bare_together_s'], 9, 1)} "
                 f"{_figure(row['bare_slowest_s'], 8, 1)}  {run['flags']:<{flags_w}}  {_figure(run['process_s'], 6, 1)} "
                 f"{_figure(run['ratio'], 6, 2)} {_figure(run['ratio_together'], 10, 2)} "
-                f"{_figure(run['ratio_slowest'], 9, 2)} {_figure(run['before_first_child_s'] or 0, 7, 1)} "
+                f"{_figure(run['ratio_slowest'], 9, 2)} {_figure(run.get('ratio_median'), 8, 2)} "
+                f"{_figure(run['before_first_child_s'] or 0, 7, 1)} "
                 f"{_figure(run['after_last_child_s'] or 0, 6, 1)} {_figure(run.get('template_after_s'), 8, 1)} "
                 f"{_figure(run.get('template_imports_s'), 8, 1)}  {weights:<7}  {run['verdicts']}")
     return lines
@@ -306,13 +310,16 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         bare_s = sum(b["process_s"] for b in bare)
         slowest_s = max(b["process_s"] for b in bare)
+        median_s = statistics.median(b["process_s"] for b in bare)  # beside the slowest: one slow start flatters
         together_s = None if crowded else together["wall_s"]
-        row.update(bare_s=round(bare_s, 2), bare_slowest_s=round(slowest_s, 2), bare_together_s=together_s)
+        row.update(bare_s=round(bare_s, 2), bare_slowest_s=round(slowest_s, 2), bare_median_s=round(median_s, 2),
+                   bare_together_s=together_s)
         for name in args.flags.split(","):
             run = diff_run(size, FLAG_SETS[name], ",".join(impls), work, name)
             run["ratio"] = round(run["process_s"] / bare_s, 3)
             run["ratio_together"] = round(run["process_s"] / together_s, 3) if together_s else None
             run["ratio_slowest"] = round(run["process_s"] / slowest_s, 3)
+            run["ratio_median"] = round(run["process_s"] / median_s, 3)
             run["twins"] = twins(bare, run["children"])
             row["diffs"].append(run)
             print(json.dumps({k: v for k, v in run.items() if k not in ("children", "stdout_tail")}), flush=True)

@@ -316,6 +316,32 @@ def test_the_h100_cost_columns_are_derived_again_from_its_recorded_runs() -> Non
         assert all(t["setup_ratio"] > 0 and t["train_ratio"] > 0 for t in twins)
 
 
+H100_TEMPLATE_FIRST = COST.with_name("h100_diff_cost_054b_template_first.json")
+"""tests/benchmarks/diff_cost.py at 0.54 B on an H100 (2026-12-07), the template asked for before the command's
+heavier imports, its timeline in the report; recorded before the median columns."""
+
+
+def test_a_slow_bare_start_flatters_the_ratio_to_the_slowest_and_the_median_says_so() -> None:
+    """On that H100 the eager bare process started in 16.4 s against 12.9-13.7 s for the others: the diff at
+    `--dropout 0` is 1.22x the slowest bare run and 1.42x the middle one. summary_lines prints both, and the
+    timeline's template columns."""
+    bench = _benchmark()
+    (row,) = json.loads(H100_TEMPLATE_FIRST.read_text())
+    bare = sorted(b["process_s"] for b in row["bare"])
+    row["bare_median_s"] = bare[1]
+    dropout0 = next(run for run in row["diffs"] if run["flags"] == "dropout0")
+    for run in row["diffs"]:
+        run["ratio_median"] = round(run["process_s"] / row["bare_median_s"], 3)
+    assert (round(dropout0["ratio_slowest"], 2), round(dropout0["ratio_median"], 2)) == (1.22, 1.42)
+    assert dropout0["template_after_s"] < 0.5 and 9.0 < dropout0["template_imports_s"] < 14.0
+    header, *lines = bench.summary_lines([row])
+    assert "/slowest  /median" in header and "tmpl at  imports" in header
+    line = next(line for line in lines if "dropout0" in line)
+    words = line.split()
+    at = words.index("1.22")
+    assert words[at + 1] == "1.42" and words[at + 4:at + 6] == ["0.3", "12.8"], line  # before, after, tmpl at
+
+
 H100_TEMPLATE_COST = COST.with_name("h100_diff_cost_template.json")
 """tests/benchmarks/diff_cost.py at the default size and 0.54 B on an H100 (2026-12-06), with the children forked
 from the template process and their weights initialised on the GPU (before the parent stopped importing torch
