@@ -383,17 +383,22 @@ class ChildSession:
         again, its record is `environment-failed`. A retry that ran alone and ran out of memory after its first
         step keeps its own record: the model does not fit."""
         first = self._run_once(request, cancel, 0)
-        cause = environment_cause(first, shared=self.memory_gated and first.name in self.ran_beside)
+        cause = self._machine_cause(first)
         if cause is None or _cancelled(cancel):
             return first
         self.note(f"{request.impl} {request.describe()}: {cause}; it runs again once this run's other children "
                   "have finished")
         self._wait_alone(cancel)
         retry = self._run_once(request, cancel, ENVIRONMENT_ATTEMPT)
-        again = environment_cause(retry, shared=self.memory_gated and retry.name in self.ran_beside)
+        again = self._machine_cause(retry)
         if again is None or _cancelled(cancel):
             return retry
         return environment_failed(retry, again, physical_gpus(",".join(self.plan.gpus) or None), first)
+
+    def _machine_cause(self, record: RunRecord) -> str | None:
+        """Why the machine, not the model, failed `record` (graphdoctor.parent.environment), counting an out-of-memory
+        error at any step where the child shared its GPU's memory with another child of this session."""
+        return environment_cause(record, shared=self.memory_gated and record.name in self.ran_beside)
 
     def _wait_alone(self, cancel: threading.Event | None) -> None:
         """Until no other child of this session runs (each is bounded by its own time limit), or `cancel`."""

@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass
 
 from graphdoctor.config import DiffConfig
+from graphdoctor.config.entry_points import TE_LAYER_SPECS
 from graphdoctor.errors import UsageError
 from graphdoctor.parent.runner import run_isolated
 
@@ -194,8 +195,6 @@ def child_bytes(config: DiffConfig, parameters: int | None = None, *, graphed: b
     4096; estimate 44.6 GiB); 44.4 GiB for two full-width Llama-3 8B layers with Transformer Engine's spec (seq
     8192, vocab 128256; estimate 48.2 GiB). Without the softmax, the logits and the transients the 1.08 B estimate
     would be 33.3 GiB, which lets two eager children share an H100 80GB, where they run out of memory."""
-    from graphdoctor.config.entry_points import TE_LAYER_SPECS
-
     params = num_parameters(config) if parameters is None else parameters
     per_param = 16 if config.dtype == "fp32" else 18
     width = 4 if config.dtype == "fp32" else 2
