@@ -11,7 +11,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from graphdoctor.parent.slots import HostTurn, physical_gpus
 from graphdoctor.parent.template import ForkTemplate, adopt_early
 from graphdoctor.parent.template import enabled as template_enabled
 from graphdoctor.parent.torchrun import under_user_torchrun
+from graphdoctor.parent.turns import Turns
 from graphdoctor.protocol.events import (
     read_events,
 )
@@ -258,9 +258,10 @@ class ChildSession:
         """Children alive at once: with memory gates, more than hold GPU memory (the others import meanwhile)."""
         self._starts = threading.Semaphore(self.starts)
         self.num_gates = 0
-        self._idle = threading.Condition()
+        self.turns = Turns(2 * config.timeout_s + 60.0)
+        """Admission of the children: a retry of the machine's failure runs alone (graphdoctor.parent.turns)."""
         self._live: set[str] = set()
-        """Children of this session running now, by name (an environment retry waits until it is alone)."""
+        """Children of this session whose processes run now, by name."""
         self.ran_beside: set[str] = set()
         """Children that ran while another child of this session ran (on a shared GPU: beside its memory)."""
         self._models: dict[tuple[str, float], ModelDescription | None] = {}
@@ -379,17 +380,18 @@ class ChildSession:
         """Run one request on the next free GPU slot (again, on a new port, when its port was taken) and
         account its time; `cancel` set ends it (graphdoctor.parent.runner.run_isolated). A child the machine
         failed (graphdoctor.parent.environment: before its first step, or out of memory beside the session's other
-        children on a shared GPU) runs once more after the session's other children have finished; failed so
-        again, its record is `environment-failed`. A retry that ran alone and ran out of memory after its first
-        step keeps its own record: the model does not fit."""
-        first = self._run_once(request, cancel, 0)
+        children on a shared GPU) runs once more, alone (graphdoctor.parent.turns); failed so again, its record is
+        `environment-failed`. A retry that ran alone and ran out of memory after its first step keeps its own
+        record: the model does not fit."""
+        with self.turns.turn(cancel):
+            first = self._run_once(request, cancel, 0)
         cause = self._machine_cause(first)
         if cause is None or _cancelled(cancel):
             return first
-        self.note(f"{request.impl} {request.describe()}: {cause}; it runs again once this run's other children "
-                  "have finished")
-        self._wait_alone(cancel)
-        retry = self._run_once(request, cancel, ENVIRONMENT_ATTEMPT)
+        self.note(f"{request.impl} {request.describe()}: {cause}; it runs again alone, once this run's children "
+                  "started before it have finished")
+        with self.turns.turn(cancel, alone=True):
+            retry = self._run_once(request, cancel, ENVIRONMENT_ATTEMPT)
         again = self._machine_cause(retry)
         if again is None or _cancelled(cancel):
             return retry
@@ -399,13 +401,6 @@ class ChildSession:
         """Why the machine, not the model, failed `record` (graphdoctor.parent.environment), counting an out-of-memory
         error at any step where the child shared its GPU's memory with another child of this session."""
         return environment_cause(record, shared=self.memory_gated and record.name in self.ran_beside)
-
-    def _wait_alone(self, cancel: threading.Event | None) -> None:
-        """Until no other child of this session runs (each is bounded by its own time limit), or `cancel`."""
-        deadline = time.monotonic() + 2 * self.config.timeout_s + 60.0
-        with self._idle:
-            while self._live and time.monotonic() < deadline and not _cancelled(cancel):
-                self._idle.wait(timeout=1.0)
 
     def _run_once(self, request: ChildRequest, cancel: threading.Event | None, attempt: int) -> RunRecord:
         if self.memory_gated:
@@ -475,7 +470,6 @@ class ChildSession:
                                          total_steps(spec))
             with self._lock:
                 self.started.append((request, spec))
-            with self._idle:
                 self._live.add(spec.name)
                 if len(self._live) > 1:
                     self.ran_beside.update(self._live)
@@ -484,9 +478,8 @@ class ChildSession:
                                    clock=grant.granted if grant is not None else None,
                                    template=None if spec.placement.launcher else self._template())
             finally:
-                with self._idle:
+                with self._lock:
                     self._live.discard(spec.name)
-                    self._idle.notify_all()
             with self._lock:
                 self.finished[spec.name] = record
             self.measured(record)

@@ -3,7 +3,7 @@ CUDA initialisation error, out of memory, a busy or lost GPU, or a taken port sa
 does a child that ran out of memory at any step while other children of its diff shared its GPU (their memory was
 planned from a first estimate, graphdoctor.parent.gpus.child_bytes, which can fall short).
 
-ChildSession retries such a child once, after its other children have finished. A second failure of the
+ChildSession retries such a child once, alone (graphdoctor.parent.turns). A second failure of the
 machine's makes the run `environment-failed` (compare.verdict: the row's verdict, never `reference-failed` or
 `setup-failed`), with the likely cause read from the GPU at that moment (graphdoctor processes, other processes,
 free memory) and the fix; a retry that ran alone and ran out of memory after its first step is the model's own

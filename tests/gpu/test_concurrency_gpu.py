@@ -1,7 +1,8 @@
 """Several graphdoctor runs on one GPU at once (issue 45), on the real GPU: six diffs started together give the
 verdict, module and line each gives alone (tests/benchmarks/concurrent_diffs.py, both modes in one run, their
 walls side by side), and a diff whose child meets a GPU whose memory another process holds is environment-failed
-after one retry, exit code 2, with no traceback.
+after one retry, exit code 2, with no traceback; children that ran out of memory together, from an estimate that fell
+short, run again alone and give the verdicts of a true plan.
 
 Set GD_REPORT_DIR to keep the benchmark's JSON and the forced failure's report.
 """
@@ -94,8 +95,53 @@ def test_a_gpu_whose_memory_another_process_holds_is_environment_failed_after_on
     assert data["reference"]["status"] == "environment-failed", data["reference"]
     assert [r["verdict"] for r in data["impls"]] == ["environment-failed"]
     assert "retried" in (data["reference"]["diagnosis"]["meaning"] or "")
-    assert "runs again once this run's other children have finished" in said
+    assert "runs again alone, once this run's children started before it have finished" in said
     print(f"environment-failed in {time.monotonic() - began:.0f} s: {data['reference']['diagnosis']['message'][:120]}")
+
+
+SIZE_054B = dict(num_layers=8, hidden_size=2048, num_attention_heads=16, seq_length=2048, micro_batch_size=2,
+                 dtype="bf16", vocab_size=32000, impls=("local", "full_iteration"), timeout_s=300.0)
+"""The 0.54 B size of tests/benchmarks/diff_cost.py, with the diff's defaults otherwise (dropout 0.1: seven
+children, about 21-27 GiB each)."""
+
+
+def test_children_out_of_memory_together_run_again_alone_and_give_a_true_plans_rows(tmp_path: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch
+                                                                                    ) -> None:
+    """graphdoctor's first estimate of a child's memory (graphdoctor.parent.gpus.child_bytes) is forced to 1 GiB,
+    so the 0.54 B diff starts its children together on one GPU, more than it holds, and some run out of memory
+    (at set-up or at a later step). Each of those runs once more, alone, and the diff gives the rows and exit code of
+    the same diff planned from the true estimate: no environment-failed or reference-failed row."""
+    from kept import diff
+
+    import graphdoctor.parent.children as children
+    import graphdoctor.parent.gpus as gpus
+    from graphdoctor.config import DiffConfig
+    from graphdoctor.diff import DiffReport
+    from graphdoctor.report.diff import render_text
+
+    config = DiffConfig(**SIZE_054B)  # type: ignore[arg-type]
+    began = time.monotonic()
+    true_plan = diff(config, "054b_true_estimate", workdir=tmp_path / "true")
+    true_s = time.monotonic() - began
+    monkeypatch.setattr(gpus, "child_bytes", lambda *args, **kwargs: 1 << 30)
+    monkeypatch.setattr(children, "child_bytes", lambda *args, **kwargs: 1 << 30)
+    began = time.monotonic()
+    forced = diff(config, "054b_estimate_1gib", workdir=tmp_path / "forced")
+    forced_s = time.monotonic() - began
+    retried = sorted(p.name for p in (tmp_path / "forced").rglob("events-*-attempt10.jsonl"))
+
+    def rows(report: DiffReport) -> list[tuple[str, str, bool]]:
+        return [(r.impl, r.verdict.value, r.passed) for r in report.results]
+
+    print(f"true estimate: {true_plan.jobs!r}, {true_s:.1f} s, rows {rows(true_plan)}")
+    print(f"1 GiB estimate: {forced.jobs!r}, {forced_s:.1f} s, rows {rows(forced)}; retried alone: {retried}")
+    print(render_text(forced))
+    assert retried, "no child ran out of memory: the forced plan did not crowd the GPU"
+    assert rows(forced) == rows(true_plan)
+    assert forced.exit_code() == true_plan.exit_code()
+    assert forced.reference.status == "ok"
+    assert all(r.verdict.value not in ("environment-failed", "reference-failed") for r in forced.results)
 
 
 PLUGIN_TESTS = """\

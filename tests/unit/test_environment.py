@@ -1,5 +1,5 @@
 """Environment failures (graphdoctor/parent/environment.py): the machine's failures before the first step are told
-apart from the model's, retried once when the session's other children have finished, and a second one makes the
+apart from the model's, retried once, alone (graphdoctor/parent/turns.py), and a second one makes the
 run `environment-failed` with its own exit code; checked on a real report recorded on an H100 whose eager
 reference failed NCCL's set-up while five diffs shared the GPU (fixtures/data/environment/)."""
 
@@ -160,8 +160,8 @@ def test_a_session_retries_a_machine_failure_once_then_calls_it_environment_fail
     record = session.run_request(_request(tmp_path))
     assert session.attempts == [0, 10] and record.status == ENVIRONMENT_FAILED
     assert session.notes == ["eager reference: NCCL could not set up its communicator (on one GPU this is most often "
-                             "too many processes on it at once, or its memory exhausted); it runs again once this "
-                             "run's other children have finished"]
+                             "too many processes on it at once, or its memory exhausted); it runs again alone, once "
+                             "this run's children started before it have finished"]
 
 
 def test_a_retry_that_runs_is_the_record(nccl: DiffReport, tmp_path: Path) -> None:
@@ -176,17 +176,20 @@ def test_a_retry_that_runs_is_the_record(nccl: DiffReport, tmp_path: Path) -> No
 def test_the_retry_waits_until_the_sessions_other_children_have_finished(nccl: DiffReport, tmp_path: Path) -> None:
     ok = RunRecord(impl=EAGER, dropout=0.0, status="ok")
     session = _Recorded([nccl.reference, ok], tmp_path)
-    session._live.add("local-graphed-d0")  # another child of the session runs
+    other = threading.Event()
+    ended = threading.Event()
 
-    def other_child_ends() -> None:
-        with session._idle:
-            session._live.clear()
-            session._idle.notify_all()
+    def other_child() -> None:  # another child of the session, started first, runs for 0.5 s
+        with session.turns.turn():
+            other.set()
+            time.sleep(0.5)
+        ended.set()
 
-    threading.Timer(0.5, other_child_ends).start()
+    threading.Thread(target=other_child).start()
+    assert other.wait(5.0)
     began = time.monotonic()
-    assert session.run_request(_request(tmp_path)) is ok
-    assert time.monotonic() - began >= 0.45
+    assert session.run_request(_request(tmp_path)) is ok and session.attempts == [0, 10]
+    assert ended.is_set() and time.monotonic() - began >= 0.4
 
 
 def test_the_plugin_counts_environment_failures_apart_from_divergences() -> None:
