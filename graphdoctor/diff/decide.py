@@ -135,7 +135,8 @@ def _finished(report: DiffReport, started: float, started_at: float, preflight: 
                                  model=preflight.model(wait=not stopped))
     template = session.first_template
     span = None if template is None else (template.started_at, template.ready_at)
-    return dataclasses.replace(report, timeline=timeline_of(report.runs(), started_at, time.time(), span))
+    return dataclasses.replace(report, timeline=timeline_of(report.runs(), started_at, time.time(), span,
+                                                            session.retried))
 
 
 class DiffRun:

@@ -264,6 +264,8 @@ class ChildSession:
         """Children of this session whose processes run now, by name."""
         self.ran_beside: set[str] = set()
         """Children that ran while another child of this session ran (on a shared GPU: beside its memory)."""
+        self.retried: list[tuple[str, str]] = []
+        """(first attempt's name, cause) of each child the machine failed and that ran again (run_request)."""
         self._models: dict[tuple[str, float], ModelDescription | None] = {}
         """Each (impl, dropout)'s model, resolved once (_child_model)."""
         self._no_template = False
@@ -390,6 +392,8 @@ class ChildSession:
             return first
         self.note(f"{request.impl} {request.describe()}: {cause}; it runs again alone, once this run's children "
                   "started before it have finished")
+        with self._lock:
+            self.retried.append((first.name or f"{request.impl} {request.describe()}", cause))
         with self.turns.turn(cancel, alone=True):
             retry = self._run_once(request, cancel, ENVIRONMENT_ATTEMPT)
         again = self._machine_cause(retry)

@@ -4,6 +4,7 @@ before its first child started and after its last one ended, and what each obser
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,9 @@ class Timeline:
     """The template the children were forked from was asked for (graphdoctor.parent.template); None without one."""
     template_ready_at: float | None = None
     """It had imported torch, Megatron and graphdoctor's child modules; None without one, or one never ready."""
+    retried: tuple[tuple[str, str], ...] = ()
+    """(child, cause) for each child the machine failed once and that ran again alone
+    (graphdoctor.parent.environment); the child is its first attempt's name."""
 
     @property
     def template_after_s(self) -> float | None:
@@ -81,7 +85,8 @@ class Timeline:
                 "children": self.children, "before_first_child_s": self.before_first_child_s,
                 "after_last_child_s": self.after_last_child_s, "template_started_at": self.template_started_at,
                 "template_ready_at": self.template_ready_at, "template_after_s": self.template_after_s,
-                "template_imports_s": self.template_imports_s}
+                "template_imports_s": self.template_imports_s,
+                "retried": [{"child": child, "cause": cause} for child, cause in self.retried]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Timeline:
@@ -91,7 +96,9 @@ class Timeline:
                    last_child_at=nullable(float, data.get("last_child_at")),
                    children=int(data.get("children", 0)),
                    template_started_at=nullable(float, data.get("template_started_at")),
-                   template_ready_at=nullable(float, data.get("template_ready_at")))
+                   template_ready_at=nullable(float, data.get("template_ready_at")),
+                   retried=tuple((str(r.get("child", "")), str(r.get("cause", "")))
+                                 for r in data.get("retried") or () if isinstance(r, dict)))
 
 
 def unique_runs(runs: Iterable[RunRecord | None]) -> list[RunRecord]:
@@ -107,15 +114,17 @@ def unique_runs(runs: Iterable[RunRecord | None]) -> list[RunRecord]:
 
 
 def timeline_of(runs: Iterable[RunRecord], started_at: float, finished_at: float,
-                template: tuple[float, float | None] | None = None) -> Timeline:
+                template: tuple[float, float | None] | None = None,
+                retried: Iterable[tuple[str, str]] = ()) -> Timeline:
     """The timeline of a command whose children are `runs`; `template`: when the template they were forked from
-    was asked for and when it was ready (time.time() values), where there was one."""
+    was asked for and when it was ready (time.time() values), where there was one; `retried`: (child, cause) of
+    each child that ran again alone after the machine failed it."""
     spans = [r.seconds for r in runs if r.seconds is not None and r.seconds.started_at]
     return Timeline(started_at=started_at, finished_at=finished_at,
                     first_child_at=min((s.started_at for s in spans), default=None),
                     last_child_at=max((s.ended_at for s in spans), default=None), children=len(spans),
                     template_started_at=None if template is None else template[0],
-                    template_ready_at=None if template is None else template[1])
+                    template_ready_at=None if template is None else template[1], retried=tuple(retried))
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +168,21 @@ def stage_costs(runs: Iterable[RunRecord]) -> dict[str, float]:
     return {name: sum(spent[name]) / len(spent[name]) for name in order if name in spent}
 
 
+def retried_words(retried: Iterable[tuple[str, str]]) -> str:
+    """`6 ran again alone after the machine failed them (out of memory while other children of this run shared the
+    GPU)`: how many children were retried, with each cause's short form and its count where causes differ."""
+    causes = Counter(cause.split(" (")[0].split(";")[0] for _, cause in retried)
+    total = sum(causes.values())
+    said = ", ".join(cause if len(causes) == 1 else f"{cause}: {n}" for cause, n in causes.most_common())
+    return f"{total} ran again alone after the machine failed {'them' if total > 1 else 'it'} ({said})"
+
+
 def cost_line(timeline: Timeline | None, runs: list[RunRecord], jobs: str) -> str:
     """One line: children and how they ran, the parent's own seconds, where a child's start-up and set-up went,
     what each observer cost a child."""
     parts = [f"{len(runs)} children ({jobs})" if jobs else f"{len(runs)} children"]
+    if timeline is not None and timeline.retried:
+        parts.append(retried_words(timeline.retried))
     if timeline is not None and timeline.before_first_child_s is not None:
         parts.append(f"parent {timeline.before_first_child_s:.1f} s before the first, "
                      f"{timeline.after_last_child_s or 0.0:.1f} s after the last")
@@ -179,6 +199,5 @@ def cost_line(timeline: Timeline | None, runs: list[RunRecord], jobs: str) -> st
     return "cost: " + "; ".join(parts)
 
 
-__all__ = ["ObserverCost", "Timeline", "cost_line", "observer_costs", "process_started_at", "stage_costs",
-           "timeline_of",
-           "unique_runs"]
+__all__ = ["ObserverCost", "Timeline", "cost_line", "observer_costs", "process_started_at", "retried_words",
+           "stage_costs", "timeline_of", "unique_runs"]

@@ -18,8 +18,16 @@ import pytest
 from graphdoctor.config import DiffConfig
 from graphdoctor.diff import DiffRun
 from graphdoctor.parent.children import ChildRequest, MemoryGrant
+from graphdoctor.parent.environment import SHARED_OUT_OF_MEMORY
 from graphdoctor.parent.runner import CANCELLED, run_isolated
-from graphdoctor.parent.timeline import Timeline, cost_line, observer_costs, process_started_at, timeline_of
+from graphdoctor.parent.timeline import (
+    Timeline,
+    cost_line,
+    observer_costs,
+    process_started_at,
+    retried_words,
+    timeline_of,
+)
 from graphdoctor.protocol.gate import GateShut, open_gate, shut_gate, wait_at_gate
 from graphdoctor.protocol.record import RunRecord
 from graphdoctor.protocol.seconds import ChildSeconds
@@ -103,6 +111,23 @@ def test_the_timeline_says_when_the_template_was_asked_for_and_ready() -> None:
     never_ready = timeline_of(runs, started_at=100.0, finished_at=121.0, template=(100.4, None))
     assert never_ready.template_imports_s is None and "template" not in cost_line(never_ready, runs, "")
     assert Timeline.from_dict(never_ready.to_dict()) == never_ready
+
+
+def test_the_timeline_counts_the_children_the_machine_failed_and_that_ran_again_alone() -> None:
+    runs = [_run("a-attempt10", 103.0, 120.0, {}), _run("b", 101.0, 110.0, {})]
+    nccl = ("NCCL could not set up its communicator (on one GPU this is most often too many processes on it at "
+            "once, or its memory exhausted)")  # graphdoctor.parent.environment's words
+    line = timeline_of(runs, started_at=100.0, finished_at=121.0, retried=[("a", SHARED_OUT_OF_MEMORY)])
+    assert Timeline.from_dict(line.to_dict()) == line and line.to_dict()["retried"][0]["child"] == "a"
+    assert cost_line(line, runs, "").startswith(
+        "cost: 2 children; 1 ran again alone after the machine failed it (out of memory while other children of "
+        "this run shared the GPU); parent")
+    two = timeline_of(runs, 100.0, 121.0, retried=[("a", SHARED_OUT_OF_MEMORY), ("b", nccl), ("c", nccl)])
+    assert retried_words(two.retried) == ("3 ran again alone after the machine failed them (NCCL could not set up "
+                                          "its communicator: 2, out of memory while other children of this run "
+                                          "shared the GPU: 1)")
+    assert "ran again" not in cost_line(timeline_of(runs, 100.0, 121.0), runs, "")
+    assert Timeline.from_dict({"started_at": 1.0, "finished_at": 2.0}).retried == ()  # a report before the field
 
 
 def test_this_process_started_before_now_and_after_boot() -> None:
