@@ -136,7 +136,7 @@ def _finished(report: DiffReport, started: float, started_at: float, preflight: 
     template = session.first_template
     span = None if template is None else (template.started_at, template.ready_at)
     return dataclasses.replace(report, timeline=timeline_of(report.runs(), started_at, time.time(), span,
-                                                            session.retried))
+                                                            session.retried, session.finished.values()))
 
 
 class DiffRun:

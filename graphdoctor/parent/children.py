@@ -392,10 +392,11 @@ class ChildSession:
             return first
         self.note(f"{request.impl} {request.describe()}: {cause}; it runs again alone, once this run's children "
                   "started before it have finished")
-        with self._lock:
-            self.retried.append((first.name or f"{request.impl} {request.describe()}", cause))
         with self.turns.turn(cancel, alone=True):
             retry = self._run_once(request, cancel, ENVIRONMENT_ATTEMPT)
+        if retry.name:  # it started (a retry cancelled before it started has no name)
+            with self._lock:
+                self.retried.append((first.name or f"{request.impl} {request.describe()}", cause))
         again = self._machine_cause(retry)
         if again is None or _cancelled(cancel):
             return retry

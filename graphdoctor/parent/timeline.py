@@ -115,14 +115,18 @@ def unique_runs(runs: Iterable[RunRecord | None]) -> list[RunRecord]:
 
 def timeline_of(runs: Iterable[RunRecord], started_at: float, finished_at: float,
                 template: tuple[float, float | None] | None = None,
-                retried: Iterable[tuple[str, str]] = ()) -> Timeline:
+                retried: Iterable[tuple[str, str]] = (), processes: Iterable[RunRecord] = ()) -> Timeline:
     """The timeline of a command whose children are `runs`; `template`: when the template they were forked from
     was asked for and when it was ready (time.time() values), where there was one; `retried`: (child, cause) of
-    each child that ran again alone after the machine failed it."""
+    each child that ran again alone after the machine failed it; `processes`: the records of every child process
+    the command ran, the first attempts of retried children too (not in `runs`): they count for its first and
+    last child."""
+    runs = list(runs)
     spans = [r.seconds for r in runs if r.seconds is not None and r.seconds.started_at]
+    every = spans + [r.seconds for r in processes if r.seconds is not None and r.seconds.started_at]
     return Timeline(started_at=started_at, finished_at=finished_at,
-                    first_child_at=min((s.started_at for s in spans), default=None),
-                    last_child_at=max((s.ended_at for s in spans), default=None), children=len(spans),
+                    first_child_at=min((s.started_at for s in every), default=None),
+                    last_child_at=max((s.ended_at for s in every), default=None), children=len(spans),
                     template_started_at=None if template is None else template[0],
                     template_ready_at=None if template is None else template[1], retried=tuple(retried))
 

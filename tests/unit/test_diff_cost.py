@@ -128,6 +128,9 @@ def test_the_timeline_counts_the_children_the_machine_failed_and_that_ran_again_
                                           "shared the GPU: 1)")
     assert "ran again" not in cost_line(timeline_of(runs, 100.0, 121.0), runs, "")
     assert Timeline.from_dict({"started_at": 1.0, "finished_at": 2.0}).retried == ()  # a report before the field
+    first_attempt = _run("a", 100.5, 102.0, {})
+    line = timeline_of(runs, 100.0, 121.0, retried=[("a", SHARED_OUT_OF_MEMORY)], processes=[first_attempt])
+    assert line.before_first_child_s == pytest.approx(0.5) and line.children == 2  # it started first; not counted
 
 
 def test_this_process_started_before_now_and_after_boot() -> None:

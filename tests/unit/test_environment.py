@@ -89,6 +89,7 @@ def test_a_child_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) ->
     assert session.memory_gated
     assert session.run_request(_request(tmp_path)) is ok and session.attempts == [0, 10]
     assert session.notes[0].startswith("eager reference: out of memory while other children of this run shared")
+    assert session.retried == [("eager-reference-d0.1", SHARED_OUT_OF_MEMORY)]  # the report's timeline counts it
     alone_too = dataclasses.replace(beside, wall_s=2.0, name="eager-reference-d0.1-attempt10")
     session = _Recorded([beside, alone_too], tmp_path)
     session.plan = dataclasses.replace(session.plan, shared=True, gpus=("0",))
@@ -168,6 +169,7 @@ def test_a_retry_that_runs_is_the_record(nccl: DiffReport, tmp_path: Path) -> No
     ok = RunRecord(impl=EAGER, dropout=0.0, status="ok")
     session = _Recorded([nccl.reference, ok], tmp_path)
     assert session.run_request(_request(tmp_path)) is ok
+    assert session.retried == []  # the retry's record has no name: it never started (a cancelled one)
     model = _failed("zero_centered_gamma not supported by torch LayerNorm", "AssertionError")
     session = _Recorded([model], tmp_path)
     assert session.run_request(_request(tmp_path)) is model and session.attempts == [0]  # the model's: no retry
