@@ -8,6 +8,7 @@ also has its own dash pattern and marker shape; heat cells carry their value as 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -385,7 +386,7 @@ def heat_strip(rows: Sequence[tuple[str, Sequence[HeatCell]]], columns: Sequence
 
     Where the columns are too many for their text (a MoE layer's 64 or 256 experts, a long run's steps), the cells
     keep their colour and hover and drop the written value, and only every n-th column header is written (n from
-    HEADER_STRIDES), so no text overlaps.
+    HEADER_STRIDES), so no text overlaps; the hover then names its column, unless its text does already.
 
     Args:
         rows: (row label, cells) pairs; every row has one cell per column.
@@ -421,7 +422,8 @@ def heat_strip(rows: Sequence[tuple[str, Sequence[HeatCell]]], columns: Sequence
             dark = cell.level is not None and cell.level > 0.55
             value = (f'<text class="cell{" dark" if dark else ""}" x="{x + cell_w / 2:.1f}" y="{y + 15}" '
                      f'text-anchor="middle">{escape(cell.text)}</text>') if write_values else ""
-            hover = cell.title if write_values else f"{axis} {columns[c]}: {cell.title}"
+            named = re.search(rf"\b{re.escape(axis)} {re.escape(columns[c])}\b", cell.title)
+            hover = cell.title if write_values or named else f"{axis} {columns[c]}: {cell.title}"
             parts.append(f'<g><rect x="{x + 1:.1f}" y="{y + 1}" width="{max(cell_w - 2, 1):.1f}" '
                          f'height="{cell_h - 2}" rx="{2 if cell_w > 8 else 0}" fill="{heat_colour(cell.level)}"/>'
                          f"{value}<title>{escape(hover)}</title></g>")

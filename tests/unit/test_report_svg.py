@@ -59,6 +59,10 @@ def test_a_strip_of_256_experts_keeps_colour_and_hover_and_writes_no_overlapping
     assert svg.count("<rect") == 256 and heat_colour(1.0) in svg  # every expert keeps its cell and colour
     assert 'class="cell' not in svg  # 3.3 px cells: no value written inside
     assert "<title>expert 255: main_grads at step 3</title>" in svg  # the hover names the column
+    named = [HeatCell("=", 0.0, f"decoder.layers.0.mlp expert {e}: equal") for e in range(256)]
+    svg = heat_strip([("decoder.layers.0.mlp", named)], [str(e) for e in range(256)], title="experts", axis="expert")
+    assert "<title>decoder.layers.0.mlp expert 25: equal</title>" in svg  # named by its text: not again
+    assert "<title>expert 2: decoder.layers.0.mlp expert 25" not in svg
     heads = [(float(x), name) for x, name in re.findall(r'class="tick" x="([\d.]+)" y="12" text-anchor="middle">(\d+)<', svg)]
     assert [name for _, name in heads] == [str(e) for e in range(0, 256, 8)]
     gaps = [b[0] - a[0] for a, b in zip(heads, heads[1:], strict=False)]
