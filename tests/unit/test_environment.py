@@ -200,3 +200,30 @@ def test_the_plugin_counts_environment_failures_apart_from_divergences() -> None
              Verdicts("t::c", (("local", "environment-failed"),), 2).line()]
     assert lines[2] == "t::c: local environment-failed [ENVIRONMENT]"
     assert count_line(lines) == "3 diffs: 1 ok, 1 failed, 1 environment failure (the machine, not the model)"
+
+
+H100_054B = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "diff"
+"""`diff --impl local,full_iteration` at tests/benchmarks/diff_cost.py's 0.54 B size with the defaults on an H100 80GB
+(2026-12-07, tests/gpu/test_concurrency_gpu.py): planned from the true first estimate
+(h100_054b_true_estimate.json.gz), and with graphdoctor's estimate forced to 1 GiB (h100_054b_estimate_1gib.json.gz),
+so eight children started together and every one the machine failed ran again alone."""
+
+
+def test_children_the_machine_failed_together_ran_again_alone_and_gave_the_true_plans_verdicts() -> None:
+    true_plan = load_report(H100_054B / "h100_054b_true_estimate.json.gz")
+    forced = load_report(H100_054B / "h100_054b_estimate_1gib.json.gz")
+    assert forced.jobs.startswith("8 children at a time on one GPU (about 1 GiB each")
+    assert [(r.impl, r.verdict, r.passed) for r in forced.results] == [
+        (r.impl, r.verdict, r.passed) for r in true_plan.results]
+    assert forced.exit_code() == true_plan.exit_code() == 0
+    assert forced.timeline is not None and true_plan.timeline is not None and not true_plan.timeline.retried
+    retried = dict(forced.timeline.retried)
+    assert len(retried) == 8 and set(retried.values()) <= {environment_cause(_failed(m)) for m in (
+        "CUDA out of memory. Tried to allocate 2.00 GiB", "NCCL error: unhandled cuda error")}
+    again = [run.name for run in forced.runs() if run.name.endswith("-attempt10")]
+    assert again and {name.removesuffix("-attempt10") for name in again} <= set(retried)
+    assert not set(retried) & {run.name for run in forced.runs()}  # the rows hold the retries, not first attempts
+    text = render_text(forced)
+    assert "8 ran again alone after the machine failed them (out of memory before the first step: 7, NCCL could not " \
+           "set up its communicator: 1)" in text
+    assert forced.timeline.before_first_child_s is not None and forced.timeline.before_first_child_s < 1.0
