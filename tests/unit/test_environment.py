@@ -38,7 +38,7 @@ def test_the_recorded_nccl_failure_is_the_machines(nccl: DiffReport) -> None:
     reference = nccl.reference
     assert reference.status == "error" and reference.diagnosis is not None
     assert reference.diagnosis.error_type == "DistBackendError" and reference.diagnosis.phase == "setup"
-    assert environment_cause(reference) is not None and environment_cause(reference).startswith("NCCL could not")
+    assert (environment_cause(reference) or "").startswith("NCCL could not")
 
 
 def _failed(message: str, error_type: str = "RuntimeError", steps: int = 0, status: str = "error") -> RunRecord:
@@ -101,7 +101,8 @@ def test_a_child_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) ->
     session.plan = dataclasses.replace(session.plan, shared=True, gpus=("0",))
     session.ran_beside.update({"eager-reference-d0.1", "eager-reference-d0.1-attempt10"})  # a later child beside it
     record = session.run_request(_request(tmp_path))
-    assert record.status == ENVIRONMENT_FAILED and (record.diagnosis.meaning or "").startswith(SHARED_OUT_OF_MEMORY)
+    assert record.status == ENVIRONMENT_FAILED and record.diagnosis is not None
+    assert (record.diagnosis.meaning or "").startswith(SHARED_OUT_OF_MEMORY)
     unshared = _Recorded([beside], tmp_path)
     assert unshared.run_request(_request(tmp_path)) is beside and unshared.attempts == [0]
 
