@@ -16,7 +16,7 @@
 # one diff at a time so the step times are its own, about 6 minutes), `i43` (issue 43, with TE: a Llama-3 8B and a Qwen3
 # MoE Megatron-Bridge recipe dump and a Megatron container YAML, `diff --fit --num-layers 2`, one after another), `i45`
 # (issue 45: six diffs at once and one after another, alone on the GPU: about 8 minutes on an H100), `i45b` (a GPU
-# whose memory another process holds, the plugin under pytest-xdist), `i49` (issue 49: every runtime rule's fixtures/rules/GD5xx_bad.py
+# whose memory another process holds, the 0.54 B diff from a 1 GiB estimate, the plugin under pytest-xdist), `i49` (issue 49: every runtime rule's fixtures/rules/GD5xx_bad.py
 # and _good.py through check --probe or diff; TE rows run where TE imports, two-rank rows skip on one GPU), `i49te` (its TE rows, GD511 and GD521, where TE imports). Run `core`
 # and `i15` where TE does not import: tests marked `without_te` skip where it does. `all` runs every part in one call.
 # Exit status: 0 when every group passed, 1 when any failed, timed out or was left out (named on the last line).
@@ -79,7 +79,7 @@ fi
 if [ "$part" = i45 ]; then  # issue 45: six diffs at once against one after another (about 8 minutes on an H100)
     run concurrency tests/gpu/test_concurrency_gpu.py -s -k "six_diffs" &
 fi
-if [ "$part" = i45b ]; then  # issue 45: a forced environment failure, and the plugin under pytest-xdist
+if [ "$part" = i45b ]; then  # issue 45: a forced environment failure, retries after a forced 1 GiB estimate, the plugin under pytest-xdist
     run concurrency_more tests/gpu/test_concurrency_gpu.py -s -k "not six_diffs" &
 fi
 if [ "$part" = i43 ]; then  # issue 43 with Transformer Engine: real Bridge recipe dumps and a Megatron container, --fit
