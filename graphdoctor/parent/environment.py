@@ -107,8 +107,7 @@ def environment_failed(record: RunRecord, cause: str, devices: list[str], first:
     diagnosis = record.diagnosis
     assert diagnosis is not None
     before = first.diagnosis.message if first.diagnosis is not None else ""
-    meaning = (f"{cause}; not a result of the model: it failed so again when retried after the run's other "
-               f"children had finished ({gpu_now(devices)})")
+    meaning = f"{cause}; not a result of the model: it failed so again when retried alone ({gpu_now(devices)})"
     if before and before != diagnosis.message:
         meaning += f"; the first attempt said: {before[:300]}"
     return dataclasses.replace(record, status=ENVIRONMENT_FAILED,
